@@ -1,0 +1,63 @@
+# Switchyard: the verbs a newcomer types. `make demo` and `make test` are the two set-up commands.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+CLUSTER_DIR := e2e/.cluster
+
+.PHONY: help
+help: ## List the verbs
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
+
+.PHONY: deps
+deps: ## Install what the build needs from the package registries (idempotent)
+	@bash e2e/hack/install-deps.sh
+
+.PHONY: build
+build: deps ## Build every binary
+	$(CARGO) build --workspace --all-targets
+
+.PHONY: generate
+generate: ## Regenerate crds/ from the Rust API types
+	$(CARGO) run -q -p switchyard-operator --bin crdgen -- crds
+
+.PHONY: check-generated
+check-generated: ## Fail when crds/ has drifted from the Rust API types
+	$(CARGO) run -q -p switchyard-operator --bin crdgen -- --check crds
+
+.PHONY: lint
+lint: ## rustfmt check and clippy with warnings denied
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: unit
+unit: ## Unit tests only (no cluster)
+	$(CARGO) test --workspace --exclude switchyard-e2e
+
+.PHONY: controlplane
+controlplane: ## Build (or reuse) the cached upstream control-plane binaries
+	@bash e2e/hack/build-controlplane.sh >/dev/null
+
+.PHONY: cluster-up
+cluster-up: deps ## Start a real v1.37 control plane on loopback (kubeconfig: e2e/.cluster/kubeconfig)
+	@bash e2e/hack/cluster-up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop exactly the processes cluster-up started
+	@bash e2e/hack/cluster-down.sh
+
+.PHONY: e2e
+e2e: deps ## End-to-end tests against the real control plane (starts one if none runs)
+	@bash e2e/hack/run-e2e.sh
+
+.PHONY: test
+test: deps lint check-generated unit e2e ## Everything CI runs
+
+.PHONY: demo
+demo: deps ## A live migration on a local control plane with simulated GPU nodes
+	@bash e2e/hack/demo.sh
+
+.PHONY: bench
+bench: deps ## Benchmarks; figures go to docs/benchmarks.md
+	@bash e2e/hack/bench.sh

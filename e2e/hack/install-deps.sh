@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what `make` needs on a fresh machine, from the package registries only. Idempotent:
+# a machine that has everything returns in well under a second.
+set -euo pipefail
+
+need_apt=()
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v curl >/dev/null || need_apt+=(curl)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  echo "install-deps: apt-get install ${need_apt[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+command -v go >/dev/null || { echo "install-deps: Go 1.26 is required to build the e2e control plane" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "install-deps: cargo is required" >&2; exit 1; }
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi

@@ -1,0 +1,495 @@
+//! `switchyard.dev/v1alpha1`: the `GpuPoolMigration` resource.
+//!
+//! Every doc comment on a field here becomes `kubectl explain` text, so it is written for the
+//! cluster admin who declares a migration in Git, not for Rust readers. Validation that the API
+//! server can do at admission is declared here as CEL rules whose messages name the field.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A DNS-1123 subdomain (RFC 1123): lower-case alphanumerics, '-' and '.', starting and ending
+/// with an alphanumeric. `[.]` avoids backslash escapes that differ between YAML, CEL and Rust.
+const DNS_SUBDOMAIN_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// Declares that the GPU nodes selected by `nodeSelector` move from the NVIDIA device plugin to
+/// Switchyard's DRA driver (or back), node by node, without changing any workload.
+///
+/// Pods keep asking for `nvidia.com/gpu: 1`; once a node is on DRA, the scheduler serves that
+/// request through a DeviceClass with `extendedResourceName` and a generated ResourceClaim.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "switchyard.dev",
+    version = "v1alpha1",
+    kind = "GpuPoolMigration",
+    plural = "gpupoolmigrations",
+    shortname = "gpm",
+    category = "switchyard",
+    status = "GpuPoolMigrationStatus",
+    doc = "Moves the GPU nodes that spec.nodeSelector selects from the NVIDIA device plugin to a DRA driver, node by node, or back.",
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Where the migration stands"
+    ),
+    printcolumn(
+        name = "Migrated",
+        type_ = "integer",
+        json_path = ".status.nodes.migrated",
+        description = "Nodes served by the DRA driver"
+    ),
+    printcolumn(
+        name = "Total",
+        type_ = "integer",
+        json_path = ".status.nodes.total",
+        description = "Nodes in the pool"
+    ),
+    printcolumn(
+        name = "Failed",
+        type_ = "integer",
+        json_path = ".status.nodes.failed",
+        description = "Nodes that failed to move"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPoolMigrationSpec {
+    /// Selects the GPU nodes of the pool. Required and must select something: set matchLabels or
+    /// matchExpressions. Immutable: to migrate a different set of nodes, create another
+    /// GpuPoolMigration. A node selected by two migrations is moved by neither.
+    #[x_kube(
+        validation = Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)")
+            .message("spec.nodeSelector must not be empty: set matchLabels or matchExpressions to select the pool's nodes"),
+        validation = Rule::new("self == oldSelf")
+            .message("spec.nodeSelector is immutable: create a new GpuPoolMigration to migrate a different pool")
+    )]
+    pub node_selector: LabelSelector,
+
+    /// The extended resources that move to DRA, 1 to 16 entries. For each entry Switchyard
+    /// manages a DeviceClass that serves the extended resource name through the DRA driver, so
+    /// that `resources.limits: {nvidia.com/gpu: 1}` keeps working on migrated nodes.
+    #[schemars(length(min = 1, max = 16))]
+    #[x_kube(
+        validation = Rule::new("self.all(r, self.exists_one(o, o.extendedResourceName == r.extendedResourceName))")
+            .message("spec.resources[].extendedResourceName must be unique"),
+        validation = Rule::new("self.all(r, self.exists_one(o, o.deviceClassName == r.deviceClassName))")
+            .message("spec.resources[].deviceClassName must be unique")
+    )]
+    pub resources: Vec<ResourceMapping>,
+
+    /// The DRA driver that serves migrated nodes.
+    pub driver: DriverSpec,
+
+    /// The NVIDIA device plugin that serves nodes until they move.
+    pub device_plugin: DevicePluginSpec,
+
+    /// Who keeps the two DaemonSets off each other's nodes. `Managed` (default): Switchyard adds
+    /// a required node affinity on `switchyard.dev/gpu-backend` to both pod templates, once.
+    /// `Verify`: Switchyard only checks them and reports the exact YAML to add, for DaemonSets
+    /// that Helm or a GitOps tool owns.
+    #[serde(default)]
+    pub placement: PlacementMode,
+
+    /// How fast and how carefully nodes move.
+    #[serde(default)]
+    pub strategy: Strategy,
+
+    /// `Forward` (default) moves the pool to DRA. `Rollback` moves every migrated node back to
+    /// the device plugin, evicting DRA claim holders first.
+    #[serde(default)]
+    pub direction: Direction,
+
+    /// When true, no new node starts moving. A node in flight finishes its current step and stops
+    /// in a consistent state; set it back to false to resume.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// One extended resource that moves to DRA, and the DeviceClass that serves it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceMapping {
+    /// The extended resource name that workloads request, for example `nvidia.com/gpu` or
+    /// `nvidia.com/mig-1g.10gb`. Must be `<domain>/<name>`, outside the kubernetes.io domain, and
+    /// must not start with `requests.`.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')")
+            .message("spec.resources[].extendedResourceName must be an extended resource name of the form <domain>/<name>, for example nvidia.com/gpu"),
+        validation = Rule::new("!self.contains('kubernetes.io/')")
+            .message("spec.resources[].extendedResourceName must not be in the kubernetes.io domain"),
+        validation = Rule::new("!self.startsWith('requests.')")
+            .message("spec.resources[].extendedResourceName must not start with \"requests.\"")
+    )]
+    pub extended_resource_name: String,
+
+    /// Name of the cluster-scoped DeviceClass that Switchyard creates and keeps for this
+    /// resource. A DNS subdomain, for example `gpu.switchyard.dev`. If it is also a valid extended
+    /// resource name, pods can request it as `deviceclass.resource.kubernetes.io/<name>` too.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN_RE}')"))
+        .message("spec.resources[].deviceClassName must be a DNS subdomain: lower-case letters, digits, '-' and '.'"))]
+    pub device_class_name: String,
+
+    /// Optional CEL expression over `device`, ANDed with the match on the driver name, that picks
+    /// which devices of the driver serve this resource. Example:
+    /// `device.attributes['gpu.switchyard.dev'].type == 'gpu'`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 10240))]
+    pub selector: Option<String>,
+}
+
+/// The DRA driver that serves migrated nodes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverSpec {
+    /// The DRA driver name, as published in ResourceSlices (`spec.driver`). A DNS subdomain of at
+    /// most 63 characters. Immutable, because DeviceClasses and published slices depend on it.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(
+        validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN_RE}')"))
+            .message("spec.driver.name must be a DNS subdomain of at most 63 characters, for example gpu.switchyard.dev"),
+        validation = Rule::new("self == oldSelf")
+            .message("spec.driver.name is immutable: create a new GpuPoolMigration to use another driver")
+    )]
+    pub name: String,
+
+    /// The DaemonSet that runs the DRA driver's kubelet plugin. It must run only on nodes labelled
+    /// `switchyard.dev/gpu-backend=dra`.
+    pub daemon_set: DaemonSetRef,
+}
+
+/// The device plugin that serves nodes before they move.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DevicePluginSpec {
+    /// The DaemonSet that runs the NVIDIA device plugin. It must not run on nodes labelled
+    /// `switchyard.dev/gpu-backend=dra`.
+    pub daemon_set: DaemonSetRef,
+}
+
+/// A reference to a DaemonSet.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonSetRef {
+    /// Namespace of the DaemonSet.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')")
+        .message("daemonSet.namespace must be a DNS label: lower-case letters, digits and '-'"))]
+    pub namespace: String,
+
+    /// Name of the DaemonSet.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN_RE}')"))
+        .message("daemonSet.name must be a DNS subdomain: lower-case letters, digits, '-' and '.'"))]
+    pub name: String,
+}
+
+/// Who keeps the device plugin and the DRA driver off each other's nodes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// Switchyard adds the backend node affinity to both DaemonSets' pod templates, once.
+    #[default]
+    Managed,
+    /// Switchyard only checks the DaemonSets and reports the YAML to add.
+    Verify,
+}
+
+/// Which way the pool moves.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Direction {
+    /// Move nodes from the device plugin to DRA.
+    #[default]
+    Forward,
+    /// Move every migrated node back to the device plugin.
+    Rollback,
+}
+
+/// How fast and how carefully nodes move.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Strategy {
+    /// How many pool nodes may be unavailable at once, counting nodes that were already cordoned
+    /// or NotReady: an integer of at least 1, or a percentage from "1%" to "100%" of the pool
+    /// (rounded down, at least 1). Default 1.
+    #[serde(default = "default_max_unavailable")]
+    #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|(100|[1-9][0-9]?)%)$')")
+        .message("spec.strategy.maxUnavailable must be an integer >= 1 or a percentage from \"1%\" to \"100%\""))]
+    pub max_unavailable: IntOrString,
+
+    /// How GPU pods leave a node before it switches.
+    #[serde(default)]
+    pub drain: DrainSpec,
+
+    /// How a switched node proves it serves GPUs through DRA before it is uncordoned.
+    #[serde(default)]
+    pub verify: VerifySpec,
+
+    /// What happens when a node fails to move. `Pause` (default): the migration pauses and the
+    /// node stays cordoned on a consistent backend for a human to look at. `Rollback`: that node
+    /// goes back to the device plugin and the migration goes on with the next node.
+    #[serde(default)]
+    pub on_failure: FailurePolicy,
+}
+
+impl Default for Strategy {
+    fn default() -> Self {
+        Self {
+            max_unavailable: default_max_unavailable(),
+            drain: DrainSpec::default(),
+            verify: VerifySpec::default(),
+            on_failure: FailurePolicy::default(),
+        }
+    }
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+/// How GPU pods leave a node before it switches.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Which pods are evicted. `ResourceConsumers` (default): only pods that request one of
+    /// `spec.resources`. `All`: every pod except DaemonSet and mirror pods.
+    #[serde(default)]
+    pub pod_selection: PodSelection,
+
+    /// How long the drain may take before the node fails, in seconds. Default 600.
+    #[serde(default = "default_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self > 0").message("spec.strategy.drain.timeoutSeconds must be greater than 0"))]
+    pub timeout_seconds: i64,
+
+    /// Grace period for evicted pods, in seconds. Unset: each pod's own
+    /// terminationGracePeriodSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("spec.strategy.drain.gracePeriodSeconds must be 0 or more"))]
+    pub grace_period_seconds: Option<i64>,
+
+    /// Evict pods that use emptyDir volumes, losing that data. When false (default), such pods
+    /// block the drain and are named in the node's status message.
+    #[serde(default)]
+    pub delete_empty_dir_data: bool,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        Self {
+            pod_selection: PodSelection::default(),
+            timeout_seconds: default_timeout_seconds(),
+            grace_period_seconds: None,
+            delete_empty_dir_data: false,
+        }
+    }
+}
+
+/// Ten minutes: long enough for a training job's checkpoint-on-SIGTERM, short enough that a stuck
+/// node is reported within one coffee break.
+fn default_timeout_seconds() -> i64 {
+    600
+}
+
+/// Which pods a drain evicts.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodSelection {
+    /// Only pods that request one of `spec.resources`.
+    #[default]
+    ResourceConsumers,
+    /// Every pod except DaemonSet and mirror pods.
+    All,
+}
+
+/// What happens when a node fails to move.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Pause the whole migration and leave the node for a human.
+    #[default]
+    Pause,
+    /// Move that node back to the device plugin and carry on.
+    Rollback,
+}
+
+/// How a switched node proves it serves GPUs through DRA.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifySpec {
+    /// How long the switch and its verification may take before the node fails, in seconds.
+    /// Default 600.
+    #[serde(default = "default_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self > 0").message("spec.strategy.verify.timeoutSeconds must be greater than 0"))]
+    pub timeout_seconds: i64,
+
+    /// Optional canary: a pod that requests 1 of the first resource, pinned to the migrated node.
+    /// The node passes when the scheduler binds it there through a generated ResourceClaim
+    /// allocated from this node's DRA devices (and, with a real kubelet, when it succeeds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanarySpec>,
+}
+
+impl Default for VerifySpec {
+    fn default() -> Self {
+        Self { timeout_seconds: default_timeout_seconds(), canary: None }
+    }
+}
+
+/// The canary pod run on each migrated node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.image) && size(self.image) > 0")
+    .message("spec.strategy.verify.canary.image is required when canary is set"))]
+pub struct CanarySpec {
+    /// Container image of the canary, for example `registry.k8s.io/pause:3.10`. Required.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 512))]
+    pub image: String,
+
+    /// Command of the canary container. Empty: the image's entrypoint. The canary passes when
+    /// the command exits 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+}
+
+/// What the operator observed and did. Per-node state lives on the Node objects
+/// (`switchyard.dev/migration-state`), so this stays small for a pool of thousands of nodes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPoolMigrationStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Where the migration stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Node counts by state.
+    #[serde(default)]
+    pub nodes: NodeCounts,
+
+    /// The nodes in flight right now, at most `maxUnavailable` of them (capped at 64).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub in_progress: Vec<NodeProgress>,
+
+    /// Nodes that failed to move, with the reason (capped at 64; `nodes.failed` has the count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub failed: Vec<FailedNode>,
+
+    /// One entry per `spec.resources` entry: the DeviceClass and whether the scheduler uses it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub device_classes: Vec<DeviceClassStatus>,
+
+    /// Ready, Reconciling and Stalled (kstatus), and PrerequisitesMet, DeviceClassesReady,
+    /// PlacementReady and BackendOverlap.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where a migration stands.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for prerequisites, DeviceClasses or placement.
+    Pending,
+    /// Nodes are moving to DRA.
+    Progressing,
+    /// `spec.paused` is set, or a node failed with `onFailure: Pause`.
+    Paused,
+    /// Every pool node is served by DRA.
+    Completed,
+    /// The migration cannot go on without a human.
+    Failed,
+    /// Nodes are moving back to the device plugin.
+    RollingBack,
+    /// Every pool node is served by the device plugin again.
+    RolledBack,
+}
+
+/// Node counts by state.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    /// Nodes selected by `spec.nodeSelector` and owned by this migration.
+    pub total: i32,
+    /// Nodes that have not started moving.
+    pub pending: i32,
+    /// Nodes moving now.
+    pub in_progress: i32,
+    /// Nodes served by the DRA driver.
+    pub migrated: i32,
+    /// Nodes that failed to move.
+    pub failed: i32,
+}
+
+/// The per-node state machine, recorded on each Node in `switchyard.dev/migration-state`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeState {
+    /// Not started.
+    Pending,
+    /// Cordoned; whether it was unschedulable before is remembered on the node.
+    Cordoned,
+    /// Evicting the pods that use the pool's resources.
+    Draining,
+    /// Backend label flipped; waiting for the device plugin to leave and DRA slices to appear.
+    Switching,
+    /// Checking that the scheduler allocates this node's DRA devices.
+    Verifying,
+    /// Served by DRA and uncordoned (unless an admin had cordoned it).
+    Migrated,
+    /// Failed to move; see the reason in status and events.
+    Failed,
+    /// Moving back to the device plugin.
+    RollingBack,
+    /// Served by the device plugin again.
+    RolledBack,
+}
+
+/// A node in flight.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    /// Node name.
+    pub name: String,
+    /// The step the node is in.
+    pub state: NodeState,
+    /// When the node entered this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// What the step is doing or waiting for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// A node that failed to move.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedNode {
+    /// Node name.
+    pub name: String,
+    /// The step in which it failed.
+    pub state: NodeState,
+    /// A CamelCase reason, also used for the event.
+    pub reason: String,
+    /// What went wrong and what to do about it.
+    pub message: String,
+}
+
+/// A DeviceClass managed for one `spec.resources` entry.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceClassStatus {
+    /// DeviceClass name.
+    pub name: String,
+    /// The extended resource name it serves.
+    pub extended_resource_name: String,
+    /// True when the scheduler uses this class for the extended resource name.
+    pub effective: bool,
+    /// The DeviceClass that wins the extended resource name instead of ours, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shadowed_by: String,
+}

@@ -1,0 +1,52 @@
+//! Names that the operator, the driver agent, the CLI and users share: node labels and
+//! annotations, field managers, finalizers and taint keys. Both binaries read them from here, so a
+//! rename cannot split them.
+
+/// Node label that says which backend serves the node's GPUs: [`BACKEND_DEVICE_PLUGIN`] or
+/// [`BACKEND_DRA`]. Absent means the device plugin. Both DaemonSets select on it, so flipping it is
+/// what moves a node from one backend to the other.
+pub const LABEL_GPU_BACKEND: &str = "switchyard.dev/gpu-backend";
+/// Value of [`LABEL_GPU_BACKEND`] for nodes served by the NVIDIA device plugin.
+pub const BACKEND_DEVICE_PLUGIN: &str = "device-plugin";
+/// Value of [`LABEL_GPU_BACKEND`] for nodes served by the DRA driver.
+pub const BACKEND_DRA: &str = "dra";
+
+/// Node label naming the GpuPoolMigration that owns the node. A node owned by one migration is
+/// refused by every other, so two CRs never move the same node.
+pub const LABEL_MIGRATION: &str = "switchyard.dev/migration";
+
+/// Node annotation with the node's migration state (see `NodeState`). It is the durable record a
+/// restarted operator resumes from.
+pub const ANNOTATION_MIGRATION_STATE: &str = "switchyard.dev/migration-state";
+/// Node annotation set to "true" when the node was already unschedulable before Switchyard cordoned
+/// it, so that Switchyard never uncordons a node an admin cordoned.
+pub const ANNOTATION_INITIALLY_UNSCHEDULABLE: &str = "switchyard.dev/initially-unschedulable";
+/// Node annotation with the RFC 3339 time the node entered its current state, so that timeouts
+/// survive an operator restart.
+pub const ANNOTATION_STATE_SINCE: &str = "switchyard.dev/state-since";
+/// Node annotation with the number of device-plugin GPUs per resource the node had before the
+/// switch (JSON object), which the DRA side must at least match before the node counts as switched.
+pub const ANNOTATION_GPUS_BEFORE: &str = "switchyard.dev/gpus-before";
+
+/// Field manager for every object the operator writes with server-side apply.
+pub const OPERATOR_FIELD_MANAGER: &str = "switchyard-operator";
+/// Field manager for every ResourceSlice the driver agent writes with server-side apply.
+pub const AGENT_FIELD_MANAGER: &str = "switchyard-driver-agent";
+
+/// Finalizer that lets the operator bring in-flight nodes to a consistent state and remove its node
+/// labels before a GpuPoolMigration goes away.
+pub const FINALIZER: &str = "switchyard.dev/cleanup";
+
+/// Default DRA driver name: the driver name in ResourceSlices and the CDI vendor.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.switchyard.dev";
+
+/// Prefix of the device-taint keys the agent sets on unhealthy devices (`<driver>/xid`, ...).
+pub const TAINT_KEY_XID: &str = "xid";
+/// Device-taint key suffix for a GPU that fell off the bus.
+pub const TAINT_KEY_GPU_LOST: &str = "gpu-lost";
+/// Device-taint key suffix the agent sets on all its devices while it is shutting down, so that the
+/// scheduler stops placing claims nobody can prepare.
+pub const TAINT_KEY_DRIVER_UNAVAILABLE: &str = "driver-unavailable";
+
+/// The extended resource the NVIDIA device plugin advertises for a full GPU.
+pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
