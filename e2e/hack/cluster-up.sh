@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Starts a real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager
+# and kube-scheduler, built from the upstream modules by build-controlplane.sh. Only the kubelet is
+# missing; the GPU node simulator (e2e/src/sim) stands in for it.
+#
+# State lives in e2e/.cluster (git-ignored): pki/, logs/, pids/, etcd data and the admin
+# kubeconfig. When a healthy cluster from this directory is already running, it is reused.
+#
+#   SWITCHYARD_APISERVER_PORT  (default 16443)   SWITCHYARD_ETCD_PORT (default 12379)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+state="$here/.cluster"
+api_port=${SWITCHYARD_APISERVER_PORT:-16443}
+etcd_port=${SWITCHYARD_ETCD_PORT:-12379}
+etcd_peer_port=$((etcd_port + 1))
+kcm_port=$((api_port + 1))
+sched_port=$((api_port + 2))
+kubeconfig="$state/kubeconfig"
+
+mkdir -p "$state"
+# Test binaries may call this concurrently; one starts the cluster, the others then reuse it.
+exec 9>"$state/.lock"
+flock 9
+
+bin=$(bash "$here/hack/build-controlplane.sh")
+kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+healthy() { [ -f "$kubeconfig" ] && kubectl get --raw /readyz >/dev/null 2>&1; }
+
+if healthy; then
+  echo "cluster-up: reusing the running control plane (KUBECONFIG=$kubeconfig)" >&2
+  exit 0
+fi
+# A half-started or crashed cluster: stop whatever is left of it before starting afresh.
+bash "$here/hack/cluster-down.sh" >/dev/null 2>&1 || true
+
+start=$(date +%s.%N)
+mkdir -p "$state"/{pki,logs,pids}
+rm -rf "$state/etcd"
+pki="$state/pki"
+
+# --- certificates -------------------------------------------------------------------------
+# One CA signs everything: the serving cert and a client cert per component. The admin is in
+# system:masters; the other components get the identities the default RBAC bootstrap expects.
+if [ ! -f "$pki/ca.crt" ]; then
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=switchyard-e2e-ca" \
+    -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  cat > "$pki/apiserver.ext" <<EOF
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth
+EOF
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$pki/apiserver.key" \
+    -out "$pki/apiserver.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  for id in "admin:/O=system:masters/CN=switchyard-admin" \
+            "controller-manager:/CN=system:kube-controller-manager" \
+            "scheduler:/CN=system:kube-scheduler"; do
+    name=${id%%:*} subj=${id#*:}
+    openssl req -newkey rsa:2048 -nodes -subj "$subj" -keyout "$pki/$name.key" -out "$pki/$name.csr" 2>/dev/null
+    openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+      -days 3650 -extfile <(echo "extendedKeyUsage=clientAuth") -out "$pki/$name.crt" 2>/dev/null
+  done
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+fi
+
+write_kubeconfig() { # name cert key
+  cat > "$state/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: switchyard-e2e
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: $pki/ca.crt
+users:
+- name: $1
+  user:
+    client-certificate: $pki/$1.crt
+    client-key: $pki/$1.key
+contexts:
+- name: switchyard-e2e
+  context: {cluster: switchyard-e2e, user: $1}
+current-context: switchyard-e2e
+EOF
+}
+for c in admin controller-manager scheduler; do write_kubeconfig "$c"; done
+cp "$state/admin.kubeconfig" "$kubeconfig"
+
+# Metadata-level audit log of every mutating request, so benchmarks can count the API calls the
+# operator makes per migrated node.
+cat > "$state/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+EOF
+
+# --- processes ----------------------------------------------------------------------------
+launch() { # name args...: detached from this shell, PID recorded for cluster-down
+  local name=$1; shift
+  setsid "$@" >"$state/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$state/pids/$name.pid"
+}
+
+wait_for() { # what seconds command...
+  local what=$1 deadline=$(( $(date +%s) + $2 )); shift 2
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "cluster-up: $what did not become ready; last log lines:" >&2
+      tail -n 30 "$state/logs/$what.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+
+launch etcd "$bin/etcd" --name e2e --data-dir "$state/etcd" \
+  --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-cluster "e2e=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --quota-backend-bytes 4294967296
+wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
+
+# --endpoint-reconciler-type=none: the loopback advertise address is valid for serving but may not
+# be written into the kubernetes Service endpoints, and a machine without a default route has no
+# other address to advertise.
+launch kube-apiserver "$bin/kube-apiserver" \
+  --etcd-servers "http://127.0.0.1:$etcd_port" \
+  --bind-address 127.0.0.1 --secure-port "$api_port" --advertise-address 127.0.0.1 \
+  --endpoint-reconciler-type none \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+  --client-ca-file "$pki/ca.crt" \
+  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc \
+  --service-cluster-ip-range 10.96.0.0/16 \
+  --authorization-mode Node,RBAC \
+  --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/logs/audit.log" \
+  --audit-log-maxsize 200 --audit-log-maxbackup 1
+wait_for kube-apiserver 120 kubectl get --raw /readyz
+
+launch kube-controller-manager "$bin/kube-controller-manager" \
+  --kubeconfig "$state/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$state/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$state/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$kcm_port" \
+  --root-ca-file "$pki/ca.crt" --service-account-private-key-file "$pki/sa.key" \
+  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+  --use-service-account-credentials --leader-elect=false \
+  --service-cluster-ip-range 10.96.0.0/16
+launch kube-scheduler "$bin/kube-scheduler" \
+  --kubeconfig "$state/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$state/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$state/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=false
+
+wait_for kube-controller-manager 60 curl -skf "https://127.0.0.1:$kcm_port/healthz"
+wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$sched_port/healthz"
+# The default ServiceAccount appears once the controller manager's token controllers run; pods
+# in the default namespace cannot be created before it.
+wait_for kube-controller-manager 60 kubectl -n default get serviceaccount default
+
+elapsed=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}")
+echo "$elapsed" > "$state/startup-seconds"
+echo "cluster-up: control plane $(kubectl version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -n1) ready in ${elapsed}s" >&2
+echo "cluster-up: export KUBECONFIG=$kubeconfig" >&2
