@@ -2,7 +2,23 @@
 //! by node, and back.
 
 pub mod api;
+pub mod canary;
+pub mod conditions;
+pub mod controller;
 pub mod crd;
+pub mod device_classes;
+pub mod drain;
+pub mod error;
+pub mod leader;
+pub mod metrics;
+pub mod node_state;
+pub mod overlap;
+pub mod placement;
+pub mod plan;
+pub mod prerequisites;
+pub mod runtime;
 #[doc(hidden)]
 pub mod testing;
 pub mod well_known;
+
+pub use error::{Error, Result};

@@ -1,1 +1,54 @@
-fn main() {}
+//! `switchyard-operator`: parses flags and runs the operator.
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use switchyard_operator::runtime::{Settings, run};
+
+#[derive(Parser, Debug)]
+#[command(about = "Moves GPU node pools from the NVIDIA device plugin to a DRA driver")]
+struct Args {
+    /// Address for /metrics, /readyz and /livez.
+    #[arg(long, env = "SWITCHYARD_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Namespace of the leader-election Lease and of canary pods (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "switchyard-system")]
+    namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "SWITCHYARD_LEASE_NAME", default_value = "switchyard-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Run without leader election (one replica only, or local development).
+    #[arg(long, env = "SWITCHYARD_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Log format: text or json.
+    #[arg(long, env = "SWITCHYARD_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    if args.log_format == "json" {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("switchyard-operator-{}", std::process::id()));
+    run(Settings {
+        metrics_addr: args.metrics_addr,
+        namespace: args.namespace,
+        lease_name: args.lease_name,
+        identity,
+        leader_election: !args.no_leader_election,
+    })
+    .await
+}

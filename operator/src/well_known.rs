@@ -50,3 +50,27 @@ pub const TAINT_KEY_DRIVER_UNAVAILABLE: &str = "driver-unavailable";
 
 /// The extended resource the NVIDIA device plugin advertises for a full GPU.
 pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Label on every ResourceSlice the driver agent writes, valued [`AGENT_FIELD_MANAGER`]. The agent
+/// lists by it (plus node name and driver) to find and delete its own stale slices, and never touches
+/// a slice without it.
+pub const LABEL_MANAGED_BY: &str = "switchyard.dev/managed-by";
+/// ResourceSlice annotation with the number of physical GPUs in the node's pool (decimal). Every
+/// slice of the pool carries the same value, so the operator can read any one of them.
+pub const ANNOTATION_SLICE_GPU_COUNT: &str = "switchyard.dev/gpu-count";
+/// ResourceSlice annotation with the MIG devices in the node's pool as a JSON object from profile to
+/// count, e.g. `{"1g.10gb":7}`; `{}` when no GPU is partitioned. Same value on every slice of the pool.
+pub const ANNOTATION_SLICE_MIG_PROFILES: &str = "switchyard.dev/mig-profiles";
+/// Device-taint key suffix for a GPU that reported an uncorrectable (double-bit) ECC error.
+pub const TAINT_KEY_ECC_DBE: &str = "ecc-dbe";
+
+/// Node annotation with why a node failed, as JSON `{"state", "reason", "message"}`, so that
+/// `status.failed` and the decision whether to roll the node back survive an operator restart.
+pub const ANNOTATION_FAILURE: &str = "switchyard.dev/failure";
+
+/// Key of the device taint the operator puts on a node's DRA devices while rolling it back, so
+/// that pods holding claims on them are evicted before the device plugin returns.
+pub const TAINT_KEY_ROLLBACK: &str = "switchyard.dev/rollback";
+
+/// Label on canary pods, naming the node they verify.
+pub const LABEL_CANARY_NODE: &str = "switchyard.dev/canary-node";

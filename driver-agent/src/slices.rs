@@ -1,0 +1,536 @@
+//! Pure slice building: inventory + health -> the node's ResourceSlices, and the pool summary the
+//! operator reads from their annotations.
+//!
+//! Summary contract: every slice of the pool carries the same two annotations,
+//! [`well_known::ANNOTATION_SLICE_GPU_COUNT`] (physical GPUs on the node, decimal) and
+//! [`well_known::ANNOTATION_SLICE_MIG_PROFILES`] (JSON object from MIG profile to count). They
+//! describe what exists, not what is healthy: health is in the device taints.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use switchyard_operator::well_known;
+
+use crate::health::{Effect, HealthState};
+use crate::inventory::{Gpu, NamedDevice, NodeInventory};
+
+/// Most devices the API accepts in one ResourceSlice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Most devices the API accepts in one ResourceSlice once any device in it has taints.
+pub const MAX_TAINTED_DEVICES_PER_SLICE: usize = 64;
+
+/// Standard attribute names shared by DRA drivers (KEP-4381 / KEP-5491), used for alignment with
+/// NICs and CPUs.
+pub const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+pub const ATTR_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
+/// Who the slices belong to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolIdentity {
+    pub node_name: String,
+    /// The Node's uid, for the owner reference (the slices go away with the Node).
+    pub node_uid: String,
+    pub driver: String,
+}
+
+impl PoolIdentity {
+    /// Name of slice `i`: `<node>-<driver with dots as dashes>-<i>`.
+    pub fn slice_name(&self, i: usize) -> String {
+        format!("{}-{}-{i}", self.node_name, self.driver.replace('.', "-"))
+    }
+}
+
+/// Physical GPUs and MIG devices by profile on one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolSummary {
+    pub gpus: u32,
+    pub mig_profiles: BTreeMap<String, u32>,
+}
+
+impl PoolSummary {
+    pub fn of(inv: &NodeInventory) -> Self {
+        let mut mig_profiles = BTreeMap::new();
+        for (_, d) in inv.named_devices() {
+            if let NamedDevice::Mig { mig, .. } = d {
+                *mig_profiles.entry(mig.profile.clone()).or_insert(0) += 1;
+            }
+        }
+        PoolSummary { gpus: inv.gpus.len() as u32, mig_profiles }
+    }
+
+    pub fn to_annotations(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (well_known::ANNOTATION_SLICE_GPU_COUNT.to_string(), self.gpus.to_string()),
+            (
+                well_known::ANNOTATION_SLICE_MIG_PROFILES.to_string(),
+                serde_json::to_string(&self.mig_profiles).unwrap_or_else(|_| "{}".into()),
+            ),
+        ])
+    }
+
+    /// Read the summary back from a slice's annotations; `None` when they are missing or invalid.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Option<Self> {
+        Some(PoolSummary {
+            gpus: annotations.get(well_known::ANNOTATION_SLICE_GPU_COUNT)?.parse().ok()?,
+            mig_profiles: serde_json::from_str(annotations.get(well_known::ANNOTATION_SLICE_MIG_PROFILES)?)
+                .ok()?,
+        })
+    }
+}
+
+/// A version string NVML reports, as the semantic version a `version` attribute requires:
+/// leading zeros dropped and missing parts filled with 0 (`570.124.06` -> `570.124.6`, `9.0` ->
+/// `9.0.0`). `None` when it is not numeric.
+pub fn to_semver(v: &str) -> Option<String> {
+    let parts: Vec<u64> = v.trim().split('.').map(|p| p.parse::<u64>()).collect::<Result<_, _>>().ok()?;
+    if parts.is_empty() || parts.len() > 3 {
+        return None;
+    }
+    let get = |i: usize| parts.get(i).copied().unwrap_or(0);
+    Some(format!("{}.{}.{}", get(0), get(1), get(2)))
+}
+
+/// Bytes as the shortest exact binary quantity (`85899345920` -> `80Gi`).
+pub fn bytes_quantity(bytes: u64) -> Quantity {
+    for (suffix, unit) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return Quantity(format!("{}{suffix}", bytes / unit));
+        }
+    }
+    Quantity(bytes.to_string())
+}
+
+fn string(v: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute { string: Some(v.into()), ..Default::default() }
+}
+
+fn version(v: &str) -> Option<DeviceAttribute> {
+    to_semver(v).map(|s| DeviceAttribute { version: Some(s), ..Default::default() })
+}
+
+fn gpu_attributes(inv: &NodeInventory, gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    a.insert("productName".into(), string(&gpu.product_name));
+    if let Some(b) = &gpu.brand {
+        a.insert("brand".into(), string(b));
+    }
+    if let Some(arch) = &gpu.architecture {
+        a.insert("architecture".into(), string(arch));
+    }
+    if let Some(v) = gpu.cuda_compute_capability.as_deref().and_then(version) {
+        a.insert("cudaComputeCapability".into(), v);
+    }
+    if let Some(v) = version(&inv.driver_version) {
+        a.insert("driverVersion".into(), v);
+    }
+    if let Some(v) = version(&inv.cuda_driver_version) {
+        a.insert("cudaDriverVersion".into(), v);
+    }
+    if let Some(bus) = &gpu.pci_bus_id {
+        a.insert(ATTR_PCI_BUS_ID.into(), string(bus));
+    }
+    if let Some(root) = &gpu.pcie_root {
+        a.insert(ATTR_PCIE_ROOT.into(), string(root));
+    }
+    if let Some(numa) = gpu.numa_node {
+        a.insert(ATTR_NUMA_NODE.into(), DeviceAttribute { int: Some(numa.into()), ..Default::default() });
+    }
+    a
+}
+
+fn capacity(q: Quantity) -> DeviceCapacity {
+    DeviceCapacity { value: q, ..Default::default() }
+}
+
+/// `time_added` is kept to whole seconds, the precision the API stores.
+fn whole_seconds(t: Timestamp) -> Time {
+    Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
+/// Devices of the node, in name order of the inventory, with health taints, plus the
+/// driver-unavailable taint on every device when `shutting_down` is set (to the time shutdown
+/// began).
+pub fn build_devices(
+    inv: &NodeInventory,
+    health: &HealthState,
+    driver: &str,
+    shutting_down: Option<Timestamp>,
+) -> Vec<Device> {
+    inv.named_devices()
+        .into_iter()
+        .map(|(name, d)| {
+            let (gpu, parent_name) = match d {
+                NamedDevice::Gpu(g) => (g, None),
+                NamedDevice::Mig { parent, .. } => (parent, Some(parent.device_name())),
+            };
+            let mut attributes = gpu_attributes(inv, gpu);
+            let mut caps = BTreeMap::new();
+            match d {
+                NamedDevice::Gpu(g) => {
+                    attributes.insert("type".into(), string("gpu"));
+                    attributes.insert("uuid".into(), string(&g.uuid));
+                    caps.insert("memory".into(), capacity(bytes_quantity(g.memory_bytes)));
+                }
+                NamedDevice::Mig { parent, mig } => {
+                    attributes.insert("type".into(), string("mig"));
+                    attributes.insert("uuid".into(), string(&mig.uuid));
+                    attributes.insert("parentUUID".into(), string(&parent.uuid));
+                    attributes.insert("profile".into(), string(&mig.profile));
+                    caps.insert("memory".into(), capacity(bytes_quantity(mig.memory_bytes)));
+                    caps.insert(
+                        "multiprocessors".into(),
+                        capacity(Quantity(mig.multiprocessors.to_string())),
+                    );
+                }
+            }
+            let mut taints: Vec<DeviceTaint> = health
+                .taints_for(&name, parent_name.as_deref())
+                .into_iter()
+                .map(|t| DeviceTaint {
+                    key: format!("{driver}/{}", t.kind.key_suffix()),
+                    value: t.value,
+                    effect: t.effect.as_str().into(),
+                    time_added: Some(whole_seconds(t.since)),
+                })
+                .collect();
+            if let Some(at) = shutting_down {
+                taints.push(DeviceTaint {
+                    key: format!("{driver}/{}", well_known::TAINT_KEY_DRIVER_UNAVAILABLE),
+                    value: None,
+                    effect: Effect::NoSchedule.as_str().into(),
+                    time_added: Some(whole_seconds(at)),
+                });
+            }
+            Device {
+                name,
+                attributes: Some(attributes),
+                capacity: Some(caps),
+                taints: (!taints.is_empty()).then_some(taints),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// Split devices into the pool's slices. Every slice names the same pool (the node), carries
+/// `generation` and the slice count, the managed-by label, the summary annotations and an owner
+/// reference to the Node. Slices hold up to 128 devices, or 64 once any device of the pool has
+/// taints (the API's limit for slices with taints). A node without devices still gets one empty
+/// slice, so that consumers see the pool and its generation.
+pub fn build_slices(
+    id: &PoolIdentity,
+    devices: Vec<Device>,
+    summary: &PoolSummary,
+    generation: i64,
+) -> Vec<ResourceSlice> {
+    let per_slice = if devices.iter().any(|d| d.taints.is_some()) {
+        MAX_TAINTED_DEVICES_PER_SLICE
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
+    let mut chunks: Vec<Vec<Device>> = Vec::new();
+    let mut it = devices.into_iter().peekable();
+    while it.peek().is_some() {
+        chunks.push(it.by_ref().take(per_slice).collect());
+    }
+    if chunks.is_empty() {
+        chunks.push(Vec::new());
+    }
+    let count = chunks.len() as i64;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, devices)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(id.slice_name(i)),
+                labels: Some(BTreeMap::from([(
+                    well_known::LABEL_MANAGED_BY.to_string(),
+                    well_known::AGENT_FIELD_MANAGER.to_string(),
+                )])),
+                annotations: Some(summary.to_annotations()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: id.node_name.clone(),
+                    uid: id.node_uid.clone(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: id.driver.clone(),
+                node_name: Some(id.node_name.clone()),
+                pool: ResourcePool { name: id.node_name.clone(), generation, resource_slice_count: count },
+                devices: Some(devices),
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+/// Everything the agent would publish for this inventory and health, at `generation`.
+pub fn desired_slices(
+    id: &PoolIdentity,
+    inv: &NodeInventory,
+    health: &HealthState,
+    shutting_down: Option<Timestamp>,
+    generation: i64,
+) -> Vec<ResourceSlice> {
+    let devices = build_devices(inv, health, &id.driver, shutting_down);
+    build_slices(id, devices, &PoolSummary::of(inv), generation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{FaultKind, HealthEvent, HealthPolicy};
+    use crate::inventory::MigDevice;
+
+    fn id() -> PoolIdentity {
+        PoolIdentity {
+            node_name: "node-a".into(),
+            node_uid: "uid-1".into(),
+            driver: "gpu.switchyard.dev".into(),
+        }
+    }
+
+    fn h100(index: u32) -> Gpu {
+        Gpu {
+            index,
+            minor: index,
+            uuid: format!("GPU-{index:08}"),
+            product_name: "NVIDIA H100 80GB HBM3".into(),
+            brand: Some("Nvidia".into()),
+            architecture: Some("Hopper".into()),
+            cuda_compute_capability: Some("9.0".into()),
+            memory_bytes: 80 << 30,
+            pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x18 + index)),
+            pcie_root: Some("pci0000:15".into()),
+            numa_node: Some(0),
+            mig_enabled: None,
+            mig: vec![],
+        }
+    }
+
+    fn inv(gpus: Vec<Gpu>) -> NodeInventory {
+        NodeInventory { driver_version: "570.124.06".into(), cuda_driver_version: "12.8".into(), gpus }
+    }
+
+    fn attr<'a>(d: &'a Device, k: &str) -> &'a DeviceAttribute {
+        d.attributes.as_ref().unwrap().get(k).unwrap_or_else(|| panic!("missing attribute {k}"))
+    }
+
+    #[test]
+    fn semver_normalisation() {
+        for (input, want) in [
+            ("570.124.06", Some("570.124.6")),
+            ("12.8", Some("12.8.0")),
+            ("9.0", Some("9.0.0")),
+            ("535", Some("535.0.0")),
+            ("1.2.3.4", None),
+            ("r570", None),
+            ("", None),
+        ] {
+            assert_eq!(to_semver(input).as_deref(), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn quantities_use_the_largest_exact_binary_unit() {
+        for (bytes, want) in [
+            (80u64 << 30, "80Gi"),
+            (10240 << 20, "10Gi"),
+            (9856 << 20, "9856Mi"),
+            (1 << 40, "1Ti"),
+            (1000, "1000"),
+            (0, "0"),
+        ] {
+            assert_eq!(bytes_quantity(bytes).0, want, "{bytes}");
+        }
+    }
+
+    #[test]
+    fn full_gpu_device_carries_attributes_and_capacity() {
+        let devices = build_devices(&inv(vec![h100(0)]), &HealthState::default(), "gpu.switchyard.dev", None);
+        assert_eq!(devices.len(), 1);
+        let d = &devices[0];
+        assert_eq!(d.name, "gpu-0");
+        assert_eq!(attr(d, "type").string.as_deref(), Some("gpu"));
+        assert_eq!(attr(d, "uuid").string.as_deref(), Some("GPU-00000000"));
+        assert_eq!(attr(d, "productName").string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(attr(d, "brand").string.as_deref(), Some("Nvidia"));
+        assert_eq!(attr(d, "architecture").string.as_deref(), Some("Hopper"));
+        assert_eq!(attr(d, "cudaComputeCapability").version.as_deref(), Some("9.0.0"));
+        assert_eq!(attr(d, "driverVersion").version.as_deref(), Some("570.124.6"));
+        assert_eq!(attr(d, "cudaDriverVersion").version.as_deref(), Some("12.8.0"));
+        assert_eq!(attr(d, ATTR_PCI_BUS_ID).string.as_deref(), Some("0000:18:00.0"));
+        assert_eq!(attr(d, ATTR_PCIE_ROOT).string.as_deref(), Some("pci0000:15"));
+        assert_eq!(attr(d, ATTR_NUMA_NODE).int, Some(0));
+        assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, "80Gi");
+        assert!(d.taints.is_none());
+        // The API allows at most 32 attributes and capacities together.
+        assert!(d.attributes.as_ref().unwrap().len() + d.capacity.as_ref().unwrap().len() <= 32);
+    }
+
+    #[test]
+    fn unknown_fields_are_omitted() {
+        let mut g = h100(0);
+        g.brand = None;
+        g.architecture = None;
+        g.cuda_compute_capability = None;
+        g.pci_bus_id = None;
+        g.pcie_root = None;
+        g.numa_node = None;
+        let d = &build_devices(&inv(vec![g]), &HealthState::default(), "d", None)[0];
+        let keys: Vec<&str> = d.attributes.as_ref().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["cudaDriverVersion", "driverVersion", "productName", "type", "uuid"]);
+    }
+
+    #[test]
+    fn mig_devices_replace_their_parent_and_inherit_its_attributes() {
+        let mut g = h100(1);
+        g.mig = vec![
+            MigDevice {
+                uuid: "MIG-a".into(),
+                profile: "1g.10gb".into(),
+                memory_bytes: 9856 << 20,
+                multiprocessors: 16,
+                gi: 9,
+                ci: 0,
+                ..Default::default()
+            },
+            MigDevice {
+                uuid: "MIG-b".into(),
+                profile: "3g.40gb".into(),
+                memory_bytes: 40 << 30,
+                multiprocessors: 60,
+                gi: 2,
+                ci: 0,
+                ..Default::default()
+            },
+        ];
+        let devices = build_devices(&inv(vec![h100(0), g]), &HealthState::default(), "d", None);
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-0", "gpu-1-mig-1g10gb-0"]);
+        let m = &devices[2];
+        assert_eq!(attr(m, "type").string.as_deref(), Some("mig"));
+        assert_eq!(attr(m, "uuid").string.as_deref(), Some("MIG-a"));
+        assert_eq!(attr(m, "parentUUID").string.as_deref(), Some("GPU-00000001"));
+        assert_eq!(attr(m, "profile").string.as_deref(), Some("1g.10gb"));
+        assert_eq!(attr(m, ATTR_PCI_BUS_ID).string.as_deref(), Some("0000:19:00.0"));
+        assert_eq!(attr(m, "productName").string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        let caps = m.capacity.as_ref().unwrap();
+        assert_eq!(caps["memory"].value.0, "9856Mi");
+        assert_eq!(caps["multiprocessors"].value.0, "16");
+    }
+
+    #[test]
+    fn health_becomes_device_taints_and_shutdown_taints_everything() {
+        let mut g = h100(1);
+        g.mig =
+            vec![MigDevice { uuid: "MIG-a".into(), profile: "1g.10gb".into(), gi: 1, ..Default::default() }];
+        let inventory = inv(vec![h100(0), g]);
+        let mut health = HealthState::default();
+        let at = Timestamp::from_second(1_800_000_000).unwrap();
+        health.apply(
+            &HealthPolicy::default(),
+            &HealthEvent { device: "gpu-1".into(), kind: FaultKind::Xid { xid: 79 }, at },
+        );
+        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", None);
+        assert!(devices[0].taints.is_none());
+        let t = devices[1].taints.as_ref().expect("MIG device inherits the parent's fault");
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].key, "gpu.switchyard.dev/xid");
+        assert_eq!(t[0].value.as_deref(), Some("79"));
+        assert_eq!(t[0].effect, "NoSchedule");
+        assert_eq!(t[0].time_added, Some(Time(at)));
+
+        let down = at.checked_add(k8s_openapi::jiff::SignedDuration::from_millis(1500)).unwrap();
+        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", Some(down));
+        for d in &devices {
+            let last = d.taints.as_ref().unwrap().last().unwrap();
+            assert_eq!(last.key, "gpu.switchyard.dev/driver-unavailable", "{}", d.name);
+            assert_eq!(last.effect, "NoSchedule");
+            assert_eq!(last.time_added.as_ref().unwrap().0.as_second(), down.as_second());
+            assert_eq!(last.time_added.as_ref().unwrap().0.subsec_nanosecond(), 0);
+        }
+        assert_eq!(devices[1].taints.as_ref().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn slices_chunk_and_carry_pool_metadata() {
+        let dev = |i: usize, tainted: bool| Device {
+            name: format!("gpu-{i}"),
+            taints: tainted
+                .then(|| vec![DeviceTaint { key: "k".into(), effect: "None".into(), ..Default::default() }]),
+            ..Default::default()
+        };
+        // (devices, any tainted, expected device counts per slice)
+        let cases: Vec<(usize, bool, Vec<usize>)> = vec![
+            (0, false, vec![0]),
+            (8, false, vec![8]),
+            (128, false, vec![128]),
+            (129, false, vec![128, 1]),
+            (300, false, vec![128, 128, 44]),
+            (100, true, vec![64, 36]),
+            (64, true, vec![64]),
+        ];
+        for (n, tainted, want) in cases {
+            let devices: Vec<Device> = (0..n).map(|i| dev(i, tainted && i == n - 1)).collect();
+            let slices = build_slices(&id(), devices, &PoolSummary::default(), 7);
+            let got: Vec<usize> = slices.iter().map(|s| s.spec.devices.as_ref().unwrap().len()).collect();
+            assert_eq!(got, want, "{n} devices, tainted={tainted}");
+            for (i, s) in slices.iter().enumerate() {
+                assert_eq!(
+                    s.metadata.name.as_deref(),
+                    Some(format!("node-a-gpu-switchyard-dev-{i}").as_str())
+                );
+                assert_eq!(s.spec.node_name.as_deref(), Some("node-a"));
+                assert_eq!(s.spec.driver, "gpu.switchyard.dev");
+                assert_eq!(s.spec.pool.name, "node-a");
+                assert_eq!(s.spec.pool.generation, 7);
+                assert_eq!(s.spec.pool.resource_slice_count, want.len() as i64);
+                let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+                assert_eq!(
+                    (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+                    ("Node", "node-a", "uid-1")
+                );
+                assert_eq!(
+                    s.metadata.labels.as_ref().unwrap().get(well_known::LABEL_MANAGED_BY).map(String::as_str),
+                    Some(well_known::AGENT_FIELD_MANAGER)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn summary_counts_gpus_and_mig_profiles_and_round_trips_through_annotations() {
+        let mut g = h100(1);
+        g.mig = (0..3)
+            .map(|i| MigDevice {
+                uuid: format!("MIG-{i}"),
+                profile: if i < 2 { "1g.10gb" } else { "2g.20gb" }.into(),
+                gi: i,
+                ..Default::default()
+            })
+            .collect();
+        let inventory = inv(vec![h100(0), g]);
+        let s = PoolSummary::of(&inventory);
+        assert_eq!(s.gpus, 2);
+        assert_eq!(s.mig_profiles, BTreeMap::from([("1g.10gb".to_string(), 2), ("2g.20gb".to_string(), 1)]));
+        let ann = s.to_annotations();
+        assert_eq!(ann[well_known::ANNOTATION_SLICE_MIG_PROFILES], r#"{"1g.10gb":2,"2g.20gb":1}"#);
+        assert_eq!(ann[well_known::ANNOTATION_SLICE_GPU_COUNT], "2");
+        assert_eq!(PoolSummary::from_annotations(&ann), Some(s));
+        let slices = desired_slices(&id(), &inventory, &HealthState::default(), None, 1);
+        assert_eq!(slices[0].metadata.annotations.as_ref(), Some(&ann));
+        assert_eq!(PoolSummary::from_annotations(&BTreeMap::new()), None);
+    }
+}

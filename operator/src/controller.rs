@@ -1,0 +1,1274 @@
+//! The thin API layer: gathers what the pure modules need, carries out the one step each node is
+//! due, applies DeviceClasses and placement, writes status and events. Every decision is made in
+//! `plan`, `node_state`, `drain`, `placement`, `device_classes`, `prerequisites` and `overlap`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{PartialObjectMeta, Selector, SelectorExt};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::api::v1alpha1::{
+    Direction, FailedNode, GpuPoolMigration, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeProgress,
+    NodeState, Phase, PlacementMode,
+};
+use crate::conditions::{self, ConditionType, Desired, Progress};
+use crate::device_classes;
+use crate::drain;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::node_state::{self, Action, Canary, DrainCounts, Observed};
+use crate::overlap;
+use crate::placement::{self, Role};
+use crate::plan::{self, Backend, Failure, Halt, OtherMigration, PoolNode};
+use crate::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
+use crate::well_known::*;
+
+/// Requeue while nodes move: short, because allocatable and slices change without a label event.
+const REQUEUE_ACTIVE: Duration = Duration::from_secs(10);
+/// Requeue when idle: a safety net; watches trigger real work.
+const REQUEUE_IDLE: Duration = Duration::from_secs(300);
+/// How long discovery results are reused: versions and served kinds change only on upgrades.
+const FACTS_TTL: Duration = Duration::from_secs(300);
+/// At most this many candidate nodes get a pod count per reconcile, so ordering a large pool
+/// costs a bounded number of per-node pod LISTs.
+const MAX_CANDIDATES_COUNTED: usize = 32;
+/// Status lists are capped by the API schema.
+const STATUS_LIST_MAX: usize = 64;
+/// The name of the DeviceClass used only in the dry-run probe.
+const PROBE_CLASS: &str = "switchyard-probe-extended-resource";
+/// The extended resource name used only in the dry-run probe.
+const PROBE_RESOURCE: &str = "probe.switchyard.dev/gpu";
+
+/// What does not change between reconciles.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Namespace for canary pods (the operator's own).
+    pub canary_namespace: String,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub config: Config,
+    /// The controller's GpuPoolMigration cache, to find nodes selected by two migrations.
+    pub migrations: Store<GpuPoolMigration>,
+    facts: Mutex<Option<(Instant, ServerFacts)>>,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        config: Config,
+        migrations: Store<GpuPoolMigration>,
+    ) -> Self {
+        let reporter =
+            Reporter { controller: OPERATOR_FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            config,
+            migrations,
+            facts: Mutex::new(None),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct ServerFacts {
+    git_version: String,
+    served: ServedApis,
+    probe: ExtendedResourceProbe,
+}
+
+/// Entry point for the Controller.
+pub async fn reconcile(gpm: Arc<GpuPoolMigration>, ctx: Arc<Context>) -> Result<Requeue> {
+    let started = Instant::now();
+    ctx.metrics.reconciliations.inc();
+    let api: Api<GpuPoolMigration> = Api::all(ctx.client.clone());
+    let name = gpm.name_any();
+    let res = finalizer(&api, FINALIZER, gpm, |event| async {
+        match event {
+            Finalizer::Apply(g) => apply(&g, &ctx).await,
+            Finalizer::Cleanup(g) => cleanup(&g, &ctx).await,
+        }
+    })
+    .await
+    .map_err(Error::from);
+    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    if res.is_ok()
+        && let Ok(mut f) = ctx.failures.lock()
+    {
+        f.remove(&name);
+    }
+    res
+}
+
+/// Backoff: transient errors retry after 5 s, doubling per consecutive failure up to 5 min;
+/// permanent ones wait for a spec change (the watch) or 10 min.
+pub fn error_policy(gpm: Arc<GpuPoolMigration>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels { category: err.category() })
+        .inc();
+    warn!(migration = %gpm.name_any(), category = err.category(), error = %err, "reconcile failed");
+    if !err.is_transient() {
+        return Requeue::requeue(Duration::from_secs(600));
+    }
+    let n = ctx
+        .failures
+        .lock()
+        .map(|mut f| {
+            let e = f.entry(gpm.name_any()).or_insert(0);
+            *e = e.saturating_add(1);
+            *e
+        })
+        .unwrap_or(1);
+    Requeue::requeue(backoff(n))
+}
+
+/// 5 s, 10 s, 20 s, ... capped at 5 minutes.
+pub fn backoff(consecutive_failures: u32) -> Duration {
+    let secs = 5u64.saturating_mul(1u64 << consecutive_failures.saturating_sub(1).min(16));
+    Duration::from_secs(secs.min(300))
+}
+
+fn resources(spec: &GpuPoolMigrationSpec) -> Vec<&str> {
+    spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect()
+}
+
+async fn server_facts(ctx: &Context, nodes: &[NodeVersions]) -> Result<ServerFacts> {
+    if let Ok(guard) = ctx.facts.lock()
+        && let Some((at, f)) = guard.as_ref()
+        && at.elapsed() < FACTS_TTL
+    {
+        return Ok(f.clone());
+    }
+    let info = ctx.client.apiserver_version().await.map_err(|source| Error::Discovery { source })?;
+    let served = match ctx.client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => {
+            let has = |n: &str| list.resources.iter().any(|r| r.name == n);
+            ServedApis {
+                device_classes: has("deviceclasses"),
+                resource_slices: has("resourceslices"),
+                resource_claims: has("resourceclaims"),
+                device_taint_rules: has("devicetaintrules"),
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => ServedApis::default(),
+        Err(source) => return Err(Error::Discovery { source }),
+    };
+    let mut facts =
+        ServerFacts { git_version: info.git_version, served, probe: ExtendedResourceProbe::NotRun };
+    if served.device_classes && prerequisites::probe_needed(&facts.git_version, nodes) {
+        facts.probe = probe_extended_resource(&ctx.client).await;
+    }
+    if let Ok(mut guard) = ctx.facts.lock() {
+        *guard = Some((Instant::now(), facts.clone()));
+    }
+    Ok(facts)
+}
+
+/// Creates a DeviceClass with `extendedResourceName` in dry-run mode: a server with the gate off
+/// drops the field from what it returns.
+async fn probe_extended_resource(client: &Client) -> ExtendedResourceProbe {
+    let api: Api<DeviceClass> = Api::all(client.clone());
+    let dc = DeviceClass {
+        metadata: ObjectMeta { name: Some(PROBE_CLASS.into()), ..Default::default() },
+        spec: Some(k8s_openapi::api::resource::v1::DeviceClassSpec {
+            extended_resource_name: Some(PROBE_RESOURCE.into()),
+            ..Default::default()
+        }),
+    };
+    match api.create(&PostParams { dry_run: true, ..Default::default() }, &dc).await {
+        Ok(got) if got.spec.as_ref().and_then(|s| s.extended_resource_name.as_ref()).is_some() => {
+            ExtendedResourceProbe::Kept
+        }
+        Ok(_) => ExtendedResourceProbe::Dropped,
+        Err(e) => {
+            warn!(error = %e, "DRAExtendedResource dry-run probe failed");
+            ExtendedResourceProbe::NotRun
+        }
+    }
+}
+
+fn node_versions(n: &Node) -> NodeVersions {
+    let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
+    NodeVersions {
+        name: n.name_any(),
+        kubelet_version: info.map(|i| i.kubelet_version.clone()).unwrap_or_default(),
+        container_runtime_version: info.map(|i| i.container_runtime_version.clone()).unwrap_or_default(),
+    }
+}
+
+async fn get_daemonset(client: &Client, ns: &str, name: &str) -> Result<Option<DaemonSet>> {
+    Api::<DaemonSet>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|source| Error::GetDaemonSet { namespace: ns.into(), name: name.into(), source })
+}
+
+/// SSA of one managed DeviceClass.
+pub async fn apply_device_class(client: &Client, dc: &DeviceClass) -> Result<DeviceClass> {
+    let name = dc.metadata.name.clone().unwrap_or_default();
+    Api::<DeviceClass>::all(client.clone())
+        .patch(&name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(dc))
+        .await
+        .map_err(|source| Error::ApplyDeviceClass { name, source })
+}
+
+async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Api::<Pod>::all(client.clone())
+        .list(&lp)
+        .await
+        .map(|l| l.items)
+        .map_err(|source| Error::ListPods { node: node.into(), source })
+}
+
+/// The DeviceTaintRule that evicts DRA claim holders from a node being rolled back.
+pub fn taint_rule(node: &str, driver: &str, migration: &str) -> DeviceTaintRule {
+    DeviceTaintRule {
+        metadata: ObjectMeta {
+            name: Some(taint_rule_name(node)),
+            labels: Some(BTreeMap::from([
+                (LABEL_MANAGED_BY.to_string(), OPERATOR_FIELD_MANAGER.to_string()),
+                (LABEL_MIGRATION.to_string(), migration.to_string()),
+            ])),
+            ..Default::default()
+        },
+        spec: DeviceTaintRuleSpec {
+            device_selector: Some(DeviceTaintSelector {
+                driver: Some(driver.to_string()),
+                pool: Some(node.to_string()),
+                device: None,
+            }),
+            taint: DeviceTaint {
+                key: TAINT_KEY_ROLLBACK.to_string(),
+                value: Some(migration.to_string()),
+                effect: "NoExecute".to_string(),
+                time_added: None,
+            },
+        },
+        status: None,
+    }
+}
+
+pub fn taint_rule_name(node: &str) -> String {
+    let mut n = format!("switchyard-rollback-{node}");
+    n.truncate(253);
+    n.trim_end_matches(['-', '.']).to_string()
+}
+
+/// A JSON merge patch of a node: labels, annotations (`None` removes) and the cordon, sent as
+/// one request so the state record and the change it describes land together.
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct NodePatch {
+    pub metadata: NodeMetaPatch,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<NodeSpecPatch>,
+}
+
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct NodeMetaPatch {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, Option<String>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, Option<String>>,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+pub struct NodeSpecPatch {
+    pub unschedulable: bool,
+}
+
+impl NodePatch {
+    fn annotate(&mut self, k: &str, v: Option<String>) {
+        self.metadata.annotations.insert(k.to_string(), v);
+    }
+    fn label(&mut self, k: &str, v: Option<String>) {
+        self.metadata.labels.insert(k.to_string(), v);
+    }
+    fn state(&mut self, s: NodeState, now: Timestamp) {
+        self.annotate(ANNOTATION_MIGRATION_STATE, Some(plan::state_str(s)));
+        self.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string()));
+    }
+    fn cordon(&mut self, node: &PoolNode) {
+        if !node.annotations.contains_key(ANNOTATION_INITIALLY_UNSCHEDULABLE) {
+            self.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, Some(node.unschedulable.to_string()));
+        }
+        self.spec = Some(NodeSpecPatch { unschedulable: true });
+    }
+    fn uncordon(&mut self, node: &PoolNode) {
+        let admin_cordoned =
+            node.annotations.get(ANNOTATION_INITIALLY_UNSCHEDULABLE).is_some_and(|v| v == "true");
+        self.spec = Some(NodeSpecPatch { unschedulable: admin_cordoned });
+        self.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, None);
+    }
+}
+
+/// The node patch an action makes, or `None` for actions that touch other objects. Pure.
+pub fn node_patch(
+    action: &Action,
+    node: &PoolNode,
+    migration: &str,
+    now: Timestamp,
+    allocatable: &BTreeMap<String, u64>,
+) -> Option<NodePatch> {
+    let mut p = NodePatch::default();
+    match action {
+        Action::Nothing
+        | Action::Wait { .. }
+        | Action::Evict
+        | Action::CreateCanary
+        | Action::CreateTaintRule
+        | Action::DeleteTaintRule => return None,
+        Action::RecordSince => p.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string())),
+        Action::Cordon => {
+            p.cordon(node);
+            p.label(LABEL_MIGRATION, Some(migration.to_string()));
+            p.state(NodeState::Cordoned, now);
+        }
+        Action::StartDrain => {
+            p.annotate(ANNOTATION_GPUS_BEFORE, serde_json::to_string(allocatable).ok());
+            p.state(NodeState::Draining, now);
+        }
+        Action::SwitchToDra => {
+            p.label(LABEL_GPU_BACKEND, Some(BACKEND_DRA.to_string()));
+            p.state(NodeState::Switching, now);
+        }
+        Action::StartVerify => p.state(NodeState::Verifying, now),
+        Action::Complete => {
+            p.uncordon(node);
+            p.annotate(ANNOTATION_FAILURE, None);
+            p.state(NodeState::Migrated, now);
+        }
+        Action::Fail { reason, message } => {
+            let f = Failure { state: node.state(), reason: reason.to_string(), message: message.clone() };
+            p.annotate(ANNOTATION_FAILURE, serde_json::to_string(&f).ok());
+            p.state(NodeState::Failed, now);
+        }
+        Action::StartRollback => {
+            p.cordon(node);
+            p.state(NodeState::RollingBack, now);
+        }
+        Action::SwitchToDevicePlugin => p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string())),
+        Action::FinishRollback => {
+            p.uncordon(node);
+            p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
+            p.annotate(ANNOTATION_GPUS_BEFORE, None);
+            p.state(NodeState::RolledBack, now);
+        }
+    }
+    Some(p)
+}
+
+async fn patch_node(client: &Client, name: &str, patch: &NodePatch) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::PatchNode { node: name.into(), source })
+}
+
+async fn publish(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    node: &Node,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "MigrateNode".into(),
+        secondary: None,
+    };
+    for r in [gpm.object_ref(&()), node.object_ref(&())] {
+        if let Err(e) = ctx.recorder.publish(&ev, &r).await {
+            warn!(error = %e, reason, "publishing event failed");
+        }
+    }
+}
+
+/// Everything the per-node step needs from the pool-wide observation.
+struct PoolView<'a> {
+    gpm: &'a GpuPoolMigration,
+    slices: &'a [ResourceSlice],
+    hold: bool,
+    now: Timestamp,
+}
+
+/// What one node step did, for status.
+struct NodeOutcome {
+    state: NodeState,
+    since: Option<Timestamp>,
+    message: String,
+}
+
+fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
+    pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
+}
+
+fn gpus_before(pn: &PoolNode) -> Option<u64> {
+    pn.annotations
+        .get(ANNOTATION_GPUS_BEFORE)
+        .and_then(|s| serde_json::from_str::<BTreeMap<String, u64>>(s).ok())
+        .map(|m| m.values().sum())
+        .filter(|n| *n > 0)
+}
+
+/// Observes one node, decides its step and carries it out.
+async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool) -> Result<NodeOutcome> {
+    let gpm = view.gpm;
+    let spec = &gpm.spec;
+    let migration = gpm.name_any();
+    let res = resources(spec);
+    let pn = PoolNode::from_node(node);
+    let name = pn.name.clone();
+    let state = pn.state();
+    let failure = pn.failure();
+    let client = &ctx.client;
+
+    let mut selection = drain::Selection::default();
+    let mut claim_holders = 0;
+    if state == NodeState::Draining || state == NodeState::RollingBack {
+        let pods = pods_on_node(client, &name).await?;
+        if state == NodeState::Draining {
+            selection = drain::select(&pods, &res, &spec.strategy.drain);
+        } else {
+            claim_holders = pods.iter().filter(|p| drain::holds_dra_claim(p)).count();
+        }
+    }
+    let rules: Api<DeviceTaintRule> = Api::all(client.clone());
+    let rule_name = taint_rule_name(&name);
+    let taint_rule_exists = if matches!(state, NodeState::RollingBack | NodeState::Failed) {
+        rules
+            .get_opt(&rule_name)
+            .await
+            .map_err(|source| Error::CreateDeviceTaintRule { name: rule_name.clone(), source })?
+            .is_some()
+    } else {
+        false
+    };
+    let canary_api: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
+    let canary_name = crate::canary::pod_name(&name);
+    let canary = match (&spec.strategy.verify.canary, state) {
+        (Some(_), NodeState::Verifying) => {
+            let p = canary_api
+                .get_opt(&canary_name)
+                .await
+                .map_err(|source| Error::CreateCanary { node: name.clone(), source })?;
+            crate::canary::outcome(p.as_ref())
+        }
+        (Some(_), _) => Canary::Absent,
+        (None, _) => Canary::NotConfigured,
+    };
+
+    let alloc = overlap::allocatable(node, &res);
+    let observed = Observed {
+        state,
+        since: parse_since(&pn),
+        now: view.now,
+        direction: spec.direction,
+        start,
+        hold: view.hold,
+        on_failure: spec.strategy.on_failure,
+        failed_during_rollback: failure.as_ref().is_some_and(Failure::during_rollback),
+        unschedulable: pn.unschedulable,
+        backend: pn.backend(),
+        drain: DrainCounts { ..selection.counts() },
+        allocatable: alloc.values().sum(),
+        gpus_before: gpus_before(&pn),
+        dra_devices: overlap::dra_devices(view.slices, &spec.driver.name, &name),
+        claim_holders,
+        taint_rule_exists,
+        canary,
+        drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
+        verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
+    };
+    let action = node_state::next_step(&observed);
+    let mut message = String::new();
+
+    match &action {
+        Action::Nothing => {}
+        Action::Wait { reason, message: m } => {
+            message = format!("{reason}: {m}");
+            if *reason == "EmptyDirBlocksDrain" {
+                let names: Vec<String> =
+                    selection.blocked_by_empty_dir.iter().take(5).map(ToString::to_string).collect();
+                message = format!("{message} ({})", names.join(", "));
+            }
+        }
+        Action::Evict => {
+            let mut blocked = Vec::new();
+            for p in &selection.evict {
+                let r = drain::evict(client.clone(), p, spec.strategy.drain.grace_period_seconds).await?;
+                let label = match &r {
+                    drain::Evicted::Yes => "evicted",
+                    drain::Evicted::Gone => "gone",
+                    drain::Evicted::Blocked(_) => "blocked",
+                };
+                ctx.metrics.evictions.get_or_create(&crate::metrics::EvictionLabels { result: label }).inc();
+                if let drain::Evicted::Blocked(m) = r {
+                    blocked.push(format!("{p}: {m}"));
+                }
+            }
+            message = format!("evicting {} pod(s)", selection.evict.len());
+            if !blocked.is_empty() {
+                message = format!("eviction blocked by a PodDisruptionBudget: {}", blocked.join("; "));
+                publish(ctx, gpm, node, EventType::Warning, "EvictionBlocked", message.clone()).await;
+            }
+        }
+        Action::CreateCanary => {
+            if let Some(c) = &spec.strategy.verify.canary {
+                let first = res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE);
+                let pod = crate::canary::pod(&migration, &name, &ctx.config.canary_namespace, first, c);
+                match canary_api.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
+                }
+                message = "canary created".into();
+            }
+        }
+        Action::CreateTaintRule => {
+            let rule = taint_rule(&name, &spec.driver.name, &migration);
+            match rules.create(&PostParams::default(), &rule).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(source) => return Err(Error::CreateDeviceTaintRule { name: rule_name.clone(), source }),
+            }
+            publish(
+                ctx,
+                gpm,
+                node,
+                EventType::Normal,
+                "DeviceTaintRuleCreated",
+                format!("evicting DRA claim holders from {name} with {rule_name}"),
+            )
+            .await;
+        }
+        Action::DeleteTaintRule => match rules.delete(&rule_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => return Err(Error::DeleteDeviceTaintRule { name: rule_name.clone(), source }),
+        },
+        _ => {}
+    }
+
+    if let Some(patch) = node_patch(&action, &pn, &migration, view.now, &alloc) {
+        patch_node(client, &name, &patch).await?;
+        if action == Action::Complete && spec.strategy.verify.canary.is_some() {
+            // Best effort: the canary is finished; a leftover one is harmless.
+            let _ = canary_api.delete(&canary_name, &DeleteParams::default()).await;
+        }
+        let (type_, reason, note) = match &action {
+            Action::Fail { reason, message } => {
+                (EventType::Warning, *reason, format!("node {name} failed in {state:?}: {message}"))
+            }
+            Action::SwitchToDevicePlugin => (
+                EventType::Normal,
+                "BackendDevicePlugin",
+                format!("node {name} labelled back to the device plugin"),
+            ),
+            Action::RecordSince => (
+                EventType::Normal,
+                "StateStamped",
+                format!("node {name}: state-since was missing; stamped now"),
+            ),
+            a => {
+                let to = a.next_state().unwrap_or(state);
+                (EventType::Normal, transition_reason(to), format!("node {name}: {state:?} → {to:?}"))
+            }
+        };
+        info!(node = %name, migration = %migration, from = ?state, action = ?action, "node step");
+        publish(ctx, gpm, node, type_, reason, note.clone()).await;
+        message = note;
+    }
+    let new_state = action.next_state().unwrap_or(state);
+    let since = if action.next_state().is_some() { Some(view.now) } else { parse_since(&pn) };
+    Ok(NodeOutcome { state: new_state, since, message })
+}
+
+fn transition_reason(to: NodeState) -> &'static str {
+    match to {
+        NodeState::Pending => "NodePending",
+        NodeState::Cordoned => "NodeCordoned",
+        NodeState::Draining => "NodeDraining",
+        NodeState::Switching => "NodeSwitching",
+        NodeState::Verifying => "NodeVerifying",
+        NodeState::Migrated => "NodeMigrated",
+        NodeState::Failed => "NodeFailed",
+        NodeState::RollingBack => "NodeRollingBack",
+        NodeState::RolledBack => "NodeRolledBack",
+    }
+}
+
+async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
+    let selector = Selector::try_from(spec.node_selector.clone())
+        .map_err(|e| Error::InvalidSpec { message: format!("spec.nodeSelector: {e}") })?;
+    Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels_from(&selector))
+        .await
+        .map(|l| l.items)
+        .map_err(|source| Error::ListNodes { source })
+}
+
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+struct StatusApply<'a> {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    status: &'a GpuPoolMigrationStatus,
+}
+
+async fn write_status(ctx: &Context, name: &str, status: &GpuPoolMigrationStatus) -> Result<()> {
+    let body = StatusApply {
+        api_version: GpuPoolMigration::api_version(&()).to_string(),
+        kind: GpuPoolMigration::kind(&()).to_string(),
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status,
+    };
+    Api::<GpuPoolMigration>::all(ctx.client.clone())
+        .patch_status(name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::PatchStatus { name: name.into(), source })
+}
+
+async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
+    let client = &ctx.client;
+    let spec = &gpm.spec;
+    let name = gpm.name_any();
+    let res = resources(spec);
+    let now = Timestamp::now();
+
+    let nodes = list_pool_nodes(client, spec).await?;
+    let versions: Vec<NodeVersions> = nodes.iter().map(node_versions).collect();
+    let facts = server_facts(ctx, &versions).await?;
+    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
+    let driver_ds = get_daemonset(client, &dn.namespace, &dn.name).await?;
+    let plugin_ds = get_daemonset(client, &dp.namespace, &dp.name).await?;
+
+    let verdict = prerequisites::check(&ClusterFacts {
+        server_git_version: facts.git_version.clone(),
+        served: facts.served,
+        nodes: versions,
+        probe: facts.probe,
+        rollback_possible: spec.direction == Direction::Rollback
+            || spec.strategy.on_failure == crate::api::v1alpha1::FailurePolicy::Rollback,
+        driver_daemonset: Some(format!("{}/{}", dn.namespace, dn.name)),
+        device_plugin_daemonset: Some(format!("{}/{}", dp.namespace, dp.name)),
+        driver_daemonset_exists: driver_ds.is_some(),
+        device_plugin_daemonset_exists: plugin_ds.is_some(),
+    });
+
+    // DeviceClasses: apply ours, then judge every class that carries one of our names.
+    let mut class_statuses = Vec::new();
+    if facts.served.device_classes {
+        for dc in device_classes::desired_all(spec, &name) {
+            apply_device_class(client, &dc).await?;
+        }
+        let all = Api::<DeviceClass>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| Error::ListDeviceClasses { source })?;
+        let infos: Vec<device_classes::ClassInfo> = all.items.iter().map(Into::into).collect();
+        class_statuses = device_classes::statuses(spec, &infos);
+    }
+    let (dc_ready, dc_reason, dc_message) = if facts.served.device_classes {
+        device_classes::readiness(&class_statuses)
+    } else {
+        (false, "ApiMissing", "resource.k8s.io/v1 deviceclasses is not served".to_string())
+    };
+
+    // Placement.
+    let mut placement_problems = Vec::new();
+    for (ds, role, r) in [(&plugin_ds, Role::DevicePlugin, dp), (&driver_ds, Role::Driver, dn)] {
+        let Some(ds) = ds else { continue };
+        if placement::has_placement(ds, role) {
+            continue;
+        }
+        match spec.placement {
+            PlacementMode::Managed => {
+                let patch = placement::apply_patch(ds, role);
+                Api::<DaemonSet>::namespaced(client.clone(), &r.namespace)
+                    .patch(
+                        &r.name,
+                        &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+                        &Patch::Apply(&patch),
+                    )
+                    .await
+                    .map_err(|source| Error::PatchDaemonSet {
+                        namespace: r.namespace.clone(),
+                        name: r.name.clone(),
+                        source,
+                    })?;
+                info!(daemonset = %format!("{}/{}", r.namespace, r.name), "added backend node affinity");
+            }
+            PlacementMode::Verify => placement_problems.push(placement::verify_message(ds, role)),
+        }
+    }
+    let placement_ready = placement_problems.is_empty() && driver_ds.is_some() && plugin_ds.is_some();
+
+    // Slices and the overlap invariant.
+    let slices = if facts.served.resource_slices {
+        Api::<ResourceSlice>::all(client.clone())
+            .list(&ListParams::default().fields(&format!("spec.driver={}", spec.driver.name)))
+            .await
+            .map_err(|source| Error::ListResourceSlices { driver: spec.driver.name.clone(), source })?
+            .items
+    } else {
+        Vec::new()
+    };
+    let overlaps: Vec<overlap::Overlap> = nodes
+        .iter()
+        .filter(|n| PoolNode::from_node(n).state() != NodeState::Switching)
+        .filter_map(|n| overlap::check(n, &res, &slices, &spec.driver.name))
+        .collect();
+
+    // Plan.
+    let others: Vec<OtherMigration> = ctx
+        .migrations
+        .state()
+        .iter()
+        .filter(|o| o.name_any() != name)
+        .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
+        .collect();
+    let mut pool: Vec<PoolNode> = nodes.iter().map(PoolNode::from_node).collect();
+    let invalid = |m: String| Error::InvalidSpec { message: m };
+    let mut p = plan::plan(&name, spec, &pool, &others).map_err(invalid)?;
+    if !p.to_start.is_empty() && !p.queued.is_empty() {
+        let mut counted = 0;
+        for pn in pool.iter_mut() {
+            if counted >= MAX_CANDIDATES_COUNTED {
+                break;
+            }
+            if p.to_start.contains(&pn.name) || p.queued.contains(&pn.name) {
+                let pods = pods_on_node(client, &pn.name).await?;
+                pn.consuming_pods = match spec.direction {
+                    Direction::Forward => pods.iter().filter(|x| drain::consumes_any(x, &res)).count(),
+                    Direction::Rollback => pods.iter().filter(|x| drain::holds_dra_claim(x)).count(),
+                } as u32;
+                counted += 1;
+            }
+        }
+        p = plan::plan(&name, spec, &pool, &others).map_err(invalid)?;
+    }
+    let gate_open = verdict.met && dc_ready && placement_ready && overlaps.is_empty();
+    if !gate_open {
+        let held: Vec<String> = std::mem::take(&mut p.to_start);
+        p.queued.extend(held);
+    }
+
+    // Steps.
+    let view = PoolView { gpm, slices: &slices, hold: p.halt.is_some(), now };
+    let mut progress = Vec::new();
+    let by_name: HashMap<&str, &Node> =
+        nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
+    for (node_name, start) in
+        p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true)))
+    {
+        let Some(node) = by_name.get(node_name.as_str()) else { continue };
+        let out = step_node(ctx, &view, node, start).await?;
+        if out.state != NodeState::Migrated
+            && out.state != NodeState::RolledBack
+            && out.state != NodeState::Pending
+        {
+            progress.push(NodeProgress {
+                name: node_name.clone(),
+                state: out.state,
+                since: out.since.map(Time),
+                message: out.message,
+            });
+        }
+    }
+
+    // Status.
+    let failed: Vec<FailedNode> = pool
+        .iter()
+        .filter(|n| p.failed.contains(&n.name) || n.state() == NodeState::Failed)
+        .filter_map(|n| {
+            n.failure().map(|f| FailedNode {
+                name: n.name.clone(),
+                state: f.state,
+                reason: f.reason,
+                message: f.message,
+            })
+        })
+        .take(STATUS_LIST_MAX)
+        .collect();
+    progress.truncate(STATUS_LIST_MAX);
+
+    let mut findings: Vec<String> = verdict.warnings.clone();
+    findings.extend(device_classes::warnings(spec));
+    findings.extend(p.refused.iter().map(|r| r.message.clone()));
+
+    let mut needs_human = None;
+    if let Some(Halt::NodeFailed(n)) = &p.halt {
+        needs_human = Some((
+            "NodeFailed".to_string(),
+            format!(
+                "node {n} failed and spec.strategy.onFailure is Pause; see status.failed, fix the node, then remove its switchyard.dev/migration-state annotation"
+            ),
+        ));
+    } else if !verdict.met {
+        needs_human = Some(("PrerequisitesNotMet".to_string(), verdict.message.clone()));
+    } else if dc_reason == "Shadowed" {
+        needs_human = Some(("DeviceClassShadowed".to_string(), dc_message.clone()));
+    } else if !placement_problems.is_empty() {
+        needs_human = Some(("PlacementMissing".to_string(), placement_problems.join("\n")));
+    } else if let Some(o) = overlaps.first() {
+        needs_human = Some(("BackendOverlap".to_string(), o.to_string()));
+    } else if p.done() && !p.failed.is_empty() {
+        needs_human = Some((
+            "NodesFailed".to_string(),
+            format!("{} node(s) failed to move; see status.failed", p.failed.len()),
+        ));
+    }
+    let moving = p.in_flight.len() + p.to_start.len();
+    let kp = Progress {
+        in_flight: (moving > 0).then(|| {
+            (
+                "NodesMoving".to_string(),
+                format!("{moving} node(s) moving, {} of {} migrated", p.counts.migrated, p.counts.total),
+            )
+        }),
+        needs_human: needs_human.clone(),
+        waiting: spec.paused.then(|| ("Paused".to_string(), "spec.paused is true".to_string())),
+        done: p.done() && !p.owned.is_empty(),
+    };
+    let mut desired: Vec<Desired> = conditions::kstatus(&kp).into();
+    desired.push(Desired::new(
+        ConditionType::PrerequisitesMet,
+        verdict.met,
+        verdict.reason,
+        verdict.message.clone(),
+    ));
+    desired.push(Desired::new(ConditionType::DeviceClassesReady, dc_ready, dc_reason, dc_message));
+    desired.push(if placement_ready {
+        Desired::new(ConditionType::PlacementReady, true, "Placed", "both DaemonSets keep to their backend")
+    } else if placement_problems.is_empty() {
+        Desired::new(
+            ConditionType::PlacementReady,
+            false,
+            "DaemonSetMissing",
+            "a DaemonSet is missing; see PrerequisitesMet",
+        )
+    } else {
+        Desired::new(
+            ConditionType::PlacementReady,
+            false,
+            "NodeAffinityMissing",
+            placement_problems.join("\n"),
+        )
+    });
+    desired.push(match overlaps.first() {
+        Some(o) => Desired::new(
+            ConditionType::BackendOverlap,
+            true,
+            "BothBackends",
+            format!("{o} ({} node(s) in total)", overlaps.len()),
+        ),
+        None => Desired::new(ConditionType::BackendOverlap, false, "NoOverlap", "every node has one backend"),
+    });
+    desired.push(if findings.is_empty() {
+        Desired::new(ConditionType::InventoryFindings, false, "NoFindings", "")
+    } else {
+        Desired::new(ConditionType::InventoryFindings, true, "Findings", findings.join("\n"))
+    });
+
+    let phase = phase(spec, &p, gate_open);
+    let old = gpm.status.clone().unwrap_or_default();
+    let status = GpuPoolMigrationStatus {
+        observed_generation: gpm.metadata.generation,
+        phase: Some(phase),
+        nodes: p.counts,
+        in_progress: progress,
+        failed,
+        device_classes: class_statuses,
+        conditions: conditions::merge(&old.conditions, &desired, gpm.metadata.generation, &Time(now)),
+    };
+    if gpm.status.as_ref() != Some(&status) {
+        write_status(ctx, &name, &status).await?;
+    }
+
+    // Metrics.
+    let mut per_state: BTreeMap<String, (NodeState, i64)> = BTreeMap::new();
+    for n in pool.iter().filter(|n| p.owned.contains(&n.name)) {
+        let s = n.state();
+        per_state.entry(plan::state_str(s)).or_insert((s, 0)).1 += 1;
+    }
+    ctx.metrics.set_nodes(&name, &per_state.into_values().collect::<Vec<_>>());
+    let (mut dp_gpus, mut dra_gpus) = (0, 0);
+    for n in &nodes {
+        let pn = PoolNode::from_node(n);
+        match pn.backend() {
+            Backend::DevicePlugin => dp_gpus += overlap::allocatable_total(n, &res),
+            Backend::Dra => dra_gpus += overlap::dra_devices(&slices, &spec.driver.name, &pn.name),
+        }
+    }
+    ctx.metrics.set_gpus(&name, dp_gpus, dra_gpus);
+
+    Ok(Requeue::requeue(if moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
+}
+
+/// The phase from the plan. Pure.
+pub fn phase(spec: &GpuPoolMigrationSpec, p: &plan::Plan, gate_open: bool) -> Phase {
+    let moving = !p.in_flight.is_empty() || !p.to_start.is_empty();
+    if p.halt.is_some() {
+        return Phase::Paused;
+    }
+    if !gate_open && !moving && !p.done() {
+        return Phase::Pending;
+    }
+    match (spec.direction, p.done(), p.failed.is_empty()) {
+        (_, true, false) => Phase::Failed,
+        (Direction::Forward, true, true) => Phase::Completed,
+        (Direction::Forward, false, _) => Phase::Progressing,
+        (Direction::Rollback, true, true) => Phase::RolledBack,
+        (Direction::Rollback, false, _) => Phase::RollingBack,
+    }
+}
+
+/// Before a GpuPoolMigration goes away: nodes mid-switch finish their step (nothing new starts),
+/// nodes that never switched are uncordoned, and our labels and annotations come off. The backend
+/// label stays: it is what keeps a migrated node on DRA. DeviceClasses stay for the same reason.
+async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
+    let client = &ctx.client;
+    let name = gpm.name_any();
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{LABEL_MIGRATION}={name}")))
+        .await
+        .map_err(|source| Error::ListNodes { source })?
+        .items;
+    let view = PoolView { gpm, slices: &[], hold: true, now: Timestamp::now() };
+    let mut busy = 0;
+    for node in &nodes {
+        let pn = PoolNode::from_node(node);
+        match pn.state() {
+            NodeState::Switching | NodeState::Verifying | NodeState::RollingBack => {
+                // Slices are needed to finish a switch.
+                let slices =
+                    Api::<ResourceSlice>::all(client.clone())
+                        .list(&ListParams::default().fields(&format!(
+                            "spec.driver={},spec.nodeName={}",
+                            gpm.spec.driver.name, pn.name
+                        )))
+                        .await
+                        .map_err(|source| Error::ListResourceSlices {
+                            driver: gpm.spec.driver.name.clone(),
+                            source,
+                        })?
+                        .items;
+                let view = PoolView { slices: &slices, ..view };
+                step_node(ctx, &view, node, false).await?;
+                busy += 1;
+            }
+            s => {
+                let mut patch = NodePatch::default();
+                if matches!(s, NodeState::Cordoned | NodeState::Draining) {
+                    patch.uncordon(&pn);
+                }
+                patch.label(LABEL_MIGRATION, None);
+                for a in [ANNOTATION_MIGRATION_STATE, ANNOTATION_STATE_SINCE, ANNOTATION_GPUS_BEFORE] {
+                    patch.annotate(a, None);
+                }
+                if s != NodeState::Failed {
+                    patch.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, None);
+                    patch.annotate(ANNOTATION_FAILURE, None);
+                }
+                patch_node(client, &pn.name, &patch).await?;
+            }
+        }
+    }
+    if busy > 0 {
+        return Err(Error::CleanupWaiting { nodes: busy });
+    }
+    ctx.metrics.forget_pool(&name);
+    Ok(Requeue::await_change())
+}
+
+fn migrations_for_labels(
+    store: &Store<GpuPoolMigration>,
+    labels: &BTreeMap<String, String>,
+) -> Vec<ObjectRef<GpuPoolMigration>> {
+    store
+        .state()
+        .iter()
+        .filter(|g| {
+            labels.get(LABEL_MIGRATION).is_some_and(|o| *o == g.name_any())
+                || Selector::try_from(g.spec.node_selector.clone()).is_ok_and(|s| s.matches(labels))
+        })
+        .map(|g| ObjectRef::from_obj(g.as_ref()))
+        .collect()
+}
+
+/// Runs the controller until `shutdown` resolves. `ready` flips to true once the caches synced.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    config: Config,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let wc = || watcher::Config::default().any_semantic();
+    let controller = Controller::new(Api::<GpuPoolMigration>::all(client.clone()), wc());
+    let store = controller.store();
+    let (node_reader, node_writer) = reflector::store::<PartialObjectMeta<Node>>();
+    let node_stream =
+        reflector(node_writer, watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), wc()))
+            .touched_objects();
+
+    let s = store.clone();
+    let map_node = move |n: PartialObjectMeta<Node>| migrations_for_labels(&s, n.labels());
+    let s = store.clone();
+    let map_ds = move |ds: DaemonSet| {
+        let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+        s.state()
+            .iter()
+            .filter(|g| {
+                let refs = [&g.spec.driver.daemon_set, &g.spec.device_plugin.daemon_set];
+                refs.iter().any(|r| r.namespace == ns && r.name == name)
+            })
+            .map(|g| ObjectRef::from_obj(g.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let s = store.clone();
+    let map_dc = move |dc: DeviceClass| {
+        let ext = dc.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
+        let dc_name = dc.name_any();
+        s.state()
+            .iter()
+            .filter(|g| {
+                g.spec.resources.iter().any(|r| {
+                    Some(&r.extended_resource_name) == ext.as_ref() || r.device_class_name == dc_name
+                })
+            })
+            .map(|g| ObjectRef::from_obj(g.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let s = store.clone();
+    let nodes_for_slices = node_reader.clone();
+    let map_slice = move |rs: ResourceSlice| {
+        let Some(node) = rs.spec.node_name.clone() else { return Vec::new() };
+        let Some(meta) = nodes_for_slices.get(&ObjectRef::new(&node)) else { return Vec::new() };
+        migrations_for_labels(&s, meta.labels())
+            .into_iter()
+            .filter(|r| s.get(r).is_some_and(|g| g.spec.driver.name == rs.spec.driver))
+            .collect()
+    };
+
+    let ctx = Arc::new(Context::new(client.clone(), metrics, config, store.clone()));
+    let ready_store = store.clone();
+    tokio::spawn(async move {
+        if ready_store.wait_until_ready().await.is_ok() && node_reader.wait_until_ready().await.is_ok() {
+            ready.store(true, std::sync::atomic::Ordering::SeqCst);
+            info!("caches synced");
+        }
+    });
+
+    controller
+        .watches_stream(node_stream, map_node)
+        .watches(Api::<DaemonSet>::all(client.clone()), wc(), map_ds)
+        .watches(Api::<DeviceClass>::all(client.clone()), wc(), map_dc)
+        .watches(Api::<ResourceSlice>::all(client.clone()), wc(), map_slice)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            match r {
+                Ok((obj, _)) => tracing::debug!(migration = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "controller event"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pn(annotations: &[(&str, &str)], unschedulable: bool) -> PoolNode {
+        PoolNode {
+            name: "gpu-1".into(),
+            annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            unschedulable,
+            ready: true,
+            ..Default::default()
+        }
+    }
+
+    fn patch_json(a: &Action, node: &PoolNode) -> serde_json::Value {
+        let alloc = BTreeMap::from([("nvidia.com/gpu".to_string(), 8u64)]);
+        let now = Timestamp::from_second(1_000).unwrap();
+        serde_json::to_value(node_patch(a, node, "pool-a", now, &alloc)).unwrap()
+    }
+
+    const NOW: &str = "1970-01-01T00:16:40Z";
+
+    #[test]
+    fn node_patch_table() {
+        let fresh = pn(&[], false);
+        let admin_cordoned = pn(&[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "true")], true);
+        let ours = pn(&[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false")], true);
+        let cases = vec![
+            (
+                "cordon records the prior cordon state and takes ownership",
+                Action::Cordon,
+                fresh.clone(),
+                json!({"metadata": {
+                    "labels": {"switchyard.dev/migration": "pool-a"},
+                    "annotations": {"switchyard.dev/initially-unschedulable": "false", "switchyard.dev/migration-state": "Cordoned", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": true}}),
+            ),
+            (
+                "re-cordon keeps the first record",
+                Action::Cordon,
+                admin_cordoned.clone(),
+                json!({"metadata": {
+                    "labels": {"switchyard.dev/migration": "pool-a"},
+                    "annotations": {"switchyard.dev/migration-state": "Cordoned", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": true}}),
+            ),
+            (
+                "drain records the GPU count",
+                Action::StartDrain,
+                ours.clone(),
+                json!({"metadata": {"annotations": {"switchyard.dev/gpus-before": "{\"nvidia.com/gpu\":8}", "switchyard.dev/migration-state": "Draining", "switchyard.dev/state-since": NOW}}}),
+            ),
+            (
+                "switch flips the label with the state",
+                Action::SwitchToDra,
+                ours.clone(),
+                json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "dra"}, "annotations": {"switchyard.dev/migration-state": "Switching", "switchyard.dev/state-since": NOW}}}),
+            ),
+            (
+                "complete uncordons a node we cordoned",
+                Action::Complete,
+                ours.clone(),
+                json!({"metadata": {"annotations": {"switchyard.dev/failure": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "Migrated", "switchyard.dev/state-since": NOW}}, "spec": {"unschedulable": false}}),
+            ),
+            (
+                "complete leaves an admin's cordon",
+                Action::Complete,
+                admin_cordoned.clone(),
+                json!({"metadata": {"annotations": {"switchyard.dev/failure": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "Migrated", "switchyard.dev/state-since": NOW}}, "spec": {"unschedulable": true}}),
+            ),
+            (
+                "back to the device plugin",
+                Action::SwitchToDevicePlugin,
+                ours.clone(),
+                json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "device-plugin"}}}),
+            ),
+        ];
+        for (name, action, node, want) in cases {
+            assert_eq!(patch_json(&action, &node), want, "{name}");
+        }
+        for a in [
+            Action::Nothing,
+            Action::Evict,
+            Action::CreateTaintRule,
+            Action::DeleteTaintRule,
+            Action::CreateCanary,
+        ] {
+            assert!(node_patch(&a, &ours, "pool-a", Timestamp::now(), &BTreeMap::new()).is_none(), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn failure_is_recorded_with_the_state_it_happened_in() {
+        let node = pn(&[(ANNOTATION_MIGRATION_STATE, "Draining")], true);
+        let v = patch_json(&Action::Fail { reason: "DrainTimeout", message: "2 pods left".into() }, &node);
+        let f: Failure =
+            serde_json::from_str(v["metadata"]["annotations"][ANNOTATION_FAILURE].as_str().unwrap()).unwrap();
+        assert_eq!(
+            f,
+            Failure {
+                state: NodeState::Draining,
+                reason: "DrainTimeout".into(),
+                message: "2 pods left".into()
+            }
+        );
+        assert_eq!(v["metadata"]["annotations"][ANNOTATION_MIGRATION_STATE], "Failed");
+    }
+
+    #[test]
+    fn taint_rule_selects_the_nodes_pool_of_our_driver() {
+        let v = serde_json::to_value(taint_rule("gpu-1", "gpu.switchyard.dev", "pool-a")).unwrap();
+        assert_eq!(v["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(v["kind"], "DeviceTaintRule");
+        assert_eq!(v["metadata"]["name"], "switchyard-rollback-gpu-1");
+        assert_eq!(v["spec"]["deviceSelector"], json!({"driver": "gpu.switchyard.dev", "pool": "gpu-1"}));
+        assert_eq!(v["spec"]["taint"]["effect"], "NoExecute");
+        assert_eq!(v["spec"]["taint"]["key"], TAINT_KEY_ROLLBACK);
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let got: Vec<u64> = [1, 2, 3, 4, 7, 40].iter().map(|n| backoff(*n).as_secs()).collect();
+        assert_eq!(got, [5, 10, 20, 40, 300, 300]);
+    }
+
+    #[test]
+    fn phase_table() {
+        let spec: GpuPoolMigrationSpec = serde_json::from_value(json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "s", "name": "d"}},
+            "devicePlugin": {"daemonSet": {"namespace": "g", "name": "p"}}
+        }))
+        .unwrap();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let p = |in_flight: &[&str], queued: &[&str], failed: &[&str], halt: Option<Halt>| plan::Plan {
+            in_flight: s(in_flight),
+            queued: s(queued),
+            failed: s(failed),
+            halt,
+            ..Default::default()
+        };
+        let mut rb = spec.clone();
+        rb.direction = Direction::Rollback;
+        let cases = [
+            (&spec, p(&[], &["a"], &[], None), false, Phase::Pending),
+            (&spec, p(&["a"], &["b"], &[], None), false, Phase::Progressing),
+            (&spec, p(&["a"], &[], &[], None), true, Phase::Progressing),
+            (&spec, p(&[], &[], &[], None), true, Phase::Completed),
+            (&spec, p(&[], &[], &["a"], None), true, Phase::Failed),
+            (&spec, p(&[], &["b"], &["a"], Some(Halt::NodeFailed("a".into()))), true, Phase::Paused),
+            (&spec, p(&[], &["b"], &[], Some(Halt::Paused)), true, Phase::Paused),
+            (&rb, p(&["a"], &[], &[], None), true, Phase::RollingBack),
+            (&rb, p(&[], &[], &[], None), true, Phase::RolledBack),
+        ];
+        for (sp, pl, gate, want) in cases {
+            assert_eq!(phase(sp, &pl, gate), want, "{pl:?}");
+        }
+    }
+}

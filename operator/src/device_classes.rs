@@ -1,0 +1,314 @@
+//! The DeviceClasses that serve each `spec.resources` entry through DRA, and which DeviceClass the
+//! scheduler really uses for an extended resource name when several carry it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::v1alpha1::{DeviceClassStatus, GpuPoolMigrationSpec, ResourceMapping};
+use crate::well_known::{LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER};
+
+/// The CEL selector of a managed class: the driver match, ANDed with the entry's own selector.
+pub fn selector_expression(driver: &str, entry: &ResourceMapping) -> String {
+    let driver_match = format!("device.driver == '{driver}'");
+    match entry.selector.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        Some(sel) => format!("{driver_match} && ({sel})"),
+        None => driver_match,
+    }
+}
+
+/// The DeviceClass Switchyard applies for one entry.
+pub fn desired(spec: &GpuPoolMigrationSpec, migration: &str, entry: &ResourceMapping) -> DeviceClass {
+    DeviceClass {
+        metadata: ObjectMeta {
+            name: Some(entry.device_class_name.clone()),
+            labels: Some(BTreeMap::from([
+                (LABEL_MANAGED_BY.to_string(), OPERATOR_FIELD_MANAGER.to_string()),
+                (LABEL_MIGRATION.to_string(), migration.to_string()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(DeviceClassSpec {
+            selectors: Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector { expression: selector_expression(&spec.driver.name, entry) }),
+            }]),
+            extended_resource_name: Some(entry.extended_resource_name.clone()),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Every DeviceClass Switchyard applies for a migration.
+pub fn desired_all(spec: &GpuPoolMigrationSpec, migration: &str) -> Vec<DeviceClass> {
+    spec.resources.iter().map(|e| desired(spec, migration, e)).collect()
+}
+
+/// The parts of an existing DeviceClass the scheduler's choice depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassInfo {
+    pub name: String,
+    pub extended_resource_name: Option<String>,
+    pub created: Option<Timestamp>,
+}
+
+impl From<&DeviceClass> for ClassInfo {
+    fn from(dc: &DeviceClass) -> Self {
+        Self {
+            name: dc.metadata.name.clone().unwrap_or_default(),
+            extended_resource_name: dc.spec.as_ref().and_then(|s| s.extended_resource_name.clone()),
+            created: dc.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+}
+
+/// The class the scheduler uses for `extended_resource_name`, exactly as it picks: the most
+/// recently created class wins, and among classes created in the same second the name that
+/// sorts first wins. Classes without a creation time (not yet persisted) do not compete.
+pub fn winner<'a>(classes: &'a [ClassInfo], extended_resource_name: &str) -> Option<&'a ClassInfo> {
+    classes
+        .iter()
+        .filter(|c| c.extended_resource_name.as_deref() == Some(extended_resource_name))
+        .filter(|c| c.created.is_some())
+        .max_by(|a, b| a.created.cmp(&b.created).then_with(|| b.name.cmp(&a.name)))
+}
+
+/// `status.deviceClasses`: for each entry, whether our class exists and wins its name.
+pub fn statuses(spec: &GpuPoolMigrationSpec, existing: &[ClassInfo]) -> Vec<DeviceClassStatus> {
+    spec.resources
+        .iter()
+        .map(|e| {
+            let ours_exists = existing.iter().any(|c| {
+                c.name == e.device_class_name
+                    && c.extended_resource_name.as_deref() == Some(e.extended_resource_name.as_str())
+            });
+            let win = winner(existing, &e.extended_resource_name);
+            let effective = ours_exists && win.is_some_and(|w| w.name == e.device_class_name);
+            let shadowed_by = match win {
+                Some(w) if w.name != e.device_class_name => w.name.clone(),
+                _ => String::new(),
+            };
+            DeviceClassStatus {
+                name: e.device_class_name.clone(),
+                extended_resource_name: e.extended_resource_name.clone(),
+                effective,
+                shadowed_by,
+            }
+        })
+        .collect()
+}
+
+/// The Kubernetes qualified-name part limit: `deviceclass.resource.kubernetes.io/<class>` is only
+/// a valid resource name while `<class>` fits in it.
+const QUALIFIED_NAME_MAX: usize = 63;
+
+/// True when `class` can be requested as `deviceclass.resource.kubernetes.io/<class>`: the
+/// name part of an extended resource name is at most 63 characters of `[A-Za-z0-9_.-]`,
+/// starting and ending alphanumeric.
+pub fn is_valid_implicit_name(class: &str) -> bool {
+    let b = class.as_bytes();
+    !b.is_empty()
+        && b.len() <= QUALIFIED_NAME_MAX
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Findings about the classes that do not block the migration.
+pub fn warnings(spec: &GpuPoolMigrationSpec) -> Vec<String> {
+    spec.resources
+        .iter()
+        .filter(|e| !is_valid_implicit_name(&e.device_class_name))
+        .map(|e| {
+            format!(
+                "DeviceClass {} is longer than 63 characters, so pods cannot request it as deviceclass.resource.kubernetes.io/{}; {} still works",
+                e.device_class_name, e.device_class_name, e.extended_resource_name
+            )
+        })
+        .collect()
+}
+
+/// The DeviceClassesReady verdict: `(ready, reason, message)`.
+pub fn readiness(statuses: &[DeviceClassStatus]) -> (bool, &'static str, String) {
+    if let Some(s) = statuses.iter().find(|s| !s.shadowed_by.is_empty()) {
+        return (
+            false,
+            "Shadowed",
+            format!(
+                "DeviceClass {} also carries extendedResourceName {} and was created later, so the scheduler uses it instead of {}: remove extendedResourceName from {} or delete it",
+                s.shadowed_by, s.extended_resource_name, s.name, s.shadowed_by
+            ),
+        );
+    }
+    if let Some(s) = statuses.iter().find(|s| !s.effective) {
+        return (false, "Applying", format!("DeviceClass {} does not exist yet", s.name));
+    }
+    (true, "Effective", format!("{} DeviceClass(es) serve their extended resources", statuses.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::*;
+
+    pub(crate) fn spec() -> GpuPoolMigrationSpec {
+        serde_json::from_value(serde_json::json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [
+                {"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev",
+                 "selector": "device.attributes['gpu.switchyard.dev'].type == 'gpu'"},
+                {"extendedResourceName": "nvidia.com/mig-1g.10gb", "deviceClassName": "mig-1g.switchyard.dev"}
+            ],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+            "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "nvidia-device-plugin"}}
+        }))
+        .unwrap()
+    }
+
+    fn class(name: &str, ext: Option<&str>, created: Option<i64>) -> ClassInfo {
+        ClassInfo {
+            name: name.into(),
+            extended_resource_name: ext.map(String::from),
+            created: created.map(|s| Timestamp::from_second(s).unwrap()),
+        }
+    }
+
+    #[test]
+    fn desired_class_ands_driver_and_entry_selector() {
+        let s = spec();
+        let dcs = desired_all(&s, "pool-a");
+        assert_eq!(dcs.len(), 2);
+        let dc = &dcs[0];
+        assert_eq!(dc.metadata.name.as_deref(), Some("gpu.switchyard.dev"));
+        assert_eq!(dc.spec.as_ref().unwrap().extended_resource_name.as_deref(), Some("nvidia.com/gpu"));
+        let expr = &dc.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
+        assert_eq!(
+            expr,
+            "device.driver == 'gpu.switchyard.dev' && (device.attributes['gpu.switchyard.dev'].type == 'gpu')"
+        );
+        let labels = dc.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get(LABEL_MIGRATION).map(String::as_str), Some("pool-a"));
+        assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(OPERATOR_FIELD_MANAGER));
+        let expr2 =
+            &dcs[1].spec.as_ref().unwrap().selectors.as_ref().unwrap()[0].cel.as_ref().unwrap().expression;
+        assert_eq!(expr2, "device.driver == 'gpu.switchyard.dev'");
+        // The serialised object is what SSA sends: apiVersion and kind must be there.
+        let v = serde_json::to_value(dc).unwrap();
+        assert_eq!(v["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(v["kind"], "DeviceClass");
+    }
+
+    #[test]
+    fn winner_table() {
+        // (classes, extended resource name, winner)
+        let cases: Vec<(Vec<ClassInfo>, &str, Option<&str>)> = vec![
+            (vec![], "nvidia.com/gpu", None),
+            (vec![class("a", Some("nvidia.com/gpu"), Some(10))], "nvidia.com/gpu", Some("a")),
+            (vec![class("a", Some("other.com/x"), Some(10))], "nvidia.com/gpu", None),
+            (
+                vec![
+                    class("old", Some("nvidia.com/gpu"), Some(10)),
+                    class("new", Some("nvidia.com/gpu"), Some(20)),
+                ],
+                "nvidia.com/gpu",
+                Some("new"),
+            ),
+            (
+                vec![
+                    class("zeta", Some("nvidia.com/gpu"), Some(10)),
+                    class("alpha", Some("nvidia.com/gpu"), Some(10)),
+                ],
+                "nvidia.com/gpu",
+                Some("alpha"),
+            ),
+            (
+                vec![
+                    class("alpha", Some("nvidia.com/gpu"), Some(10)),
+                    class("zeta", Some("nvidia.com/gpu"), Some(10)),
+                ],
+                "nvidia.com/gpu",
+                Some("alpha"),
+            ),
+            (
+                vec![
+                    class("ours", Some("nvidia.com/gpu"), Some(10)),
+                    class("pending", Some("nvidia.com/gpu"), None),
+                ],
+                "nvidia.com/gpu",
+                Some("ours"),
+            ),
+        ];
+        for (classes, ext, want) in cases {
+            assert_eq!(winner(&classes, ext).map(|c| c.name.as_str()), want, "{classes:?}");
+        }
+    }
+
+    #[test]
+    fn statuses_report_shadowing() {
+        let s = spec();
+        let existing = vec![
+            class("gpu.switchyard.dev", Some("nvidia.com/gpu"), Some(100)),
+            class("gpu.nvidia.com", Some("nvidia.com/gpu"), Some(200)),
+            class("mig-1g.switchyard.dev", Some("nvidia.com/mig-1g.10gb"), Some(100)),
+        ];
+        let st = statuses(&s, &existing);
+        assert_eq!(st[0].name, "gpu.switchyard.dev");
+        assert!(!st[0].effective);
+        assert_eq!(st[0].shadowed_by, "gpu.nvidia.com");
+        assert!(st[1].effective);
+        assert_eq!(st[1].shadowed_by, "");
+        let (ready, reason, msg) = readiness(&st);
+        assert!(!ready);
+        assert_eq!(reason, "Shadowed");
+        assert!(msg.contains("remove extendedResourceName from gpu.nvidia.com"), "{msg}");
+    }
+
+    #[test]
+    fn missing_class_is_not_effective() {
+        let s = spec();
+        let st = statuses(&s, &[class("mig-1g.switchyard.dev", Some("nvidia.com/mig-1g.10gb"), Some(1))]);
+        assert!(!st[0].effective);
+        assert_eq!(st[0].shadowed_by, "");
+        assert_eq!(readiness(&st).1, "Applying");
+        let all = statuses(
+            &s,
+            &[
+                class("gpu.switchyard.dev", Some("nvidia.com/gpu"), Some(1)),
+                class("mig-1g.switchyard.dev", Some("nvidia.com/mig-1g.10gb"), Some(1)),
+            ],
+        );
+        assert!(readiness(&all).0);
+    }
+
+    #[test]
+    fn our_class_without_the_field_is_not_effective() {
+        // Someone (or a 1.36 server with the gate off) dropped extendedResourceName.
+        let s = spec();
+        let st = statuses(&s, &[class("gpu.switchyard.dev", None, Some(1))]);
+        assert!(!st[0].effective);
+    }
+
+    #[test]
+    fn implicit_name_validity() {
+        let long = "a".repeat(64);
+        let exact = "a".repeat(63);
+        let cases = [
+            ("gpu.switchyard.dev", true),
+            ("gpu", true),
+            (exact.as_str(), true),
+            (long.as_str(), false),
+            ("-gpu", false),
+            ("gpu-", false),
+            ("", false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_valid_implicit_name(name), want, "{name}");
+        }
+        let mut s = spec();
+        s.resources[1].device_class_name = format!("{long}.example.com");
+        let w = warnings(&s);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("deviceclass.resource.kubernetes.io/"));
+    }
+}

@@ -1,0 +1,330 @@
+//! Draining a node: which pods leave (pure), the policy/v1 Eviction body we build ourselves, and
+//! the one API call that sends it.
+//!
+//! The body is a typed `Eviction` with `deleteOptions.gracePeriodSeconds`: kube-core's
+//! `EvictParams` serialises its delete options under the wrong key, so a grace period passed
+//! that way is silently ignored.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta};
+use kube::api::{Api, PostParams};
+
+use crate::api::v1alpha1::{DrainSpec, PodSelection};
+use crate::error::{Error, Result};
+use crate::node_state::DrainCounts;
+
+/// Annotation the kubelet puts on mirror pods of static pods; the API cannot evict those.
+const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// `namespace/name` of a pod, for messages and eviction.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+fn pod_ref(p: &Pod) -> PodRef {
+    PodRef {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// The drain's verdict on the pods of one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub evict: Vec<PodRef>,
+    /// Would be evicted, but use emptyDir and `deleteEmptyDirData` is false.
+    pub blocked_by_empty_dir: Vec<PodRef>,
+    /// Selected and already terminating: the drain waits for them.
+    pub terminating: Vec<PodRef>,
+}
+
+impl Selection {
+    pub fn counts(&self) -> DrainCounts {
+        DrainCounts {
+            to_evict: self.evict.len(),
+            blocked: self.blocked_by_empty_dir.len(),
+            terminating: self.terminating.len(),
+        }
+    }
+}
+
+/// True when a container or init container of the pod requests or limits one of `resources`.
+pub fn consumes_any(pod: &Pod, resources: &[&str]) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            [r.requests.as_ref(), r.limits.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|m| resources.iter().any(|name| m.contains_key(*name)))
+        })
+    })
+}
+
+fn is_daemonset_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+}
+
+fn is_mirror_pod(pod: &Pod) -> bool {
+    pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
+}
+
+/// Succeeded and Failed pods hold no devices and need no eviction.
+fn is_finished(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+fn uses_empty_dir(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.empty_dir.is_some()))
+}
+
+/// Sorts the pods of one node for a drain. DaemonSet pods and mirror pods are never evicted (the
+/// device plugin and the driver are DaemonSets: the label flip moves them).
+pub fn select(pods: &[Pod], resources: &[&str], drain: &DrainSpec) -> Selection {
+    let mut s = Selection::default();
+    for p in pods {
+        if is_daemonset_pod(p) || is_mirror_pod(p) || is_finished(p) {
+            continue;
+        }
+        if drain.pod_selection == PodSelection::ResourceConsumers && !consumes_any(p, resources) {
+            continue;
+        }
+        if p.metadata.deletion_timestamp.is_some() {
+            s.terminating.push(pod_ref(p));
+        } else if uses_empty_dir(p) && !drain.delete_empty_dir_data {
+            s.blocked_by_empty_dir.push(pod_ref(p));
+        } else {
+            s.evict.push(pod_ref(p));
+        }
+    }
+    s.evict.sort();
+    s.blocked_by_empty_dir.sort();
+    s.terminating.sort();
+    s
+}
+
+/// True when a running pod holds a DRA claim: a generated one for an extended resource, or one
+/// from `spec.resourceClaims`. Rollback waits until no pod on the node does.
+pub fn holds_dra_claim(pod: &Pod) -> bool {
+    if is_finished(pod) {
+        return false;
+    }
+    let generated = pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some());
+    let explicit = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
+    generated || explicit
+}
+
+/// The policy/v1 Eviction for a pod, with the grace period in `deleteOptions`.
+pub fn eviction(pod: &PodRef, grace_period_seconds: Option<i64>) -> Eviction {
+    Eviction {
+        metadata: ObjectMeta {
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            ..Default::default()
+        },
+        delete_options: grace_period_seconds
+            .map(|g| DeleteOptions { grace_period_seconds: Some(g), ..Default::default() }),
+    }
+}
+
+/// What happened to one eviction request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Evicted {
+    /// Accepted: the pod is terminating.
+    Yes,
+    /// Already gone.
+    Gone,
+    /// Refused with 429: a PodDisruptionBudget does not allow it now. The message is the
+    /// server's, which names the budget.
+    Blocked(String),
+}
+
+/// Sends one eviction. 429 is not an error: the caller backs off and reports the budget.
+pub async fn evict(client: kube::Client, pod: &PodRef, grace_period_seconds: Option<i64>) -> Result<Evicted> {
+    let api: Api<Pod> = Api::namespaced(client, &pod.namespace);
+    let body = eviction(pod, grace_period_seconds);
+    match api
+        .create_subresource::<_, serde_json::Value>("eviction", &pod.name, &PostParams::default(), &body)
+        .await
+    {
+        Ok(_) => Ok(Evicted::Yes),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Evicted::Gone),
+        Err(kube::Error::Api(s)) if s.code == 429 => {
+            let detail = s
+                .details
+                .as_ref()
+                .and_then(|d| d.causes.first())
+                .map(|c| c.message.clone())
+                .filter(|m| !m.is_empty());
+            Ok(Evicted::Blocked(match detail {
+                Some(d) => format!("{} ({d})", s.message),
+                None => s.message.clone(),
+            }))
+        }
+        Err(source) => {
+            Err(Error::EvictPod { namespace: pod.namespace.clone(), name: pod.name.clone(), source })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, extra: serde_json::Value) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running"}
+        });
+        crate::testing::merge_patch(&mut v, &extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn gpu_limits() -> serde_json::Value {
+        json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    }
+
+    fn drain(sel: PodSelection, empty_dir: bool) -> DrainSpec {
+        DrainSpec { pod_selection: sel, delete_empty_dir_data: empty_dir, ..Default::default() }
+    }
+
+    #[test]
+    fn consumes_table() {
+        let cases = [
+            ("limits", gpu_limits(), true),
+            (
+                "requests",
+                json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}}}]}}),
+                true,
+            ),
+            (
+                "init container",
+                json!({"spec": {"initContainers": [{"name": "init", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+                true,
+            ),
+            (
+                "other resource",
+                json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"cpu": "1"}}}]}}),
+                false,
+            ),
+            ("nothing", json!({}), false),
+        ];
+        for (name, extra, want) in cases {
+            assert_eq!(
+                consumes_any(&pod("p", extra), &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn select_table() {
+        let ds_owner = json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dp", "uid": "u", "controller": true}]}});
+        let pods = vec![
+            pod("gpu-a", gpu_limits()),
+            pod("cpu-b", json!({})),
+            pod("gpu-ds", {
+                let mut v = gpu_limits();
+                crate::testing::merge_patch(&mut v, &ds_owner);
+                v
+            }),
+            pod("mirror", json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}})),
+            pod("gpu-done", {
+                let mut v = gpu_limits();
+                crate::testing::merge_patch(&mut v, &json!({"status": {"phase": "Succeeded"}}));
+                v
+            }),
+            pod("gpu-scratch", {
+                let mut v = gpu_limits();
+                crate::testing::merge_patch(
+                    &mut v,
+                    &json!({"spec": {"volumes": [{"name": "s", "emptyDir": {}}]}}),
+                );
+                v
+            }),
+            pod("gpu-leaving", {
+                let mut v = gpu_limits();
+                crate::testing::merge_patch(
+                    &mut v,
+                    &json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+                );
+                v
+            }),
+        ];
+        let names = |v: &[PodRef]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        // (selection, deleteEmptyDirData, evict, blocked, terminating)
+        let cases = [
+            (PodSelection::ResourceConsumers, false, vec!["gpu-a"], vec!["gpu-scratch"], vec!["gpu-leaving"]),
+            (
+                PodSelection::ResourceConsumers,
+                true,
+                vec!["gpu-a", "gpu-scratch"],
+                vec![],
+                vec!["gpu-leaving"],
+            ),
+            (PodSelection::All, false, vec!["cpu-b", "gpu-a"], vec!["gpu-scratch"], vec!["gpu-leaving"]),
+        ];
+        for (sel, ed, evict, blocked, terminating) in cases {
+            let s = select(&pods, &["nvidia.com/gpu"], &drain(sel, ed));
+            assert_eq!(names(&s.evict), evict, "{sel:?} {ed}");
+            assert_eq!(names(&s.blocked_by_empty_dir), blocked, "{sel:?} {ed}");
+            assert_eq!(names(&s.terminating), terminating, "{sel:?} {ed}");
+        }
+    }
+
+    #[test]
+    fn claim_holders() {
+        let generated = pod(
+            "g",
+            json!({"status": {"extendedResourceClaimStatus": {"resourceClaimName": "g-extended-resources-abc", "requestMappings": [
+                {"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}}}),
+        );
+        let explicit =
+            pod("e", json!({"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "x"}]}}));
+        let finished = pod(
+            "f",
+            json!({"status": {"phase": "Failed", "extendedResourceClaimStatus": {"resourceClaimName": "x", "requestMappings": []}}}),
+        );
+        assert!(holds_dra_claim(&generated));
+        assert!(holds_dra_claim(&explicit));
+        assert!(!holds_dra_claim(&finished));
+        assert!(!holds_dra_claim(&pod("plain", gpu_limits())));
+    }
+
+    #[test]
+    fn eviction_body_carries_grace_period_in_delete_options() {
+        let p = PodRef { namespace: "ml".into(), name: "trainer-0".into() };
+        let v = serde_json::to_value(eviction(&p, Some(30))).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "trainer-0", "namespace": "ml"},
+                "deleteOptions": {"gracePeriodSeconds": 30}
+            })
+        );
+        let v = serde_json::to_value(eviction(&p, None)).unwrap();
+        assert!(v.get("deleteOptions").is_none());
+    }
+}

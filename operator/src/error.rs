@@ -1,0 +1,255 @@
+//! The operator's one error type: every variant names the operation that failed, so an event
+//! reason, a metric label and a log line all say what Switchyard was doing.
+
+use kube::runtime::finalizer;
+
+/// Everything that can go wrong in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("evicting pod {namespace}/{name}: {source}")]
+    EvictPod {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing pods on node {node}: {source}")]
+    ListPods {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing pool nodes: {source}")]
+    ListNodes {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("patching node {node}: {source}")]
+    PatchNode {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("applying DeviceClass {name}: {source}")]
+    ApplyDeviceClass {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing DeviceClasses: {source}")]
+    ListDeviceClasses {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing ResourceSlices of driver {driver}: {source}")]
+    ListResourceSlices {
+        driver: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading DaemonSet {namespace}/{name}: {source}")]
+    GetDaemonSet {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("applying placement to DaemonSet {namespace}/{name}: {source}")]
+    PatchDaemonSet {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("creating DeviceTaintRule {name}: {source}")]
+    CreateDeviceTaintRule {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting DeviceTaintRule {name}: {source}")]
+    DeleteDeviceTaintRule {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("creating canary pod on node {node}: {source}")]
+    CreateCanary {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("discovering the API server's version and resources: {source}")]
+    Discovery {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing GpuPoolMigrations: {source}")]
+    ListMigrations {
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing GpuPoolMigration {name} status: {source}")]
+    PatchStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("encoding {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("invalid spec: {message}")]
+    InvalidSpec { message: String },
+    #[error("waiting for {nodes} node(s) to finish their step before the migration is removed")]
+    CleanupWaiting { nodes: usize },
+    #[error("finalizer: {source}")]
+    Finalizer {
+        #[source]
+        source: Box<finalizer::Error<Error>>,
+    },
+}
+
+impl Error {
+    /// A short, bounded CamelCase name: the event reason and the `category` metric label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::EvictPod { .. } => "EvictPod",
+            Error::ListPods { .. } => "ListPods",
+            Error::ListNodes { .. } => "ListNodes",
+            Error::PatchNode { .. } => "PatchNode",
+            Error::ApplyDeviceClass { .. } => "ApplyDeviceClass",
+            Error::ListDeviceClasses { .. } => "ListDeviceClasses",
+            Error::ListResourceSlices { .. } => "ListResourceSlices",
+            Error::GetDaemonSet { .. } => "GetDaemonSet",
+            Error::PatchDaemonSet { .. } => "PatchDaemonSet",
+            Error::CreateDeviceTaintRule { .. } => "CreateDeviceTaintRule",
+            Error::DeleteDeviceTaintRule { .. } => "DeleteDeviceTaintRule",
+            Error::CreateCanary { .. } => "CreateCanary",
+            Error::Discovery { .. } => "Discovery",
+            Error::ListMigrations { .. } => "ListMigrations",
+            Error::PatchStatus { .. } => "PatchStatus",
+            Error::Encode { .. } => "Encode",
+            Error::InvalidSpec { .. } => "InvalidSpec",
+            Error::CleanupWaiting { .. } => "CleanupWaiting",
+            Error::Finalizer { .. } => "Finalizer",
+        }
+    }
+
+    /// True when retrying the same request later may succeed (network trouble, throttling,
+    /// conflicts, server errors); false when a human must change something first.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Encode { .. } | Error::InvalidSpec { .. } => false,
+            Error::CleanupWaiting { .. } => true,
+            Error::Finalizer { source } => match source.as_ref() {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.is_transient(),
+                finalizer::Error::AddFinalizer(e) | finalizer::Error::RemoveFinalizer(e) => {
+                    kube_error_is_transient(e)
+                }
+                finalizer::Error::UnnamedObject | finalizer::Error::InvalidFinalizer => false,
+            },
+            Error::EvictPod { source, .. }
+            | Error::ListPods { source, .. }
+            | Error::ListNodes { source }
+            | Error::PatchNode { source, .. }
+            | Error::ApplyDeviceClass { source, .. }
+            | Error::ListDeviceClasses { source }
+            | Error::ListResourceSlices { source, .. }
+            | Error::GetDaemonSet { source, .. }
+            | Error::PatchDaemonSet { source, .. }
+            | Error::CreateDeviceTaintRule { source, .. }
+            | Error::DeleteDeviceTaintRule { source, .. }
+            | Error::CreateCanary { source, .. }
+            | Error::Discovery { source }
+            | Error::ListMigrations { source }
+            | Error::PatchStatus { source, .. } => kube_error_is_transient(source),
+        }
+    }
+}
+
+impl From<finalizer::Error<Error>> for Error {
+    fn from(source: finalizer::Error<Error>) -> Self {
+        Error::Finalizer { source: Box::new(source) }
+    }
+}
+
+/// The HTTP status code of an API error, if the server answered at all.
+pub fn api_status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// Throttling (429), conflicts (409), timeouts and server errors are worth retrying; any other
+/// answer from the server (400, 403, 404, 422) needs a change first. No answer at all (network,
+/// TLS hiccups) is transient.
+pub fn kube_error_is_transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => matches!(status.code, 409 | 429 | 408 | 504) || status.code >= 500,
+        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        _ => true,
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(Status { code, message: format!("code {code}"), ..Default::default() }))
+    }
+
+    #[test]
+    fn transient_by_status_code() {
+        let cases = [
+            (429, true),
+            (409, true),
+            (500, true),
+            (503, true),
+            (504, true),
+            (400, false),
+            (403, false),
+            (404, false),
+            (422, false),
+        ];
+        for (code, want) in cases {
+            let e = Error::PatchNode { node: "n1".into(), source: api_error(code) };
+            assert_eq!(e.is_transient(), want, "code {code}");
+            assert_eq!(e.category(), "PatchNode");
+        }
+    }
+
+    #[test]
+    fn spec_and_encoding_errors_are_permanent() {
+        let e = Error::InvalidSpec { message: "bad".into() };
+        assert!(!e.is_transient());
+        let json_err = serde_json::from_str::<u8>("x").unwrap_err();
+        let e = Error::Encode { what: "status", source: json_err };
+        assert!(!e.is_transient());
+        assert_eq!(e.category(), "Encode");
+    }
+
+    #[test]
+    fn finalizer_errors_follow_their_cause() {
+        let inner = Error::EvictPod { namespace: "ml".into(), name: "p".into(), source: api_error(503) };
+        let e: Error = finalizer::Error::ApplyFailed(inner).into();
+        assert!(e.is_transient());
+        assert_eq!(e.category(), "Finalizer");
+        let e: Error = finalizer::Error::<Error>::InvalidFinalizer.into();
+        assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn message_names_the_operation_and_object() {
+        let e = Error::EvictPod { namespace: "ml".into(), name: "trainer-0".into(), source: api_error(500) };
+        assert!(e.to_string().starts_with("evicting pod ml/trainer-0"));
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}

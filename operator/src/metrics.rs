@@ -1,0 +1,183 @@
+//! The operator's Prometheus metrics, all prefixed `switchyard_`. Label values are bounded: an
+//! error category, a node state, a backend, and the GpuPoolMigration name (a handful per cluster,
+//! never a node or pod name).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::api::v1alpha1::NodeState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub category: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub pool: String,
+    pub state: &'static str,
+}
+
+/// `backend` label values.
+pub const BACKEND_LABEL_DEVICE_PLUGIN: &str = "device-plugin";
+pub const BACKEND_LABEL_DRA: &str = "dra";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub pool: String,
+    pub backend: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    pub result: &'static str,
+}
+
+/// Every metric the operator exports.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciliations: Counter,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub nodes: Family<NodeLabels, Gauge>,
+    pub pool_gpus: Family<GpuLabels, Gauge>,
+    pub evictions: Family<EvictionLabels, Counter>,
+}
+
+/// Every node state, so a gauge drops to 0 when the last node leaves a state.
+pub const ALL_STATES: [NodeState; 9] = [
+    NodeState::Pending,
+    NodeState::Cordoned,
+    NodeState::Draining,
+    NodeState::Switching,
+    NodeState::Verifying,
+    NodeState::Migrated,
+    NodeState::Failed,
+    NodeState::RollingBack,
+    NodeState::RolledBack,
+];
+
+pub fn state_label(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Pending => "Pending",
+        NodeState::Cordoned => "Cordoned",
+        NodeState::Draining => "Draining",
+        NodeState::Switching => "Switching",
+        NodeState::Verifying => "Verifying",
+        NodeState::Migrated => "Migrated",
+        NodeState::Failed => "Failed",
+        NodeState::RollingBack => "RollingBack",
+        NodeState::RolledBack => "RolledBack",
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("switchyard");
+        // Counter names carry no `_total`: prometheus-client appends it (and panics in debug
+        // builds when the name already ends with it).
+        let reconciliations = Counter::default();
+        registry.register("reconciliations", "GpuPoolMigration reconciles started", reconciliations.clone());
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by error category",
+            reconcile_errors.clone(),
+        );
+        // 10 ms to ~40 s: a reconcile lists a pool and may evict a page of pods.
+        let reconcile_duration = Histogram::new(exponential_buckets(0.01, 2.0, 12));
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time one reconcile took",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let nodes = Family::<NodeLabels, Gauge>::default();
+        registry.register("nodes", "Pool nodes by migration state", nodes.clone());
+        let pool_gpus = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "pool_gpus",
+            "GPUs in the pool by serving backend: device-plugin allocatable, or devices in the driver's ResourceSlices",
+            pool_gpus.clone(),
+        );
+        let evictions = Family::<EvictionLabels, Counter>::default();
+        registry.register("evictions", "Pod evictions sent, by result", evictions.clone());
+        Self { registry, reconciliations, reconcile_errors, reconcile_duration, nodes, pool_gpus, evictions }
+    }
+
+    /// Sets the per-state node gauge for a pool, zeroing states with no node.
+    pub fn set_nodes(&self, pool: &str, counts: &[(NodeState, i64)]) {
+        for s in ALL_STATES {
+            let n = counts.iter().filter(|(st, _)| *st == s).map(|(_, n)| *n).sum();
+            self.nodes.get_or_create(&NodeLabels { pool: pool.to_string(), state: state_label(s) }).set(n);
+        }
+    }
+
+    pub fn set_gpus(&self, pool: &str, device_plugin: u64, dra: u64) {
+        let g = |backend| GpuLabels { pool: pool.to_string(), backend };
+        self.pool_gpus.get_or_create(&g(BACKEND_LABEL_DEVICE_PLUGIN)).set(device_plugin as i64);
+        self.pool_gpus.get_or_create(&g(BACKEND_LABEL_DRA)).set(dra as i64);
+    }
+
+    /// Drops a deleted pool's series.
+    pub fn forget_pool(&self, pool: &str) {
+        for s in ALL_STATES {
+            self.nodes.remove(&NodeLabels { pool: pool.to_string(), state: state_label(s) });
+        }
+        for backend in [BACKEND_LABEL_DEVICE_PLUGIN, BACKEND_LABEL_DRA] {
+            self.pool_gpus.remove(&GpuLabels { pool: pool.to_string(), backend });
+        }
+    }
+
+    /// The OpenMetrics text for `/metrics`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_units_and_labels() {
+        let m = Metrics::new();
+        m.reconciliations.inc();
+        m.reconcile_errors.get_or_create(&ErrorLabels { category: "EvictPod" }).inc();
+        m.reconcile_duration.observe(0.2);
+        m.set_nodes("pool-a", &[(NodeState::Migrated, 3), (NodeState::Draining, 1)]);
+        m.set_gpus("pool-a", 16, 24);
+        m.evictions.get_or_create(&EvictionLabels { result: "blocked" }).inc();
+        let text = m.encode();
+        for want in [
+            "switchyard_reconciliations_total 1",
+            "switchyard_reconcile_errors_total{category=\"EvictPod\"} 1",
+            "# UNIT switchyard_reconcile_duration_seconds seconds",
+            "switchyard_reconcile_duration_seconds_count 1",
+            "switchyard_nodes{pool=\"pool-a\",state=\"Migrated\"} 3",
+            "switchyard_nodes{pool=\"pool-a\",state=\"Pending\"} 0",
+            "switchyard_pool_gpus{pool=\"pool-a\",backend=\"device-plugin\"} 16",
+            "switchyard_pool_gpus{pool=\"pool-a\",backend=\"dra\"} 24",
+            "switchyard_evictions_total{result=\"blocked\"} 1",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        assert!(!text.contains("_total_total"));
+        m.forget_pool("pool-a");
+        assert!(!m.encode().contains("pool-a"));
+    }
+}

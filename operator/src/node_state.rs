@@ -1,0 +1,680 @@
+//! The per-node state machine. `next_step` is pure: it looks at what the controller observed
+//! about one node and returns the one action to take now. Every state lives in the node's labels
+//! and annotations, so a restarted operator computes the same step and resumes.
+//!
+//! ```text
+//! Pending → Cordoned → Draining → Switching → Verifying → Migrated
+//!              │           │           │           │
+//!              └───────────┴───────────┴───────────┴──→ Failed ──(onFailure: Rollback)──┐
+//! Migrated / Switching / Verifying ──(direction: Rollback)──→ RollingBack → RolledBack ←─┘
+//! Cordoned / Draining ──(direction: Rollback)──→ RolledBack (never switched: just uncordon)
+//! ```
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::v1alpha1::{Direction, FailurePolicy, NodeState};
+use crate::plan::Backend;
+
+/// What the drain selection found on the node (see `drain::select`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainCounts {
+    /// Pods to evict now.
+    pub to_evict: usize,
+    /// Pods that would be evicted but use emptyDir and `deleteEmptyDirData` is false.
+    pub blocked: usize,
+    /// Selected pods already terminating; they still hold devices.
+    pub terminating: usize,
+}
+
+/// Where the optional canary pod stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Canary {
+    /// `spec.strategy.verify.canary` is not set.
+    #[default]
+    NotConfigured,
+    /// Configured, no canary pod on the node yet.
+    Absent,
+    /// Created, not finished.
+    Running,
+    /// Bound through a generated ResourceClaim and succeeded.
+    Succeeded,
+    /// Failed, with what went wrong.
+    Failed(String),
+}
+
+/// Everything `next_step` looks at for one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub state: NodeState,
+    /// From `switchyard.dev/state-since`.
+    pub since: Option<Timestamp>,
+    pub now: Timestamp,
+    pub direction: Direction,
+    /// The pool plan picked this node to start moving (forward from Pending, or back from
+    /// Migrated) this reconcile.
+    pub start: bool,
+    /// `spec.paused`, or a failed node halted the pool: nothing new begins, and a node only
+    /// finishes a step it cannot stop in the middle of (Switching, Verifying, RollingBack).
+    pub hold: bool,
+    pub on_failure: FailurePolicy,
+    /// The node's recorded failure happened while rolling back.
+    pub failed_during_rollback: bool,
+    pub unschedulable: bool,
+    pub backend: Backend,
+    /// Only observed while Draining.
+    pub drain: DrainCounts,
+    /// Sum of the pool resources in `status.allocatable`: what the device plugin advertises.
+    pub allocatable: u64,
+    /// Device-plugin GPUs recorded before the switch (`switchyard.dev/gpus-before`).
+    pub gpus_before: Option<u64>,
+    /// Devices our driver publishes for the node in ResourceSlices.
+    pub dra_devices: u64,
+    /// Pods on the node holding DRA claims; only observed while RollingBack.
+    pub claim_holders: usize,
+    pub taint_rule_exists: bool,
+    pub canary: Canary,
+    pub drain_timeout_seconds: i64,
+    pub verify_timeout_seconds: i64,
+}
+
+/// The one thing to do for a node now. Each action that changes state names the new state; the
+/// controller writes it together with the action's label/cordon change in one node patch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// The node is where the direction wants it.
+    Nothing,
+    /// Nothing to do until something changes; requeue.
+    Wait { reason: &'static str, message: String },
+    /// The node is in a timed state without `state-since` (edited by hand): stamp it now.
+    RecordSince,
+    /// Cordon, remember whether it was already unschedulable, take ownership; → Cordoned.
+    Cordon,
+    /// Record the device-plugin GPU count; → Draining.
+    StartDrain,
+    /// Evict the selected pods.
+    Evict,
+    /// Set `switchyard.dev/gpu-backend=dra`; → Switching.
+    SwitchToDra,
+    /// → Verifying.
+    StartVerify,
+    /// Create the canary pod.
+    CreateCanary,
+    /// Uncordon unless an admin had cordoned it, remove the canary; → Migrated.
+    Complete,
+    /// → Failed, recording reason and message.
+    Fail { reason: &'static str, message: String },
+    /// Cordon if needed; → RollingBack.
+    StartRollback,
+    /// Create the NoExecute DeviceTaintRule for the node's DRA devices.
+    CreateTaintRule,
+    /// Set `switchyard.dev/gpu-backend=device-plugin`.
+    SwitchToDevicePlugin,
+    /// Delete the DeviceTaintRule.
+    DeleteTaintRule,
+    /// Uncordon unless an admin had cordoned it; → RolledBack.
+    FinishRollback,
+}
+
+impl Action {
+    /// The state the node is in after the action succeeds, when it changes.
+    pub fn next_state(&self) -> Option<NodeState> {
+        match self {
+            Action::Cordon => Some(NodeState::Cordoned),
+            Action::StartDrain => Some(NodeState::Draining),
+            Action::SwitchToDra => Some(NodeState::Switching),
+            Action::StartVerify => Some(NodeState::Verifying),
+            Action::Complete => Some(NodeState::Migrated),
+            Action::Fail { .. } => Some(NodeState::Failed),
+            Action::StartRollback => Some(NodeState::RollingBack),
+            Action::FinishRollback => Some(NodeState::RolledBack),
+            _ => None,
+        }
+    }
+}
+
+/// Seconds since the node entered its state; `None` when the stamp is missing.
+pub fn elapsed_seconds(o: &Observed) -> Option<i64> {
+    o.since.map(|s| o.now.as_second() - s.as_second())
+}
+
+/// The timeout of a timed state. Switching and Verifying each get the verify timeout; a
+/// rollback gets both budgets, since it drains claim holders and then waits for the plugin.
+pub fn timeout_seconds(o: &Observed) -> Option<i64> {
+    match o.state {
+        NodeState::Draining => Some(o.drain_timeout_seconds),
+        NodeState::Switching | NodeState::Verifying => Some(o.verify_timeout_seconds),
+        NodeState::RollingBack => Some(o.drain_timeout_seconds + o.verify_timeout_seconds),
+        _ => None,
+    }
+}
+
+fn timed_out(o: &Observed) -> bool {
+    matches!((elapsed_seconds(o), timeout_seconds(o)), (Some(e), Some(t)) if e > t)
+}
+
+fn wait(reason: &'static str, message: impl Into<String>) -> Action {
+    Action::Wait { reason, message: message.into() }
+}
+
+/// Enough DRA devices for the node to count as switched: at least as many as the device plugin
+/// advertised before, or at least one when that was not recorded.
+fn slices_ready(o: &Observed) -> bool {
+    o.dra_devices > 0 && o.gpus_before.is_none_or(|b| o.dra_devices >= b)
+}
+
+/// The next step for one node.
+pub fn next_step(o: &Observed) -> Action {
+    use NodeState::*;
+    if timeout_seconds(o).is_some() && o.since.is_none() {
+        return Action::RecordSince;
+    }
+    let rollback = o.direction == Direction::Rollback;
+    match o.state {
+        Pending | RolledBack if rollback => Action::Nothing,
+        Pending | RolledBack => {
+            if o.start && !o.hold {
+                Action::Cordon
+            } else {
+                Action::Nothing
+            }
+        }
+        // Never switched: going back is just letting the node schedule again.
+        Cordoned | Draining if rollback => Action::FinishRollback,
+        Cordoned => {
+            if o.hold {
+                wait("Paused", "cordoned; the migration is paused")
+            } else if !o.unschedulable {
+                Action::Cordon
+            } else {
+                Action::StartDrain
+            }
+        }
+        Draining => {
+            if timed_out(o) {
+                return Action::Fail {
+                    reason: "DrainTimeout",
+                    message: format!(
+                        "drain did not finish within {}s: {} pod(s) left to evict, {} blocked by emptyDir, {} terminating",
+                        o.drain_timeout_seconds, o.drain.to_evict, o.drain.blocked, o.drain.terminating
+                    ),
+                };
+            }
+            if o.drain.to_evict > 0 {
+                Action::Evict
+            } else if o.drain.blocked > 0 {
+                wait(
+                    "EmptyDirBlocksDrain",
+                    format!(
+                        "{} pod(s) use emptyDir volumes; delete them or set spec.strategy.drain.deleteEmptyDirData: true",
+                        o.drain.blocked
+                    ),
+                )
+            } else if o.drain.terminating > 0 {
+                wait("PodsTerminating", format!("{} pod(s) still terminating", o.drain.terminating))
+            } else if o.hold {
+                wait("Paused", "drained; the migration is paused before the switch")
+            } else {
+                Action::SwitchToDra
+            }
+        }
+        Switching | Verifying if rollback => Action::StartRollback,
+        Switching => {
+            if timed_out(o) {
+                Action::Fail {
+                    reason: "SwitchTimeout",
+                    message: format!(
+                        "within {}s the node did not switch: allocatable still {} (device plugin must report 0), DRA devices {} (need {})",
+                        o.verify_timeout_seconds,
+                        o.allocatable,
+                        o.dra_devices,
+                        o.gpus_before.unwrap_or(1)
+                    ),
+                }
+            } else if o.backend != Backend::Dra {
+                Action::SwitchToDra
+            } else if o.allocatable > 0 {
+                wait(
+                    "DevicePluginStillAdvertising",
+                    format!("allocatable is still {}; waiting for the device plugin to leave", o.allocatable),
+                )
+            } else if !slices_ready(o) {
+                wait(
+                    "WaitingForResourceSlices",
+                    format!(
+                        "driver publishes {} device(s), need {}",
+                        o.dra_devices,
+                        o.gpus_before.unwrap_or(1)
+                    ),
+                )
+            } else {
+                Action::StartVerify
+            }
+        }
+        Verifying => {
+            if o.allocatable > 0 {
+                return Action::Fail {
+                    reason: "BackendOverlap",
+                    message: format!(
+                        "the node advertises {} device-plugin GPU(s) again while the driver publishes {}; check that the device plugin DaemonSet avoids switchyard.dev/gpu-backend=dra",
+                        o.allocatable, o.dra_devices
+                    ),
+                };
+            }
+            if timed_out(o) {
+                return Action::Fail {
+                    reason: "VerifyTimeout",
+                    message: format!("the canary did not succeed within {}s", o.verify_timeout_seconds),
+                };
+            }
+            match &o.canary {
+                Canary::NotConfigured | Canary::Succeeded => Action::Complete,
+                Canary::Absent => Action::CreateCanary,
+                Canary::Running => wait("CanaryRunning", "waiting for the canary pod"),
+                Canary::Failed(m) => Action::Fail { reason: "CanaryFailed", message: m.clone() },
+            }
+        }
+        Migrated => {
+            if rollback && o.start && !o.hold {
+                Action::StartRollback
+            } else {
+                Action::Nothing
+            }
+        }
+        Failed => {
+            let roll = (rollback || o.on_failure == FailurePolicy::Rollback) && !o.failed_during_rollback;
+            if !roll {
+                wait("NeedsHuman", "the node failed; see status.failed and its events")
+            } else if o.backend == Backend::Dra || o.taint_rule_exists {
+                Action::StartRollback
+            } else {
+                // Failed before the switch: the device plugin never left.
+                Action::FinishRollback
+            }
+        }
+        RollingBack => {
+            if timed_out(o) {
+                return Action::Fail {
+                    reason: "RollbackTimeout",
+                    message: format!(
+                        "rollback did not finish within {}s: {} pod(s) still hold DRA claims, allocatable {}",
+                        o.drain_timeout_seconds + o.verify_timeout_seconds,
+                        o.claim_holders,
+                        o.allocatable
+                    ),
+                };
+            }
+            if !o.unschedulable {
+                Action::StartRollback
+            } else if o.backend == Backend::Dra && !o.taint_rule_exists {
+                Action::CreateTaintRule
+            } else if o.claim_holders > 0 {
+                wait(
+                    "EvictingClaimHolders",
+                    format!("{} pod(s) still hold DRA claims on the node", o.claim_holders),
+                )
+            } else if o.backend == Backend::Dra {
+                Action::SwitchToDevicePlugin
+            } else if o.allocatable == 0 {
+                wait("WaitingForDevicePlugin", "waiting for the device plugin to advertise the GPUs again")
+            } else if o.taint_rule_exists {
+                Action::DeleteTaintRule
+            } else {
+                Action::FinishRollback
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base(state: NodeState) -> Observed {
+        Observed {
+            state,
+            since: Some(Timestamp::from_second(1_000).unwrap()),
+            now: Timestamp::from_second(1_010).unwrap(),
+            direction: Direction::Forward,
+            start: false,
+            hold: false,
+            on_failure: FailurePolicy::Pause,
+            failed_during_rollback: false,
+            unschedulable: true,
+            backend: Backend::DevicePlugin,
+            drain: DrainCounts::default(),
+            allocatable: 0,
+            gpus_before: Some(8),
+            dra_devices: 0,
+            claim_holders: 0,
+            taint_rule_exists: false,
+            canary: Canary::NotConfigured,
+            drain_timeout_seconds: 600,
+            verify_timeout_seconds: 300,
+        }
+    }
+
+    fn kind(a: &Action) -> String {
+        match a {
+            Action::Wait { reason, .. } => format!("Wait:{reason}"),
+            Action::Fail { reason, .. } => format!("Fail:{reason}"),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn transitions_table() {
+        use NodeState::*;
+        type Edit = fn(&mut Observed);
+        // (name, state, edit, expected action)
+        let cases: Vec<(&str, NodeState, Edit, &str)> = vec![
+            // Forward
+            ("pending not picked", Pending, |o| o.unschedulable = false, "Nothing"),
+            ("pending picked", Pending, |o| o.start = true, "Cordon"),
+            (
+                "pending picked but paused",
+                Pending,
+                |o| {
+                    o.start = true;
+                    o.hold = true
+                },
+                "Nothing",
+            ),
+            ("cordoned", Cordoned, |_| {}, "StartDrain"),
+            ("cordoned, uncordoned by someone", Cordoned, |o| o.unschedulable = false, "Cordon"),
+            ("cordoned while paused", Cordoned, |o| o.hold = true, "Wait:Paused"),
+            ("draining with pods", Draining, |o| o.drain.to_evict = 2, "Evict"),
+            ("draining emptyDir", Draining, |o| o.drain.blocked = 1, "Wait:EmptyDirBlocksDrain"),
+            ("draining terminating", Draining, |o| o.drain.terminating = 1, "Wait:PodsTerminating"),
+            ("drained", Draining, |_| {}, "SwitchToDra"),
+            ("drained but paused", Draining, |o| o.hold = true, "Wait:Paused"),
+            (
+                "drain timeout",
+                Draining,
+                |o| {
+                    o.drain.to_evict = 1;
+                    o.now = Timestamp::from_second(1_601).unwrap()
+                },
+                "Fail:DrainTimeout",
+            ),
+            (
+                "drain exactly at timeout",
+                Draining,
+                |o| {
+                    o.drain.to_evict = 1;
+                    o.now = Timestamp::from_second(1_600).unwrap()
+                },
+                "Evict",
+            ),
+            ("switching label missing", Switching, |_| {}, "SwitchToDra"),
+            (
+                "switching plugin still there",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.allocatable = 8
+                },
+                "Wait:DevicePluginStillAdvertising",
+            ),
+            ("switching no slices", Switching, |o| o.backend = Backend::Dra, "Wait:WaitingForResourceSlices"),
+            (
+                "switching too few devices",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 4
+                },
+                "Wait:WaitingForResourceSlices",
+            ),
+            (
+                "switched",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8
+                },
+                "StartVerify",
+            ),
+            (
+                "switched, count unknown",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 1;
+                    o.gpus_before = None
+                },
+                "StartVerify",
+            ),
+            (
+                "switched while paused still finishes",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.hold = true
+                },
+                "StartVerify",
+            ),
+            (
+                "switch timeout",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "Fail:SwitchTimeout",
+            ),
+            (
+                "verify no canary",
+                Verifying,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8
+                },
+                "Complete",
+            ),
+            ("verify canary absent", Verifying, |o| o.canary = Canary::Absent, "CreateCanary"),
+            ("verify canary running", Verifying, |o| o.canary = Canary::Running, "Wait:CanaryRunning"),
+            ("verify canary ok", Verifying, |o| o.canary = Canary::Succeeded, "Complete"),
+            (
+                "verify canary failed",
+                Verifying,
+                |o| o.canary = Canary::Failed("exit 1".into()),
+                "Fail:CanaryFailed",
+            ),
+            (
+                "verify overlap",
+                Verifying,
+                |o| {
+                    o.allocatable = 8;
+                    o.dra_devices = 8
+                },
+                "Fail:BackendOverlap",
+            ),
+            (
+                "verify timeout",
+                Verifying,
+                |o| {
+                    o.canary = Canary::Running;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "Fail:VerifyTimeout",
+            ),
+            ("migrated", Migrated, |o| o.unschedulable = false, "Nothing"),
+            ("failed, pause", Failed, |_| {}, "Wait:NeedsHuman"),
+            (
+                "failed, rollback policy, switched",
+                Failed,
+                |o| {
+                    o.on_failure = FailurePolicy::Rollback;
+                    o.backend = Backend::Dra
+                },
+                "StartRollback",
+            ),
+            (
+                "failed, rollback policy, not switched",
+                Failed,
+                |o| o.on_failure = FailurePolicy::Rollback,
+                "FinishRollback",
+            ),
+            (
+                "failed during rollback",
+                Failed,
+                |o| {
+                    o.on_failure = FailurePolicy::Rollback;
+                    o.failed_during_rollback = true
+                },
+                "Wait:NeedsHuman",
+            ),
+            ("missing since", Draining, |o| o.since = None, "RecordSince"),
+            // Rollback direction
+            (
+                "rb pending",
+                Pending,
+                |o| {
+                    o.direction = Direction::Rollback;
+                    o.start = true
+                },
+                "Nothing",
+            ),
+            ("rb cordoned", Cordoned, |o| o.direction = Direction::Rollback, "FinishRollback"),
+            ("rb draining", Draining, |o| o.direction = Direction::Rollback, "FinishRollback"),
+            ("rb switching", Switching, |o| o.direction = Direction::Rollback, "StartRollback"),
+            ("rb migrated not picked", Migrated, |o| o.direction = Direction::Rollback, "Nothing"),
+            (
+                "rb migrated picked",
+                Migrated,
+                |o| {
+                    o.direction = Direction::Rollback;
+                    o.start = true
+                },
+                "StartRollback",
+            ),
+            (
+                "rb migrated picked but paused",
+                Migrated,
+                |o| {
+                    o.direction = Direction::Rollback;
+                    o.start = true;
+                    o.hold = true
+                },
+                "Nothing",
+            ),
+            (
+                "rb failed forward",
+                Failed,
+                |o| {
+                    o.direction = Direction::Rollback;
+                    o.backend = Backend::Dra
+                },
+                "StartRollback",
+            ),
+            (
+                "rolling back, uncordoned",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.unschedulable = false
+                },
+                "StartRollback",
+            ),
+            (
+                "rolling back, no rule",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.claim_holders = 2
+                },
+                "CreateTaintRule",
+            ),
+            (
+                "rolling back, holders",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 2
+                },
+                "Wait:EvictingClaimHolders",
+            ),
+            (
+                "rolling back, evicted",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true
+                },
+                "SwitchToDevicePlugin",
+            ),
+            (
+                "rolling back, plugin not back",
+                RollingBack,
+                |o| o.taint_rule_exists = true,
+                "Wait:WaitingForDevicePlugin",
+            ),
+            (
+                "rolling back, plugin back",
+                RollingBack,
+                |o| {
+                    o.taint_rule_exists = true;
+                    o.allocatable = 8
+                },
+                "DeleteTaintRule",
+            ),
+            ("rolling back, done", RollingBack, |o| o.allocatable = 8, "FinishRollback"),
+            (
+                "rolling back timeout",
+                RollingBack,
+                |o| {
+                    o.claim_holders = 1;
+                    o.taint_rule_exists = true;
+                    o.backend = Backend::Dra;
+                    o.now = Timestamp::from_second(1_901).unwrap()
+                },
+                "Fail:RollbackTimeout",
+            ),
+            ("rolled back, forward, picked", RolledBack, |o| o.start = true, "Cordon"),
+        ];
+        for (name, state, edit, want) in cases {
+            let mut o = base(state);
+            edit(&mut o);
+            let got = next_step(&o);
+            assert_eq!(kind(&got), want, "{name}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn next_state_of_actions() {
+        let cases = [
+            (Action::Cordon, Some(NodeState::Cordoned)),
+            (Action::StartDrain, Some(NodeState::Draining)),
+            (Action::SwitchToDra, Some(NodeState::Switching)),
+            (Action::StartVerify, Some(NodeState::Verifying)),
+            (Action::Complete, Some(NodeState::Migrated)),
+            (Action::Fail { reason: "X", message: String::new() }, Some(NodeState::Failed)),
+            (Action::StartRollback, Some(NodeState::RollingBack)),
+            (Action::FinishRollback, Some(NodeState::RolledBack)),
+            (Action::Evict, None),
+            (Action::CreateTaintRule, None),
+            (Action::SwitchToDevicePlugin, None),
+        ];
+        for (a, want) in cases {
+            assert_eq!(a.next_state(), want, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn timeouts_survive_restarts_because_they_come_from_the_annotation() {
+        // Same observation twice, as after an operator restart: same decision.
+        let mut o = base(NodeState::Draining);
+        o.drain.to_evict = 1;
+        o.now = Timestamp::from_second(5_000).unwrap();
+        assert_eq!(kind(&next_step(&o)), "Fail:DrainTimeout");
+        assert_eq!(kind(&next_step(&o.clone())), "Fail:DrainTimeout");
+        assert_eq!(elapsed_seconds(&o), Some(4_000));
+        let msg = match next_step(&o) {
+            Action::Fail { message, .. } => message,
+            _ => unreachable!(),
+        };
+        assert!(msg.contains("1 pod(s) left to evict"), "{msg}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The backend-overlap invariant: on one node a resource comes from the device plugin or from
+//! DRA, never both. The scheduler treats a node as device-plugin backed while its allocatable for
+//! the name is above zero, so a node with allocatable > 0 and devices in our ResourceSlices is
+//! served twice.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+/// Pool resources in the node's `status.allocatable`, by name. Unparsable or fractional
+/// quantities count as 0: extended resources are whole numbers.
+pub fn allocatable(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
+    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    resources
+        .iter()
+        .map(|r| {
+            let n = alloc.and_then(|a| a.get(*r)).and_then(|q| q.0.trim().parse::<u64>().ok()).unwrap_or(0);
+            (r.to_string(), n)
+        })
+        .collect()
+}
+
+/// The sum of [`allocatable`].
+pub fn allocatable_total(node: &Node, resources: &[&str]) -> u64 {
+    allocatable(node, resources).values().sum()
+}
+
+/// Devices our driver publishes for `node` in its node-local ResourceSlices.
+pub fn dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
+    slices
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len) as u64)
+        .sum()
+}
+
+/// A node served by both backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overlap {
+    pub node: String,
+    /// Pool resources with allocatable > 0.
+    pub allocatable: BTreeMap<String, u64>,
+    pub dra_devices: u64,
+}
+
+impl std::fmt::Display for Overlap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let res: Vec<String> = self.allocatable.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(
+            f,
+            "node {} advertises {} through the device plugin and {} DRA device(s)",
+            self.node,
+            res.join(", "),
+            self.dra_devices
+        )
+    }
+}
+
+/// Checks the invariant for one node.
+pub fn check(node: &Node, resources: &[&str], slices: &[ResourceSlice], driver: &str) -> Option<Overlap> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let alloc: BTreeMap<String, u64> =
+        allocatable(node, resources).into_iter().filter(|(_, v)| *v > 0).collect();
+    let devices = dra_devices(slices, driver, &name);
+    (!alloc.is_empty() && devices > 0).then_some(Overlap {
+        node: name,
+        allocatable: alloc,
+        dra_devices: devices,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, alloc: serde_json::Value) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name}, "status": {"allocatable": alloc}})).unwrap()
+    }
+
+    fn slice(driver: &str, node: &str, devices: usize) -> ResourceSlice {
+        let devs: Vec<_> = (0..devices).map(|i| json!({"name": format!("gpu-{i}")})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}-{driver}")},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devs}
+        }))
+        .unwrap()
+    }
+
+    const DRIVER: &str = "gpu.switchyard.dev";
+
+    #[test]
+    fn overlap_table() {
+        // (name, allocatable, slices, overlap?)
+        let cases = vec![
+            ("plugin only", json!({"nvidia.com/gpu": "8"}), vec![], false),
+            ("dra only", json!({"nvidia.com/gpu": "0"}), vec![slice(DRIVER, "n1", 8)], false),
+            ("absent allocatable, dra", json!({"cpu": "64"}), vec![slice(DRIVER, "n1", 8)], false),
+            ("both", json!({"nvidia.com/gpu": "8"}), vec![slice(DRIVER, "n1", 8)], true),
+            (
+                "mig resource and dra",
+                json!({"nvidia.com/mig-1g.10gb": "7"}),
+                vec![slice(DRIVER, "n1", 1)],
+                true,
+            ),
+            (
+                "other driver's slice",
+                json!({"nvidia.com/gpu": "8"}),
+                vec![slice("gpu.nvidia.com", "n1", 8)],
+                false,
+            ),
+            ("other node's slice", json!({"nvidia.com/gpu": "8"}), vec![slice(DRIVER, "n2", 8)], false),
+            ("empty slice", json!({"nvidia.com/gpu": "8"}), vec![slice(DRIVER, "n1", 0)], false),
+        ];
+        for (name, alloc, slices, want) in cases {
+            let got =
+                check(&node("n1", alloc), &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], &slices, DRIVER);
+            assert_eq!(got.is_some(), want, "{name}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn overlap_message_names_node_and_counts() {
+        let o = check(
+            &node("n1", json!({"nvidia.com/gpu": "8"})),
+            &["nvidia.com/gpu"],
+            &[slice(DRIVER, "n1", 4), slice(DRIVER, "n1", 4)],
+            DRIVER,
+        )
+        .unwrap();
+        assert_eq!(o.dra_devices, 8);
+        assert_eq!(
+            o.to_string(),
+            "node n1 advertises nvidia.com/gpu=8 through the device plugin and 8 DRA device(s)"
+        );
+    }
+}

@@ -1,0 +1,608 @@
+//! Pool planning: which selected nodes this migration owns, which it refuses, which are in
+//! flight, and which may start now without exceeding `maxUnavailable`. Pure: it reads node
+//! labels, annotations and conditions; the durable per-node record is on the nodes themselves.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::core::{Selector, SelectorExt};
+
+use crate::api::v1alpha1::{Direction, FailurePolicy, GpuPoolMigrationSpec, NodeCounts, NodeState};
+use crate::well_known::{
+    ANNOTATION_FAILURE, ANNOTATION_MIGRATION_STATE, BACKEND_DRA, LABEL_GPU_BACKEND, LABEL_MIGRATION,
+};
+
+/// Which backend a node's label says serves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    DevicePlugin,
+    Dra,
+}
+
+/// A pool node as planning sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub unschedulable: bool,
+    pub ready: bool,
+    /// Pods on the node that consume a pool resource; only used to order candidates.
+    pub consuming_pods: u32,
+}
+
+/// Reads a state annotation value (`Draining`, ...).
+pub fn parse_state(s: &str) -> Option<NodeState> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+/// The annotation value for a state.
+pub fn state_str(s: NodeState) -> String {
+    match serde_json::to_value(s) {
+        Ok(serde_json::Value::String(v)) => v,
+        _ => format!("{s:?}"),
+    }
+}
+
+impl PoolNode {
+    pub fn from_node(node: &Node) -> Self {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True");
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            annotations: node.metadata.annotations.clone().unwrap_or_default(),
+            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            ready,
+            consuming_pods: 0,
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.labels.get(LABEL_GPU_BACKEND).map(String::as_str) {
+            Some(BACKEND_DRA) => Backend::Dra,
+            _ => Backend::DevicePlugin,
+        }
+    }
+
+    /// The recorded state; a node without one is Pending, or Migrated when its label already
+    /// says DRA (labelled by hand or by an earlier tool).
+    pub fn state(&self) -> NodeState {
+        match self.annotations.get(ANNOTATION_MIGRATION_STATE).and_then(|s| parse_state(s)) {
+            Some(s) => s,
+            None if self.backend() == Backend::Dra => NodeState::Migrated,
+            None => NodeState::Pending,
+        }
+    }
+
+    pub fn owner(&self) -> Option<&str> {
+        self.labels.get(LABEL_MIGRATION).map(String::as_str)
+    }
+
+    /// The recorded failure, if the node failed (or failed and was rolled back).
+    pub fn failure(&self) -> Option<Failure> {
+        self.annotations.get(ANNOTATION_FAILURE).and_then(|s| serde_json::from_str(s).ok())
+    }
+}
+
+/// Why a node failed; stored as JSON in `switchyard.dev/failure`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Failure {
+    pub state: NodeState,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure while rolling back needs a human: rolling back again would loop.
+    pub fn during_rollback(&self) -> bool {
+        self.state == NodeState::RollingBack
+    }
+}
+
+/// Another GpuPoolMigration, to detect nodes that two migrations select.
+#[derive(Clone, Debug)]
+pub struct OtherMigration {
+    pub name: String,
+    pub selector: LabelSelector,
+}
+
+/// A selected node this migration will not move, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub node: String,
+    pub message: String,
+}
+
+/// Why no new node starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Halt {
+    /// `spec.paused` is true.
+    Paused,
+    /// A node failed and `onFailure` is Pause.
+    NodeFailed(String),
+}
+
+/// The plan for one reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Nodes this migration manages.
+    pub owned: Vec<String>,
+    pub refused: Vec<Refusal>,
+    /// Nodes that are mid-move and get a step this reconcile.
+    pub in_flight: Vec<String>,
+    /// Nodes that may start moving now, cheapest first.
+    pub to_start: Vec<String>,
+    /// Nodes that still have to move but may not start yet.
+    pub queued: Vec<String>,
+    /// Nodes that failed and need a human.
+    pub failed: Vec<String>,
+    pub max_unavailable: u32,
+    /// Pool nodes unavailable before this reconcile starts anything.
+    pub unavailable: u32,
+    pub halt: Option<Halt>,
+    pub counts: NodeCounts,
+}
+
+impl Plan {
+    /// Every owned node is where the direction wants it, with nothing in flight.
+    pub fn done(&self) -> bool {
+        self.in_flight.is_empty() && self.to_start.is_empty() && self.queued.is_empty()
+    }
+}
+
+/// `maxUnavailable` as a node count: an integer, or a percentage of the pool rounded down;
+/// never less than 1, so a small pool still moves.
+pub fn max_unavailable(v: &IntOrString, pool_size: usize) -> Result<u32, String> {
+    let n = match v {
+        IntOrString::Int(i) if *i >= 1 => *i as u64,
+        IntOrString::Int(i) => return Err(format!("maxUnavailable {i} must be at least 1")),
+        IntOrString::String(s) => {
+            let pct: u64 = s
+                .strip_suffix('%')
+                .and_then(|p| p.parse().ok())
+                .filter(|p| (1..=100).contains(p))
+                .ok_or_else(|| {
+                    format!("maxUnavailable {s:?} must be an integer or a percentage from 1% to 100%")
+                })?;
+            pool_size as u64 * pct / 100
+        }
+    };
+    Ok(n.clamp(1, u32::MAX as u64) as u32)
+}
+
+/// Where a node stands for the given direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Standing {
+    Done,
+    InFlight,
+    Candidate,
+    Failed,
+}
+
+fn standing(node: &PoolNode, direction: Direction, on_failure: FailurePolicy) -> Standing {
+    let failure = node.failure();
+    let failed_in_rollback = failure.as_ref().is_some_and(Failure::during_rollback);
+    use NodeState::*;
+    match (direction, node.state()) {
+        (_, Cordoned | Draining | Switching | Verifying | RollingBack) => Standing::InFlight,
+        (Direction::Forward, Pending) => Standing::Candidate,
+        // Rolled back after a failure: the node failed to move, and a human re-queues it by
+        // removing its state annotation. Rolled back on purpose: it moves forward again.
+        (Direction::Forward, RolledBack) if failure.is_some() => Standing::Failed,
+        (Direction::Forward, RolledBack) => Standing::Candidate,
+        (Direction::Forward, Migrated) => Standing::Done,
+        (Direction::Forward, Failed) if on_failure == FailurePolicy::Rollback && !failed_in_rollback => {
+            Standing::InFlight
+        }
+        (Direction::Forward, Failed) => Standing::Failed,
+        (Direction::Rollback, Pending | RolledBack) => Standing::Done,
+        (Direction::Rollback, Migrated) => Standing::Candidate,
+        (Direction::Rollback, Failed) if !failed_in_rollback => Standing::InFlight,
+        (Direction::Rollback, Failed) => Standing::Failed,
+    }
+}
+
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
+}
+
+/// Plans one reconcile of `migration`. `nodes` are the nodes its selector selects.
+pub fn plan(
+    migration: &str,
+    spec: &GpuPoolMigrationSpec,
+    nodes: &[PoolNode],
+    others: &[OtherMigration],
+) -> Result<Plan, String> {
+    let mut p = Plan::default();
+    let mut owned: Vec<&PoolNode> = Vec::new();
+    for n in nodes {
+        match n.owner() {
+            Some(o) if o != migration => p.refused.push(Refusal {
+                node: n.name.clone(),
+                message: format!("node {} belongs to GpuPoolMigration {o}", n.name),
+            }),
+            Some(_) => owned.push(n),
+            None => {
+                let also: Vec<&str> = others
+                    .iter()
+                    .filter(|o| o.name != migration && selects(&o.selector, &n.labels))
+                    .map(|o| o.name.as_str())
+                    .collect();
+                if also.is_empty() {
+                    owned.push(n);
+                } else {
+                    p.refused.push(Refusal {
+                        node: n.name.clone(),
+                        message: format!(
+                            "node {} is also selected by GpuPoolMigration {}; a node selected by two migrations is moved by neither",
+                            n.name,
+                            also.join(", ")
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    owned.sort_by(|a, b| a.name.cmp(&b.name));
+    p.max_unavailable = max_unavailable(&spec.strategy.max_unavailable, owned.len())?;
+
+    let mut candidates = Vec::new();
+    for n in &owned {
+        p.owned.push(n.name.clone());
+        let st = standing(n, spec.direction, spec.strategy.on_failure);
+        match st {
+            Standing::Done => {}
+            Standing::InFlight => p.in_flight.push(n.name.clone()),
+            Standing::Candidate => candidates.push(*n),
+            Standing::Failed => p.failed.push(n.name.clone()),
+        }
+        let unavailable = st == Standing::InFlight || n.unschedulable || !n.ready;
+        if unavailable {
+            p.unavailable += 1;
+        }
+        p.counts.total += 1;
+        match n.state() {
+            NodeState::Migrated => p.counts.migrated += 1,
+            _ if st == Standing::Failed => p.counts.failed += 1,
+            NodeState::Failed => p.counts.failed += 1,
+            _ if st == Standing::InFlight => p.counts.in_progress += 1,
+            _ => p.counts.pending += 1,
+        }
+    }
+
+    if spec.paused {
+        p.halt = Some(Halt::Paused);
+    } else if spec.strategy.on_failure == FailurePolicy::Pause
+        && let Some(f) = p.failed.first()
+    {
+        p.halt = Some(Halt::NodeFailed(f.clone()));
+    }
+
+    candidates.sort_by(|a, b| a.consuming_pods.cmp(&b.consuming_pods).then_with(|| a.name.cmp(&b.name)));
+    let mut unavailable = p.unavailable;
+    for c in candidates {
+        // A NotReady node cannot drain or switch; it waits until its kubelet is back.
+        let may_start = p.halt.is_none() && c.ready && (c.unschedulable || unavailable < p.max_unavailable);
+        if may_start {
+            if !c.unschedulable {
+                unavailable += 1;
+            }
+            p.to_start.push(c.name.clone());
+        } else {
+            p.queued.push(c.name.clone());
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::well_known::ANNOTATION_MIGRATION_STATE;
+
+    fn spec(max_unavailable: IntOrString) -> GpuPoolMigrationSpec {
+        let mut s: GpuPoolMigrationSpec = serde_json::from_value(serde_json::json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+            "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "nvidia-device-plugin"}}
+        }))
+        .unwrap();
+        s.strategy.max_unavailable = max_unavailable;
+        s
+    }
+
+    #[derive(Clone, Copy)]
+    struct N {
+        name: &'static str,
+        state: Option<&'static str>,
+        owner: Option<&'static str>,
+        unschedulable: bool,
+        ready: bool,
+        pods: u32,
+    }
+
+    const fn n(name: &'static str, pods: u32) -> N {
+        N { name, state: None, owner: None, unschedulable: false, ready: true, pods }
+    }
+
+    impl N {
+        fn state(mut self, s: &'static str) -> Self {
+            self.state = Some(s);
+            self.owner = Some("pool-a");
+            self
+        }
+        fn owner(mut self, o: &'static str) -> Self {
+            self.owner = Some(o);
+            self
+        }
+        fn cordoned(mut self) -> Self {
+            self.unschedulable = true;
+            self
+        }
+        fn not_ready(mut self) -> Self {
+            self.ready = false;
+            self
+        }
+        fn build(self) -> PoolNode {
+            let mut labels = BTreeMap::from([("pool".to_string(), "a100".to_string())]);
+            if let Some(o) = self.owner {
+                labels.insert(LABEL_MIGRATION.into(), o.into());
+            }
+            let mut annotations = BTreeMap::new();
+            if let Some(s) = self.state {
+                annotations.insert(ANNOTATION_MIGRATION_STATE.to_string(), s.to_string());
+            }
+            PoolNode {
+                name: self.name.into(),
+                labels,
+                annotations,
+                unschedulable: self.unschedulable,
+                ready: self.ready,
+                consuming_pods: self.pods,
+            }
+        }
+    }
+
+    #[test]
+    fn max_unavailable_table() {
+        let cases = [
+            (IntOrString::Int(1), 10, Ok(1)),
+            (IntOrString::Int(3), 10, Ok(3)),
+            (IntOrString::Int(0), 10, Err(())),
+            (IntOrString::String("25%".into()), 10, Ok(2)),
+            (IntOrString::String("10%".into()), 5, Ok(1)),
+            (IntOrString::String("100%".into()), 7, Ok(7)),
+            (IntOrString::String("1%".into()), 0, Ok(1)),
+            (IntOrString::String("0%".into()), 10, Err(())),
+            (IntOrString::String("101%".into()), 10, Err(())),
+            (IntOrString::String("3".into()), 10, Err(())),
+        ];
+        for (v, pool, want) in cases {
+            assert_eq!(max_unavailable(&v, pool).map_err(|_| ()), want, "{v:?} of {pool}");
+        }
+    }
+
+    #[test]
+    fn plan_table() {
+        // (name, maxUnavailable, direction, paused, nodes, to_start, in_flight, queued, refused)
+        type Case = (
+            &'static str,
+            IntOrString,
+            Direction,
+            bool,
+            Vec<N>,
+            Vec<&'static str>,
+            Vec<&'static str>,
+            Vec<&'static str>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "cheapest first, one at a time",
+                IntOrString::Int(1),
+                Direction::Forward,
+                false,
+                vec![n("c", 2), n("a", 5), n("b", 0)],
+                vec!["b"],
+                vec![],
+                vec!["c", "a"],
+                vec![],
+            ),
+            (
+                "ties broken by name",
+                IntOrString::Int(2),
+                Direction::Forward,
+                false,
+                vec![n("z", 1), n("y", 1), n("x", 3)],
+                vec!["y", "z"],
+                vec![],
+                vec!["x"],
+                vec![],
+            ),
+            (
+                "in-flight node uses the budget",
+                IntOrString::Int(1),
+                Direction::Forward,
+                false,
+                vec![n("a", 0).state("Draining"), n("b", 0)],
+                vec![],
+                vec!["a"],
+                vec!["b"],
+                vec![],
+            ),
+            (
+                "admin-cordoned node counts as unavailable",
+                IntOrString::Int(1),
+                Direction::Forward,
+                false,
+                vec![n("a", 0).state("Migrated").cordoned(), n("b", 0), n("c", 1)],
+                vec![],
+                vec![],
+                vec!["b", "c"],
+                vec![],
+            ),
+            (
+                "NotReady node counts and never starts",
+                IntOrString::Int(2),
+                Direction::Forward,
+                false,
+                vec![n("a", 0).not_ready(), n("b", 1), n("c", 2)],
+                vec!["b"],
+                vec![],
+                vec!["a", "c"],
+                vec![],
+            ),
+            (
+                "already cordoned candidate starts for free",
+                IntOrString::Int(1),
+                Direction::Forward,
+                false,
+                vec![n("a", 3).cordoned(), n("b", 0)],
+                vec!["a"],
+                vec![],
+                vec!["b"],
+                vec![],
+            ),
+            (
+                "percent of pool rounds down, min 1",
+                IntOrString::String("50%".into()),
+                Direction::Forward,
+                false,
+                vec![n("a", 0), n("b", 0), n("c", 0)],
+                vec!["a"],
+                vec![],
+                vec!["b", "c"],
+                vec![],
+            ),
+            (
+                "paused starts nothing but keeps in-flight",
+                IntOrString::Int(3),
+                Direction::Forward,
+                true,
+                vec![n("a", 0).state("Switching"), n("b", 0)],
+                vec![],
+                vec!["a"],
+                vec!["b"],
+                vec![],
+            ),
+            (
+                "other migration's node refused",
+                IntOrString::Int(3),
+                Direction::Forward,
+                false,
+                vec![n("a", 0).owner("pool-b"), n("b", 0)],
+                vec!["b"],
+                vec![],
+                vec![],
+                vec!["a"],
+            ),
+            (
+                "rollback picks migrated nodes, cheapest first",
+                IntOrString::Int(1),
+                Direction::Rollback,
+                false,
+                vec![n("a", 4).state("Migrated"), n("b", 1).state("Migrated"), n("c", 0).state("Pending")],
+                vec!["b"],
+                vec![],
+                vec!["a"],
+                vec![],
+            ),
+            (
+                "rollback reverses forward in-flight nodes",
+                IntOrString::Int(1),
+                Direction::Rollback,
+                false,
+                vec![n("a", 0).state("Verifying"), n("b", 0).state("Migrated")],
+                vec![],
+                vec!["a"],
+                vec!["b"],
+                vec![],
+            ),
+            (
+                "a single node starts",
+                IntOrString::Int(1),
+                Direction::Forward,
+                false,
+                vec![n("a", 0)],
+                vec!["a"],
+                vec![],
+                vec![],
+                vec![],
+            ),
+        ];
+        for (name, mu, direction, paused, nodes, to_start, in_flight, queued, refused) in cases {
+            let mut s = spec(mu);
+            s.direction = direction;
+            s.paused = paused;
+            let nodes: Vec<PoolNode> = nodes.into_iter().map(N::build).collect();
+            let p = plan("pool-a", &s, &nodes, &[]).unwrap();
+            assert_eq!(p.to_start, to_start, "{name}: to_start");
+            assert_eq!(p.in_flight, in_flight, "{name}: in_flight");
+            assert_eq!(p.queued, queued, "{name}: queued");
+            let r: Vec<&str> = p.refused.iter().map(|r| r.node.as_str()).collect();
+            assert_eq!(r, refused, "{name}: refused");
+        }
+    }
+
+    #[test]
+    fn dra_label_without_state_is_migrated() {
+        let mut node = n("a", 0).build();
+        node.labels.insert(LABEL_GPU_BACKEND.into(), BACKEND_DRA.into());
+        assert_eq!(node.state(), NodeState::Migrated);
+        let p = plan("pool-a", &spec(IntOrString::Int(1)), &[node], &[]).unwrap();
+        assert!(p.done());
+        assert_eq!(p.counts.migrated, 1);
+    }
+
+    #[test]
+    fn node_selected_by_two_migrations_is_refused() {
+        let other = OtherMigration {
+            name: "pool-b".into(),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("pool".into(), "a100".into())])),
+                ..Default::default()
+            },
+        };
+        let nodes = vec![n("a", 0).build(), n("b", 0).state("Draining").build()];
+        let p = plan("pool-a", &spec(IntOrString::Int(2)), &nodes, &[other]).unwrap();
+        // "b" already carries our ownership label, so it stays ours and finishes.
+        assert_eq!(p.refused.len(), 1);
+        assert_eq!(p.refused[0].node, "a");
+        assert!(p.refused[0].message.contains("pool-b"));
+        assert_eq!(p.in_flight, vec!["b"]);
+    }
+
+    #[test]
+    fn failure_with_pause_halts_new_starts() {
+        let nodes = vec![n("a", 0).state("Failed").cordoned().build(), n("b", 0).build()];
+        let p = plan("pool-a", &spec(IntOrString::Int(3)), &nodes, &[]).unwrap();
+        assert_eq!(p.halt, Some(Halt::NodeFailed("a".into())));
+        assert!(p.to_start.is_empty());
+        assert_eq!(p.failed, vec!["a"]);
+        assert_eq!(p.counts, NodeCounts { total: 2, pending: 1, in_progress: 0, migrated: 0, failed: 1 });
+
+        let mut s = spec(IntOrString::Int(3));
+        s.strategy.on_failure = FailurePolicy::Rollback;
+        let p = plan("pool-a", &s, &nodes, &[]).unwrap();
+        assert_eq!(p.halt, None);
+        assert_eq!(p.in_flight, vec!["a"], "a failed node is rolled back under onFailure: Rollback");
+        assert_eq!(p.to_start, vec!["b"]);
+    }
+
+    #[test]
+    fn state_strings_round_trip() {
+        for s in [NodeState::Pending, NodeState::Draining, NodeState::RollingBack, NodeState::RolledBack] {
+            assert_eq!(parse_state(&state_str(s)), Some(s));
+        }
+        assert_eq!(state_str(NodeState::Verifying), "Verifying");
+        assert_eq!(parse_state("bogus"), None);
+    }
+}

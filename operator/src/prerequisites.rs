@@ -1,0 +1,519 @@
+//! Whether the cluster can serve `nvidia.com/gpu` through DRA at all: API server and kubelet
+//! versions, the resource.k8s.io/v1 kinds, CDI-capable container runtimes, and both DaemonSets.
+//! Pure: the controller gathers [`ClusterFacts`], this module judges them.
+
+use std::fmt::Write as _;
+
+/// What the dry-run probe found out: create a DeviceClass with `spec.extendedResourceName` using
+/// `dryRun=All` and see whether the server keeps the field. A server with the DRAExtendedResource
+/// gate off silently drops it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ExtendedResourceProbe {
+    /// The probe was not needed (every component is on 1.37+) or could not run.
+    #[default]
+    NotRun,
+    /// The server kept `extendedResourceName`: the gate is on.
+    Kept,
+    /// The server dropped `extendedResourceName`: the gate is off.
+    Dropped,
+}
+
+/// Which resource.k8s.io/v1 kinds the API server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ServedApis {
+    pub device_classes: bool,
+    pub resource_slices: bool,
+    pub resource_claims: bool,
+    pub device_taint_rules: bool,
+}
+
+/// One pool node as the prerequisites see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeVersions {
+    pub name: String,
+    /// `status.nodeInfo.kubeletVersion`, for example `v1.37.2`.
+    pub kubelet_version: String,
+    /// `status.nodeInfo.containerRuntimeVersion`, for example `containerd://2.1.4`.
+    pub container_runtime_version: String,
+}
+
+/// Everything the checks look at.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterFacts {
+    /// The API server's `gitVersion`, for example `v1.37.2`.
+    pub server_git_version: String,
+    pub served: ServedApis,
+    pub nodes: Vec<NodeVersions>,
+    pub probe: ExtendedResourceProbe,
+    /// True when the migration may roll nodes back (direction Rollback or onFailure Rollback),
+    /// which needs DeviceTaintRule.
+    pub rollback_possible: bool,
+    pub driver_daemonset: Option<String>,
+    pub device_plugin_daemonset: Option<String>,
+    pub driver_daemonset_exists: bool,
+    pub device_plugin_daemonset_exists: bool,
+}
+
+/// The verdict: `met` drives the PrerequisitesMet condition, `reason` and `message` are its
+/// reason and message, `warnings` go to InventoryFindings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub met: bool,
+    pub reason: &'static str,
+    pub message: String,
+    pub warnings: Vec<String>,
+}
+
+/// The first minor version where DRA extended resources are GA and locked on.
+const GA_MINOR: u32 = 37;
+/// The minor version where the feature is beta and on by default, so it works unless someone
+/// switched the gate off, which the probe detects.
+const BETA_MINOR: u32 = 36;
+/// The first CRI-O release that enables CDI by default.
+const CRIO_MIN: (u32, u32) = (1, 28);
+/// How many node names a message lists before it says "and N more".
+const NAMES_IN_MESSAGE: usize = 5;
+
+/// `v1.37.2-gke.100` → `(1, 37)`.
+pub fn parse_major_minor(v: &str) -> Option<(u32, u32)> {
+    let v = v.trim().trim_start_matches('v');
+    let mut parts = v.split(['.', '-', '+']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// How a container runtime stands with CDI, which DRA needs to hand devices to containers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuntimeSupport {
+    Ok,
+    Warn(String),
+    Block(String),
+}
+
+/// Judges `status.nodeInfo.containerRuntimeVersion`.
+pub fn runtime_support(runtime_version: &str) -> RuntimeSupport {
+    let (kind, version) = runtime_version.split_once("://").unwrap_or(("", runtime_version));
+    let parsed = parse_major_minor(version);
+    match (kind, parsed) {
+        ("containerd", Some((major, _))) if major >= 2 => RuntimeSupport::Ok,
+        ("containerd", Some((1, 7))) => RuntimeSupport::Warn(format!(
+            "{runtime_version}: CDI must be enabled (enable_cdi = true in the CRI plugin config); containerd 2.x enables it by default"
+        )),
+        ("containerd", Some(_)) => RuntimeSupport::Block(format!(
+            "{runtime_version} has no CDI support: upgrade containerd to 2.x (or 1.7 with enable_cdi = true)"
+        )),
+        ("cri-o", Some(v)) if v >= CRIO_MIN => RuntimeSupport::Ok,
+        ("cri-o", Some(_)) => RuntimeSupport::Block(format!(
+            "{runtime_version} does not enable CDI by default: upgrade CRI-O to 1.28 or later"
+        )),
+        _ => RuntimeSupport::Warn(format!(
+            "{runtime_version}: unknown container runtime; make sure it supports CDI"
+        )),
+    }
+}
+
+fn list_names(names: &[String]) -> String {
+    let mut s = names.iter().take(NAMES_IN_MESSAGE).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > NAMES_IN_MESSAGE {
+        let _ = write!(s, " and {} more", names.len() - NAMES_IN_MESSAGE);
+    }
+    s
+}
+
+fn block(reason: &'static str, message: String, warnings: Vec<String>) -> Verdict {
+    Verdict { met: false, reason, message, warnings }
+}
+
+/// Runs every check; the first blocking one decides reason and message.
+pub fn check(f: &ClusterFacts) -> Verdict {
+    let mut warnings = Vec::new();
+
+    match parse_major_minor(&f.server_git_version) {
+        None => {
+            return block(
+                "UnknownServerVersion",
+                format!("could not parse the API server version {:?}", f.server_git_version),
+                warnings,
+            );
+        }
+        Some((1, minor)) if minor >= GA_MINOR => {}
+        Some((1, BETA_MINOR)) => match f.probe {
+            ExtendedResourceProbe::Kept => warnings.push(format!(
+                "API server {} runs DRA extended resources as beta; upgrade to 1.37 where it is GA",
+                f.server_git_version
+            )),
+            ExtendedResourceProbe::Dropped => {
+                return block(
+                    "ExtendedResourceGateOff",
+                    format!(
+                        "API server {} drops DeviceClass spec.extendedResourceName: enable the DRAExtendedResource feature gate on kube-apiserver, kube-controller-manager, kube-scheduler and every kubelet, or upgrade to 1.37",
+                        f.server_git_version
+                    ),
+                    warnings,
+                );
+            }
+            ExtendedResourceProbe::NotRun => {
+                return block(
+                    "ExtendedResourceUnverified",
+                    format!(
+                        "API server {} is 1.36 and the DRAExtendedResource dry-run probe could not run: grant the operator create on deviceclasses, or upgrade to 1.37",
+                        f.server_git_version
+                    ),
+                    warnings,
+                );
+            }
+        },
+        Some(_) => {
+            return block(
+                "ServerTooOld",
+                format!(
+                    "API server {} does not serve DRA extended resources: upgrade the control plane to 1.37 (or 1.36 with the DRAExtendedResource gate on)",
+                    f.server_git_version
+                ),
+                warnings,
+            );
+        }
+    }
+
+    let mut missing_apis = Vec::new();
+    if !f.served.device_classes {
+        missing_apis.push("deviceclasses");
+    }
+    if !f.served.resource_slices {
+        missing_apis.push("resourceslices");
+    }
+    if !f.served.resource_claims {
+        missing_apis.push("resourceclaims");
+    }
+    if !missing_apis.is_empty() {
+        return block(
+            "ResourceApiMissing",
+            format!(
+                "the API server does not serve resource.k8s.io/v1 {}: enable the resource.k8s.io/v1 API group (--runtime-config=resource.k8s.io/v1=true)",
+                missing_apis.join(", ")
+            ),
+            warnings,
+        );
+    }
+    if !f.served.device_taint_rules {
+        let msg = "the API server does not serve resource.k8s.io/v1 devicetaintrules, which rolling a node back uses to evict DRA claim holders";
+        if f.rollback_possible {
+            return block(
+                "DeviceTaintRuleMissing",
+                format!(
+                    "{msg}: upgrade to 1.37, or set spec.strategy.onFailure: Pause and spec.direction: Forward"
+                ),
+                warnings,
+            );
+        }
+        warnings.push(msg.to_string());
+    }
+
+    let mut old_kubelets = Vec::new();
+    let mut beta_kubelets = Vec::new();
+    let mut blocked_runtimes = Vec::new();
+    for n in &f.nodes {
+        match parse_major_minor(&n.kubelet_version) {
+            Some((1, m)) if m >= GA_MINOR => {}
+            Some((1, BETA_MINOR)) => beta_kubelets.push(n.name.clone()),
+            _ => old_kubelets.push(format!("{} ({})", n.name, n.kubelet_version)),
+        }
+        match runtime_support(&n.container_runtime_version) {
+            RuntimeSupport::Ok => {}
+            RuntimeSupport::Warn(w) => warnings.push(format!("node {}: {w}", n.name)),
+            RuntimeSupport::Block(b) => blocked_runtimes.push(format!("{}: {b}", n.name)),
+        }
+    }
+    if !old_kubelets.is_empty() {
+        return block(
+            "KubeletTooOld",
+            format!(
+                "kubelets older than 1.36 cannot hand DRA devices to extended-resource pods: upgrade {} to 1.37",
+                list_names(&old_kubelets)
+            ),
+            warnings,
+        );
+    }
+    if !beta_kubelets.is_empty() {
+        if f.probe != ExtendedResourceProbe::Kept {
+            return block(
+                "KubeletGateUnverified",
+                format!(
+                    "kubelets on 1.36 need the DRAExtendedResource gate on and the dry-run probe did not confirm it: upgrade {} to 1.37",
+                    list_names(&beta_kubelets)
+                ),
+                warnings,
+            );
+        }
+        warnings
+            .push(format!("kubelets on 1.36 (beta): {}; upgrade them to 1.37", list_names(&beta_kubelets)));
+    }
+    if !blocked_runtimes.is_empty() {
+        return block("RuntimeWithoutCdi", list_names(&blocked_runtimes), warnings);
+    }
+
+    let mut missing_ds = Vec::new();
+    if !f.driver_daemonset_exists {
+        missing_ds.push(format!(
+            "the DRA driver DaemonSet {} (spec.driver.daemonSet)",
+            f.driver_daemonset.as_deref().unwrap_or("?")
+        ));
+    }
+    if !f.device_plugin_daemonset_exists {
+        missing_ds.push(format!(
+            "the device plugin DaemonSet {} (spec.devicePlugin.daemonSet)",
+            f.device_plugin_daemonset.as_deref().unwrap_or("?")
+        ));
+    }
+    if !missing_ds.is_empty() {
+        return block(
+            "DaemonSetMissing",
+            format!("{} not found: install it or fix the reference", missing_ds.join(" and ")),
+            warnings,
+        );
+    }
+
+    Verdict {
+        met: true,
+        reason: "AllMet",
+        message: "the cluster can serve extended resources through DRA".into(),
+        warnings,
+    }
+}
+
+/// True when the dry-run probe is worth running: only 1.36 components depend on it.
+pub fn probe_needed(server_git_version: &str, nodes: &[NodeVersions]) -> bool {
+    let is_beta = |v: &str| parse_major_minor(v) == Some((1, BETA_MINOR));
+    is_beta(server_git_version) || nodes.iter().any(|n| is_beta(&n.kubelet_version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, kubelet: &str, runtime: &str) -> NodeVersions {
+        NodeVersions {
+            name: name.into(),
+            kubelet_version: kubelet.into(),
+            container_runtime_version: runtime.into(),
+        }
+    }
+
+    fn good() -> ClusterFacts {
+        ClusterFacts {
+            server_git_version: "v1.37.2".into(),
+            served: ServedApis {
+                device_classes: true,
+                resource_slices: true,
+                resource_claims: true,
+                device_taint_rules: true,
+            },
+            nodes: vec![node("gpu-1", "v1.37.2", "containerd://2.1.4")],
+            probe: ExtendedResourceProbe::NotRun,
+            rollback_possible: false,
+            driver_daemonset: Some("switchyard/driver".into()),
+            device_plugin_daemonset: Some("gpu/nvidia-device-plugin".into()),
+            driver_daemonset_exists: true,
+            device_plugin_daemonset_exists: true,
+        }
+    }
+
+    #[test]
+    fn version_parsing() {
+        let cases = [
+            ("v1.37.2", Some((1, 37))),
+            ("v1.36.0-gke.1200", Some((1, 36))),
+            ("1.38.0+k3s1", Some((1, 38))),
+            ("2.0.4", Some((2, 0))),
+            ("garbage", None),
+            ("", None),
+        ];
+        for (v, want) in cases {
+            assert_eq!(parse_major_minor(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn runtime_table() {
+        let cases = [
+            ("containerd://2.1.4", "ok"),
+            ("containerd://2.0.0", "ok"),
+            ("containerd://1.7.22", "warn"),
+            ("containerd://1.6.30", "block"),
+            ("cri-o://1.30.1", "ok"),
+            ("cri-o://1.28.0", "ok"),
+            ("cri-o://1.27.4", "block"),
+            ("docker://24.0.7", "warn"),
+            ("", "warn"),
+        ];
+        for (v, want) in cases {
+            let got = match runtime_support(v) {
+                RuntimeSupport::Ok => "ok",
+                RuntimeSupport::Warn(_) => "warn",
+                RuntimeSupport::Block(_) => "block",
+            };
+            assert_eq!(got, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn check_table() {
+        type Edit = fn(&mut ClusterFacts);
+        // (name, edit, met, reason, message fragment)
+        let cases: Vec<(&str, Edit, bool, &str, &str)> = vec![
+            ("all good", |_| {}, true, "AllMet", ""),
+            (
+                "server 1.35",
+                |f| f.server_git_version = "v1.35.4".into(),
+                false,
+                "ServerTooOld",
+                "upgrade the control plane to 1.37",
+            ),
+            (
+                "server 1.36 probe kept",
+                |f| {
+                    f.server_git_version = "v1.36.3".into();
+                    f.probe = ExtendedResourceProbe::Kept;
+                },
+                true,
+                "AllMet",
+                "",
+            ),
+            (
+                "server 1.36 probe dropped",
+                |f| {
+                    f.server_git_version = "v1.36.3".into();
+                    f.probe = ExtendedResourceProbe::Dropped;
+                },
+                false,
+                "ExtendedResourceGateOff",
+                "enable the DRAExtendedResource feature gate",
+            ),
+            (
+                "server 1.36 no probe",
+                |f| f.server_git_version = "v1.36.3".into(),
+                false,
+                "ExtendedResourceUnverified",
+                "dry-run probe",
+            ),
+            (
+                "unparsable server",
+                |f| f.server_git_version = "dev".into(),
+                false,
+                "UnknownServerVersion",
+                "\"dev\"",
+            ),
+            (
+                "no deviceclasses",
+                |f| f.served.device_classes = false,
+                false,
+                "ResourceApiMissing",
+                "deviceclasses",
+            ),
+            ("no taint rules, forward only", |f| f.served.device_taint_rules = false, true, "AllMet", ""),
+            (
+                "no taint rules, rollback",
+                |f| {
+                    f.served.device_taint_rules = false;
+                    f.rollback_possible = true;
+                },
+                false,
+                "DeviceTaintRuleMissing",
+                "onFailure: Pause",
+            ),
+            (
+                "kubelet 1.35",
+                |f| f.nodes.push(node("gpu-2", "v1.35.1", "containerd://2.1.4")),
+                false,
+                "KubeletTooOld",
+                "gpu-2 (v1.35.1)",
+            ),
+            (
+                "kubelet 1.36 without probe",
+                |f| f.nodes.push(node("gpu-2", "v1.36.1", "containerd://2.1.4")),
+                false,
+                "KubeletGateUnverified",
+                "gpu-2",
+            ),
+            (
+                "kubelet 1.36 with probe",
+                |f| {
+                    f.nodes.push(node("gpu-2", "v1.36.1", "containerd://2.1.4"));
+                    f.probe = ExtendedResourceProbe::Kept;
+                },
+                true,
+                "AllMet",
+                "",
+            ),
+            (
+                "containerd 1.6",
+                |f| f.nodes.push(node("gpu-3", "v1.37.0", "containerd://1.6.9")),
+                false,
+                "RuntimeWithoutCdi",
+                "gpu-3: containerd://1.6.9",
+            ),
+            (
+                "containerd 1.7 only warns",
+                |f| f.nodes.push(node("gpu-3", "v1.37.0", "containerd://1.7.2")),
+                true,
+                "AllMet",
+                "",
+            ),
+            (
+                "driver ds missing",
+                |f| f.driver_daemonset_exists = false,
+                false,
+                "DaemonSetMissing",
+                "switchyard/driver (spec.driver.daemonSet)",
+            ),
+            (
+                "both ds missing",
+                |f| {
+                    f.driver_daemonset_exists = false;
+                    f.device_plugin_daemonset_exists = false;
+                },
+                false,
+                "DaemonSetMissing",
+                "gpu/nvidia-device-plugin",
+            ),
+        ];
+        for (name, edit, met, reason, fragment) in cases {
+            let mut f = good();
+            edit(&mut f);
+            let v = check(&f);
+            assert_eq!((v.met, v.reason), (met, reason), "{name}: {}", v.message);
+            assert!(v.message.contains(fragment), "{name}: {:?} lacks {fragment:?}", v.message);
+        }
+    }
+
+    #[test]
+    fn warnings_are_collected() {
+        let mut f = good();
+        f.nodes.push(node("gpu-3", "v1.37.0", "containerd://1.7.2"));
+        f.nodes.push(node("gpu-4", "v1.37.0", "docker://24.0.7"));
+        let v = check(&f);
+        assert!(v.met);
+        assert_eq!(v.warnings.len(), 2);
+        assert!(v.warnings[0].contains("gpu-3") && v.warnings[0].contains("enable_cdi"));
+        assert!(v.warnings[1].contains("unknown container runtime"));
+    }
+
+    #[test]
+    fn long_node_lists_are_cut() {
+        let mut f = good();
+        for i in 0..8 {
+            f.nodes.push(node(&format!("old-{i}"), "v1.34.0", "containerd://2.0.0"));
+        }
+        let v = check(&f);
+        assert!(v.message.contains("and 3 more"), "{}", v.message);
+        assert!(!v.message.contains("old-7"));
+    }
+
+    #[test]
+    fn probe_needed_only_for_1_36() {
+        assert!(!probe_needed("v1.37.0", &[node("a", "v1.37.0", "")]));
+        assert!(probe_needed("v1.36.0", &[]));
+        assert!(probe_needed("v1.37.0", &[node("a", "v1.36.9", "")]));
+    }
+}

@@ -1,0 +1,228 @@
+//! The operator process: leader election, the controller, `/metrics`, `/readyz` (caches synced),
+//! `/livez`, and a graceful stop on SIGTERM (stop being ready, finish in-flight reconciles, give
+//! the lease back, return).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::controller::{self, Config};
+use crate::leader::{Elector, RENEW_INTERVAL};
+use crate::metrics::Metrics;
+
+/// Everything `main` parses from flags and environment.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub metrics_addr: SocketAddr,
+    /// The operator's namespace: the Lease and canary pods live here.
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub leader_election: bool,
+}
+
+#[derive(Clone)]
+struct Health {
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+}
+
+async fn metrics_handler(State(h): State<Health>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        h.metrics.encode(),
+    )
+}
+
+async fn readyz(State(h): State<Health>) -> impl IntoResponse {
+    if h.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    }
+}
+
+async fn livez() -> impl IntoResponse {
+    (StatusCode::OK, "ok")
+}
+
+/// The health and metrics endpoints.
+pub fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/readyz", get(readyz))
+        .route("/livez", get(livez))
+        .with_state(Health { metrics, ready })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the operator");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs the operator until SIGTERM. Returns an error when leadership is lost, so that the
+/// process restarts instead of two replicas acting at once.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await?;
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+
+    let listener = tokio::net::TcpListener::bind(settings.metrics_addr).await?;
+    info!(addr = %settings.metrics_addr, "serving /metrics, /readyz, /livez");
+    let app = router(metrics.clone(), ready.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut http_stop = stop_rx.clone();
+    let http = tokio::spawn(async move {
+        let res = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = res {
+            error!(error = %e, "health server failed");
+        }
+    });
+
+    let elector = Elector::new(client.clone(), &settings.namespace, &settings.lease_name, &settings.identity);
+    let term = termination();
+    tokio::pin!(term);
+    if settings.leader_election {
+        info!(lease = %settings.lease_name, identity = %settings.identity, "waiting for leadership");
+        loop {
+            tokio::select! {
+                _ = &mut term => {
+                    let _ = stop_tx.send(true);
+                    let _ = http.await;
+                    return Ok(());
+                }
+                r = elector.try_acquire() => match r {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => warn!(error = %e, "leader election round failed"),
+                }
+            }
+            tokio::time::sleep(RENEW_INTERVAL).await;
+        }
+        info!("leading");
+    }
+
+    // Shutdown fires on SIGTERM or on lost leadership.
+    let (lost_tx, mut lost_rx) = watch::channel(false);
+    let renew = settings.leader_election.then(|| {
+        let elector =
+            Elector::new(client.clone(), &settings.namespace, &settings.lease_name, &settings.identity);
+        tokio::spawn(async move {
+            // Leadership is lost after this many renewals fail in a row: the lease has expired
+            // by then (3 × 5 s = its 15 s duration).
+            let mut failures = 0;
+            loop {
+                tokio::time::sleep(RENEW_INTERVAL).await;
+                match elector.try_acquire().await {
+                    Ok(true) => failures = 0,
+                    Ok(false) => failures = 3,
+                    Err(e) => {
+                        warn!(error = %e, "renewing the lease failed");
+                        failures += 1;
+                    }
+                }
+                if failures >= 3 {
+                    let _ = lost_tx.send(true);
+                    return;
+                }
+            }
+        })
+    });
+    let mut shutdown_stop = stop_rx.clone();
+    let shutdown = async move {
+        let _ = shutdown_stop.wait_for(|s| *s).await;
+    };
+    let ctrl = tokio::spawn(controller::run(
+        client.clone(),
+        metrics,
+        Config { canary_namespace: settings.namespace.clone() },
+        ready.clone(),
+        shutdown,
+    ));
+
+    let lost = tokio::select! {
+        _ = &mut term => false,
+        _ = lost_rx.wait_for(|l| *l) => true,
+    };
+    info!(lost_leadership = lost, "stopping: finishing in-flight reconciles");
+    ready.store(false, Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    if let Err(e) = ctrl.await {
+        error!(error = %e, "controller task failed");
+    }
+    if let Some(r) = renew {
+        r.abort();
+    }
+    if settings.leader_election
+        && !lost
+        && let Err(e) = elector.release().await
+    {
+        warn!(error = %e, "releasing the lease failed");
+    }
+    let _ = http.await;
+    if lost {
+        anyhow::bail!("lost leadership of lease {}", settings.lease_name);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get_path(app: Router, path: &str) -> (StatusCode, String) {
+        let resp = app.oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_cache_sync_and_livez_does_not() {
+        let metrics = Arc::new(Metrics::new());
+        let ready = Arc::new(AtomicBool::new(false));
+        let app = router(metrics.clone(), ready.clone());
+        assert_eq!(get_path(app.clone(), "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(get_path(app.clone(), "/livez").await.0, StatusCode::OK);
+        ready.store(true, Ordering::SeqCst);
+        assert_eq!(get_path(app.clone(), "/readyz").await.0, StatusCode::OK);
+        metrics.reconciliations.inc();
+        let (code, body) = get_path(app, "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(body.contains("switchyard_reconciliations_total 1"), "{body}");
+    }
+}

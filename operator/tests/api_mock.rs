@@ -1,0 +1,173 @@
+//! Mocked-API tests of the thin layer: the exact requests the operator sends, answered by a
+//! tower-test `Handle` standing in for the API server.
+
+use std::pin::pin;
+
+use http::{Method, Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+use switchyard_operator::api::v1alpha1::GpuPoolMigrationSpec;
+use switchyard_operator::drain::{self, Evicted, PodRef};
+use switchyard_operator::{controller, device_classes};
+use tower_test::mock::{self, Handle};
+
+type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+fn mock_client() -> (Client, ApiHandle) {
+    let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(svc, "default"), handle)
+}
+
+/// Answers exactly one request with `status` and `body`, and returns what was asked.
+async fn answer_one(
+    handle: ApiHandle,
+    status: StatusCode,
+    body: Value,
+) -> (Method, String, Option<String>, Value) {
+    let mut handle = pin!(handle);
+    let (req, send) = handle.next_request().await.expect("the operator sent no request");
+    let method = req.method().clone();
+    let uri = req.uri().to_string();
+    let content_type = req.headers().get(http::header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_string());
+    let bytes = req.into_body().collect_bytes().await.unwrap();
+    let sent: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    send.send_response(
+        Response::builder().status(status).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap(),
+    );
+    (method, uri, content_type, sent)
+}
+
+fn pod() -> PodRef {
+    PodRef { namespace: "ml".into(), name: "trainer-0".into() }
+}
+
+#[tokio::test]
+async fn eviction_posts_our_body_with_the_grace_period() {
+    let (client, handle) = mock_client();
+    let server = tokio::spawn(answer_one(
+        handle,
+        StatusCode::CREATED,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    ));
+    let got = drain::evict(client, &pod(), Some(45)).await.unwrap();
+    assert_eq!(got, Evicted::Yes);
+    let (method, uri, _, sent) = server.await.unwrap();
+    assert_eq!(method, Method::POST);
+    assert_eq!(uri, "/api/v1/namespaces/ml/pods/trainer-0/eviction?");
+    assert_eq!(
+        sent,
+        json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": "trainer-0", "namespace": "ml"},
+            "deleteOptions": {"gracePeriodSeconds": 45}
+        })
+    );
+}
+
+#[tokio::test]
+async fn eviction_without_grace_period_leaves_delete_options_out() {
+    let (client, handle) = mock_client();
+    let server =
+        tokio::spawn(answer_one(handle, StatusCode::CREATED, json!({"kind": "Status", "status": "Success"})));
+    drain::evict(client, &pod(), None).await.unwrap();
+    let (_, _, _, sent) = server.await.unwrap();
+    assert!(sent.get("deleteOptions").is_none(), "{sent}");
+}
+
+#[tokio::test]
+async fn eviction_429_is_a_blocking_pdb_not_an_error() {
+    let (client, handle) = mock_client();
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429, "reason": "TooManyRequests",
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "details": {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget trainer-pdb needs 2 healthy pods and has 2 currently"}]}
+    });
+    let server = tokio::spawn(answer_one(handle, StatusCode::TOO_MANY_REQUESTS, status));
+    let got = drain::evict(client, &pod(), Some(30)).await.unwrap();
+    server.await.unwrap();
+    match got {
+        Evicted::Blocked(m) => {
+            assert!(m.contains("disruption budget"), "{m}");
+            assert!(m.contains("trainer-pdb"), "the PDB must be named: {m}");
+        }
+        other => panic!("expected Blocked, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn eviction_of_a_gone_pod_is_fine_and_server_errors_are_transient() {
+    let (client, handle) = mock_client();
+    let server = tokio::spawn(answer_one(
+        handle,
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "code": 404, "status": "Failure", "reason": "NotFound", "message": "pods \"trainer-0\" not found"}),
+    ));
+    assert_eq!(drain::evict(client, &pod(), None).await.unwrap(), Evicted::Gone);
+    server.await.unwrap();
+
+    let (client, handle) = mock_client();
+    let server = tokio::spawn(answer_one(
+        handle,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        json!({"kind": "Status", "code": 500, "status": "Failure", "message": "etcd timeout"}),
+    ));
+    let err = drain::evict(client, &pod(), None).await.unwrap_err();
+    server.await.unwrap();
+    assert_eq!(err.category(), "EvictPod");
+    assert!(err.is_transient());
+}
+
+fn spec() -> GpuPoolMigrationSpec {
+    serde_json::from_value(json!({
+        "nodeSelector": {"matchLabels": {"pool": "a100"}},
+        "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev",
+                       "selector": "device.attributes['gpu.switchyard.dev'].type == 'gpu'"}],
+        "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+        "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "nvidia-device-plugin"}}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn device_class_is_server_side_applied_with_our_field_manager() {
+    let (client, handle) = mock_client();
+    let s = spec();
+    let dc = device_classes::desired(&s, "pool-a", &s.resources[0]);
+    let mut echoed = serde_json::to_value(&dc).unwrap();
+    echoed["metadata"]["creationTimestamp"] = json!("2026-09-01T00:00:00Z");
+    let server = tokio::spawn(answer_one(handle, StatusCode::OK, echoed));
+    let applied = controller::apply_device_class(&client, &dc).await.unwrap();
+    assert_eq!(applied.metadata.name.as_deref(), Some("gpu.switchyard.dev"));
+    let (method, uri, content_type, sent) = server.await.unwrap();
+    assert_eq!(method, Method::PATCH);
+    assert!(uri.starts_with("/apis/resource.k8s.io/v1/deviceclasses/gpu.switchyard.dev?"), "{uri}");
+    assert!(uri.contains("fieldManager=switchyard-operator"), "{uri}");
+    assert!(uri.contains("force=true"), "{uri}");
+    assert_eq!(content_type.as_deref(), Some("application/apply-patch+yaml"));
+    assert_eq!(sent["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(sent["kind"], "DeviceClass");
+    assert_eq!(sent["spec"]["extendedResourceName"], "nvidia.com/gpu");
+    assert_eq!(
+        sent["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == 'gpu.switchyard.dev' && (device.attributes['gpu.switchyard.dev'].type == 'gpu')"
+    );
+    assert_eq!(sent["metadata"]["labels"]["switchyard.dev/migration"], "pool-a");
+}
+
+#[tokio::test]
+async fn device_class_conflict_surfaces_as_apply_error() {
+    let (client, handle) = mock_client();
+    let s = spec();
+    let dc = device_classes::desired(&s, "pool-a", &s.resources[0]);
+    let server = tokio::spawn(answer_one(
+        handle,
+        StatusCode::FORBIDDEN,
+        json!({"kind": "Status", "code": 403, "status": "Failure", "message": "forbidden"}),
+    ));
+    let err = controller::apply_device_class(&client, &dc).await.unwrap_err();
+    server.await.unwrap();
+    assert_eq!(err.category(), "ApplyDeviceClass");
+    assert!(!err.is_transient());
+}
