@@ -170,8 +170,18 @@ impl Simulator {
         }
         let mut sim = Self { client, config, state, changed: Arc::new(Notify::new()), tasks: JoinSet::new() };
         sim.tasks.spawn(heartbeat_loop(sim.client.clone(), sim.state.clone()));
-        sim.tasks.spawn(pod_loop(sim.client.clone(), sim.config.clone(), sim.state.clone(), sim.changed.clone()));
-        sim.tasks.spawn(plugin_loop(sim.client.clone(), sim.config.clone(), sim.state.clone(), sim.changed.clone()));
+        sim.tasks.spawn(pod_loop(
+            sim.client.clone(),
+            sim.config.clone(),
+            sim.state.clone(),
+            sim.changed.clone(),
+        ));
+        sim.tasks.spawn(plugin_loop(
+            sim.client.clone(),
+            sim.config.clone(),
+            sim.state.clone(),
+            sim.changed.clone(),
+        ));
         Ok(sim)
     }
 
@@ -202,7 +212,7 @@ impl Simulator {
         };
         let created = nodes.create(&PostParams::default(), &node).await?;
         self.state.lock().unwrap().nodes.insert(spec.name.clone(), spec.layout.clone());
-        heartbeat(&self.client, &spec.name, &spec.layout, None).await?;
+        heartbeat(&self.client, &spec.name, None).await?;
         self.changed.notify_one();
         Ok(created)
     }
@@ -225,7 +235,6 @@ impl Simulator {
 async fn heartbeat(
     client: &Client,
     name: &str,
-    layout: &GpuLayout,
     gpu_resources: Option<&BTreeMap<String, u32>>,
 ) -> anyhow::Result<()> {
     let now = Utc::now();
@@ -261,7 +270,6 @@ async fn heartbeat(
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}
         }
     });
-    let _ = layout;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
 
@@ -301,10 +309,9 @@ async fn heartbeat(
 async fn heartbeat_loop(client: Client, state: Arc<Mutex<State>>) {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
-        let nodes: Vec<(String, GpuLayout)> =
-            state.lock().unwrap().nodes.iter().map(|(n, l)| (n.clone(), l.clone())).collect();
-        for (name, layout) in nodes {
-            if let Err(e) = heartbeat(&client, &name, &layout, None).await {
+        let nodes: Vec<String> = state.lock().unwrap().nodes.keys().cloned().collect();
+        for name in nodes {
+            if let Err(e) = heartbeat(&client, &name, None).await {
                 tracing::warn!(node = %name, error = %e, "heartbeat failed");
             }
         }
@@ -314,7 +321,9 @@ async fn heartbeat_loop(client: Client, state: Arc<Mutex<State>>) {
 fn role_of(pod: &Pod, config: &SimConfig) -> Role {
     let owner = pod.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.as_str());
     let is = |key: &Option<DaemonSetKey>| {
-        key.as_ref().is_some_and(|k| Some(k.name.as_str()) == owner && pod.namespace().as_deref() == Some(&k.namespace))
+        key.as_ref().is_some_and(|k| {
+            Some(k.name.as_str()) == owner && pod.namespace().as_deref() == Some(&k.namespace)
+        })
     };
     if is(&config.device_plugin) {
         Role::DevicePlugin
@@ -366,12 +375,16 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
                     uid.clone(),
                     tokio::spawn(async move {
                         // deletionTimestamp is the request time plus the grace period.
-                        let millis = deleted_at.0.as_millisecond() - k8s_openapi::jiff::Timestamp::now().as_millisecond();
+                        let millis = deleted_at.0.as_millisecond()
+                            - k8s_openapi::jiff::Timestamp::now().as_millisecond();
                         let wait = Duration::from_millis(u64::try_from(millis).unwrap_or(0));
                         tokio::time::sleep(wait).await;
                         let dp = DeleteParams {
                             grace_period_seconds: Some(0),
-                            preconditions: Some(kube::api::Preconditions { uid: Some(uid_pre), resource_version: None }),
+                            preconditions: Some(kube::api::Preconditions {
+                                uid: Some(uid_pre),
+                                resource_version: None,
+                            }),
                             ..Default::default()
                         };
                         let _ = pods.delete(&name, &dp).await;
@@ -381,11 +394,11 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
             continue;
         }
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-        if phase == "Pending" || phase.is_empty() {
-            if let Err(e) = mark_running(&client, &pod).await {
-                tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod running");
-                continue;
-            }
+        if (phase == "Pending" || phase.is_empty())
+            && let Err(e) = mark_running(&client, &pod).await
+        {
+            tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod running");
+            continue;
         }
         if role != Role::Workload {
             state.lock().unwrap().plugins.insert(uid, (node, role));
@@ -447,7 +460,7 @@ async fn plugin_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>
                 let zeroed: BTreeMap<String, u32> =
                     layout.device_plugin_resources().into_keys().map(|k| (k, 0)).collect();
                 let gpus = if dp { layout.device_plugin_resources() } else { zeroed };
-                ok &= heartbeat(&client, &node, &layout, Some(&gpus)).await.is_ok();
+                ok &= heartbeat(&client, &node, Some(&gpus)).await.is_ok();
             }
             if before.is_none() || was_dra != dra {
                 let result = if dra {
@@ -503,7 +516,9 @@ async fn publish_slice(client: &Client, driver: &str, node: &str, layout: &GpuLa
     let uid = Api::<Node>::all(client.clone()).get(node).await?.uid().unwrap_or_default();
     let slice = stub_slice(driver, node, &uid, layout);
     let slices: Api<ResourceSlice> = Api::all(client.clone());
-    slices.patch(&slice.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&slice)).await?;
+    slices
+        .patch(&slice.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&slice))
+        .await?;
     Ok(())
 }
 

@@ -10,7 +10,42 @@ use crate::api::v1alpha1::GpuPoolMigration;
 
 /// Every CRD Switchyard owns.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![GpuPoolMigration::crd()]
+    vec![GpuPoolMigration::crd()].into_iter().map(tidy_schema).collect()
+}
+
+/// Two fixes to the derived schema:
+/// - Doc comments are wrapped at the source's line width; `kubectl explain` wraps text itself, so
+///   a hard break inside a paragraph shows up as a ragged line. Join the lines of each paragraph
+///   and keep blank-line paragraph breaks.
+/// - A field with a default is never nullable: an explicit null would be stored instead of the
+///   default (kube marks every int-or-string nullable).
+fn tidy_schema(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if map.contains_key("default") {
+                    map.remove("nullable");
+                }
+                for (key, v) in map.iter_mut() {
+                    match v {
+                        serde_json::Value::String(text) if key == "description" => {
+                            *text = text
+                                .split("\n\n")
+                                .map(|para| para.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                                .collect::<Vec<_>>()
+                                .join("\n\n");
+                        }
+                        _ => walk(v),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut json = serde_json::to_value(&crd).expect("a CRD serializes");
+    walk(&mut json);
+    serde_json::from_value(json).expect("unwrapping descriptions keeps the CRD valid")
 }
 
 /// The file a CRD is written to: `<group>_<plural>.yaml`, as controller-gen names them.

@@ -29,31 +29,11 @@ const DNS_SUBDOMAIN_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z
     category = "switchyard",
     status = "GpuPoolMigrationStatus",
     doc = "Moves the GPU nodes that spec.nodeSelector selects from the NVIDIA device plugin to a DRA driver, node by node, or back.",
-    printcolumn(
-        name = "Phase",
-        type_ = "string",
-        json_path = ".status.phase",
-        description = "Where the migration stands"
-    ),
-    printcolumn(
-        name = "Migrated",
-        type_ = "integer",
-        json_path = ".status.nodes.migrated",
-        description = "Nodes served by the DRA driver"
-    ),
-    printcolumn(
-        name = "Total",
-        type_ = "integer",
-        json_path = ".status.nodes.total",
-        description = "Nodes in the pool"
-    ),
-    printcolumn(
-        name = "Failed",
-        type_ = "integer",
-        json_path = ".status.nodes.failed",
-        description = "Nodes that failed to move"
-    ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the migration stands"}"#,
+    printcolumn = r#"{"name": "Migrated", "type": "integer", "jsonPath": ".status.nodes.migrated", "description": "Nodes served by the DRA driver"}"#,
+    printcolumn = r#"{"name": "Total", "type": "integer", "jsonPath": ".status.nodes.total", "description": "Nodes in the pool"}"#,
+    printcolumn = r#"{"name": "Failed", "type": "integer", "jsonPath": ".status.nodes.failed", "description": "Nodes that failed to move"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GpuPoolMigrationSpec {

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the e2e suite against the shared real control plane. Reuses a running cluster; otherwise
+# starts one and stops it afterwards (set SWITCHYARD_KEEP_CLUSTER=1 to keep it for the next run).
+# A cluster that cannot start fails the run: e2e is never skipped.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+state="$root/e2e/.cluster"
+started=0
+if ! { [ -f "$state/kubeconfig" ] && "$(bash "$root/e2e/hack/build-controlplane.sh")/kubectl" \
+        --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev/null 2>&1; }; then
+  bash "$root/e2e/hack/cluster-up.sh"
+  started=1
+fi
+if [ "$started" = 1 ] && [ "${SWITCHYARD_KEEP_CLUSTER:-0}" != 1 ]; then
+  trap 'bash "$root/e2e/hack/cluster-down.sh"' EXIT
+fi
+
+export SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig"
+cd "$root"
+cargo test -p switchyard-e2e -- "$@"
