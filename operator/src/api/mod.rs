@@ -2,9 +2,6 @@
 //!
 //! `v1alpha1` is the only version today and is the storage version.
 
-// kube's `printcolumn(...)` repeats `type_ = "integer"` per column, which clippy mistakes for a
-// duplicated attribute.
-#[allow(clippy::duplicated_attributes)]
 pub mod v1alpha1;
 
 /// The API group of every Switchyard custom resource.
