@@ -95,3 +95,27 @@ pub fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
     format!("{prefix}-{:x}{n}", (nanos ^ std::process::id()) & 0xfffff)
 }
+
+/// A binary the e2e suite runs as a process, from `env` (set by `e2e/hack/run-e2e.sh`) or the
+/// default target directory. Panics with the command to run when it is missing.
+fn built_binary(env: &str, name: &str) -> PathBuf {
+    let path = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug").join(name));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p switchyard-operator -p switchyard-driver-agent --bins` or `make e2e`",
+        path.display()
+    );
+    path
+}
+
+/// The `switchyard-driver-agent` binary.
+pub fn agent_bin() -> PathBuf {
+    built_binary("SWITCHYARD_AGENT_BIN", "switchyard-driver-agent")
+}
+
+/// The `switchyard-operator` binary.
+pub fn operator_bin() -> PathBuf {
+    built_binary("SWITCHYARD_OPERATOR_BIN", "switchyard-operator")
+}

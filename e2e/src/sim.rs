@@ -13,10 +13,11 @@
 //!   node, the node's capacity and allocatable for `nvidia.com/gpu` (and `nvidia.com/mig-<profile>`
 //!   for MIG devices) equal its GPUs. Once that pod is gone, they drop to 0 after a configurable
 //!   delay, as the kubelet's device manager does when a plugin unregisters.
-//! - **The DRA-plugin role.** While a pod of the configured DRA-driver DaemonSet runs on a node, a
-//!   ResourceSlice publisher for that node runs, publishing the node's GPUs for the driver. When
-//!   the pod goes, the node's slices of that driver are deleted after the same delay, as the
-//!   kubelet does when a DRA plugin unregisters.
+//! - **The DRA-plugin role.** While a pod of the configured DRA-driver DaemonSet runs on a node,
+//!   one real `switchyard-driver-agent` process runs for that node, with a simulated inventory
+//!   written from the node's GPU layout (or, without [`AgentSettings`], a stub publisher writes
+//!   one ResourceSlice). When the pod goes, the agent gets SIGTERM and, after the same delay, the
+//!   node's slices of that driver are deleted, as the kubelet does when a DRA plugin unregisters.
 //!
 //! It does not run containers, call CDI, enforce resource limits or report pod metrics.
 //!
@@ -37,6 +38,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostPa
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use switchyard_driver_agent::inventory::{Gpu, MigDevice, NodeInventory};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -62,9 +64,10 @@ pub struct DaemonSetKey {
 pub struct GpuLayout {
     /// Full GPUs, advertised as `nvidia.com/gpu`.
     pub gpus: u32,
-    /// MIG devices by profile (for example `1g.10gb` → 7), advertised as `nvidia.com/mig-<profile>`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub mig: BTreeMap<String, u32>,
+    /// GPUs in MIG mode, each with its MIG profiles (for example seven `1g.10gb`). The device
+    /// plugin advertises them as `nvidia.com/mig-<profile>` (its mixed strategy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_gpus: Vec<Vec<String>>,
     /// Product name published in DRA attributes.
     #[serde(default = "default_product")]
     pub product: String,
@@ -74,10 +77,24 @@ fn default_product() -> String {
     "NVIDIA A100-SXM4-80GB".into()
 }
 
+/// Memory and multiprocessors of an A100 80GB MIG profile, for the simulated inventory.
+fn mig_profile_size(profile: &str) -> (u64, u32) {
+    let slices: u64 = profile.split('g').next().and_then(|n| n.parse().ok()).unwrap_or(1);
+    let gib: u64 =
+        profile.split('.').nth(1).and_then(|m| m.trim_end_matches("gb").parse().ok()).unwrap_or(10);
+    (gib << 30, u32::try_from(slices * 14).unwrap_or(14))
+}
+
 impl GpuLayout {
     /// `n` full GPUs of the default product.
     pub fn gpus(n: u32) -> Self {
-        Self { gpus: n, mig: BTreeMap::new(), product: default_product() }
+        Self { gpus: n, mig_gpus: Vec::new(), product: default_product() }
+    }
+
+    /// `n` GPUs in MIG mode, each split into `profiles`.
+    pub fn mig(n: u32, profiles: &[&str]) -> Self {
+        let per_gpu: Vec<String> = profiles.iter().map(|p| (*p).to_owned()).collect();
+        Self { gpus: 0, mig_gpus: vec![per_gpu; n as usize], product: default_product() }
     }
 
     /// The extended resources the device plugin advertises for this layout.
@@ -86,10 +103,56 @@ impl GpuLayout {
         if self.gpus > 0 {
             out.insert(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(), self.gpus);
         }
-        for (profile, count) in &self.mig {
-            out.insert(format!("nvidia.com/mig-{profile}"), *count);
+        for profile in self.mig_gpus.iter().flatten() {
+            *out.entry(format!("nvidia.com/mig-{profile}")).or_default() += 1;
         }
         out
+    }
+
+    /// The inventory the driver agent's simulated discovery reads for this layout on `node`.
+    /// UUIDs derive from the node name, so they are stable across agent restarts.
+    pub fn inventory(&self, node: &str) -> NodeInventory {
+        let total = self.gpus + u32::try_from(self.mig_gpus.len()).unwrap_or(0);
+        let gpus = (0..total)
+            .map(|i| {
+                let mig_profiles = i.checked_sub(self.gpus).and_then(|m| self.mig_gpus.get(m as usize));
+                let mig = mig_profiles
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(n, profile)| {
+                        let (memory_bytes, multiprocessors) = mig_profile_size(profile);
+                        let n = u32::try_from(n).unwrap_or(0);
+                        MigDevice {
+                            uuid: format!("MIG-{node}-{i}-{n}"),
+                            profile: profile.clone(),
+                            memory_bytes,
+                            multiprocessors,
+                            gi: n + 1,
+                            ci: 0,
+                            gi_cap_minor: None,
+                            ci_cap_minor: None,
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                Gpu {
+                    index: i,
+                    minor: i,
+                    uuid: format!("GPU-{node}-{i}"),
+                    product_name: self.product.clone(),
+                    brand: Some("Nvidia".into()),
+                    architecture: Some("Ampere".into()),
+                    cuda_compute_capability: Some("8.0".into()),
+                    memory_bytes: 80 << 30,
+                    pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x10 + i)),
+                    pcie_root: Some(format!("pci0000:{:02x}", i / 4)),
+                    numa_node: Some(i / 4),
+                    mig_enabled: Some(!mig.is_empty()),
+                    mig,
+                }
+            })
+            .collect();
+        NodeInventory { driver_version: "570.124.06".into(), cuda_driver_version: "12.8".into(), gpus }
     }
 }
 
@@ -114,6 +177,27 @@ pub struct SimConfig {
     pub driver_name: String,
     /// Delay between a plugin pod going away and its resources disappearing.
     pub unregister_delay: Duration,
+    /// Run the real driver agent for DRA nodes; `None` publishes a stub slice instead.
+    pub agent: Option<AgentSettings>,
+}
+
+/// How the simulator runs `switchyard-driver-agent` for a node, in simulated-inventory mode.
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    /// The agent binary.
+    pub bin: std::path::PathBuf,
+    /// Kubeconfig the agent uses (the real agent uses its ServiceAccount).
+    pub kubeconfig: std::path::PathBuf,
+    /// Directory for the per-node inventory files and agent logs.
+    pub work_dir: std::path::PathBuf,
+    /// `--health-hold-seconds` for the agent.
+    pub health_hold_seconds: u64,
+}
+
+/// A running agent process for one node.
+struct AgentProcess {
+    child: tokio::process::Child,
+    fault_addr: std::net::SocketAddr,
 }
 
 impl SimConfig {
@@ -124,6 +208,7 @@ impl SimConfig {
             dra_driver: None,
             driver_name: switchyard_operator::well_known::DEFAULT_DRIVER_NAME.to_owned(),
             unregister_delay: Duration::from_secs(1),
+            agent: None,
         }
     }
 }
@@ -142,7 +227,11 @@ struct State {
     nodes: HashMap<String, GpuLayout>,
     /// Running plugin pods by uid: (node, role).
     plugins: HashMap<String, (String, Role)>,
+    /// Nodes whose agent a test stopped on purpose; it is not restarted until started again.
+    held_agents: std::collections::HashSet<String>,
 }
+
+type Agents = Arc<tokio::sync::Mutex<HashMap<String, AgentProcess>>>;
 
 /// A running simulator. Dropping it stops its tasks; [`Simulator::shutdown`] also deletes its nodes.
 pub struct Simulator {
@@ -150,6 +239,7 @@ pub struct Simulator {
     config: SimConfig,
     state: Arc<Mutex<State>>,
     changed: Arc<Notify>,
+    agents: Agents,
     tasks: JoinSet<()>,
 }
 
@@ -168,7 +258,15 @@ impl Simulator {
                 .unwrap_or_default();
             state.lock().unwrap().nodes.insert(node.name_any(), layout);
         }
-        let mut sim = Self { client, config, state, changed: Arc::new(Notify::new()), tasks: JoinSet::new() };
+        let agents: Agents = Default::default();
+        let mut sim = Self {
+            client,
+            config,
+            state,
+            changed: Arc::new(Notify::new()),
+            agents: agents.clone(),
+            tasks: JoinSet::new(),
+        };
         sim.tasks.spawn(heartbeat_loop(sim.client.clone(), sim.state.clone()));
         sim.tasks.spawn(pod_loop(
             sim.client.clone(),
@@ -181,6 +279,7 @@ impl Simulator {
             sim.config.clone(),
             sim.state.clone(),
             sim.changed.clone(),
+            agents,
         ));
         Ok(sim)
     }
@@ -217,10 +316,39 @@ impl Simulator {
         Ok(created)
     }
 
+    /// The fault-injection URL (`POST /faults`) of the agent running for `node`, if one runs.
+    pub async fn agent_fault_url(&self, node: &str) -> Option<String> {
+        self.agents.lock().await.get(node).map(|a| format!("http://{}/faults", a.fault_addr))
+    }
+
+    /// The process id of the agent running for `node`, if one runs.
+    pub async fn agent_pid(&self, node: &str) -> Option<u32> {
+        self.agents.lock().await.get(node).and_then(|a| a.child.id())
+    }
+
+    /// Stops the agent for `node` with SIGTERM, as the kubelet stops a container, waits for it to
+    /// exit, and keeps it stopped until [`Simulator::start_agent`]. Returns the exit status.
+    pub async fn stop_agent(&self, node: &str) -> anyhow::Result<std::process::ExitStatus> {
+        self.state.lock().unwrap().held_agents.insert(node.to_owned());
+        let process = self.agents.lock().await.remove(node);
+        let Some(process) = process else { anyhow::bail!("no agent runs for {node}") };
+        terminate(process).await
+    }
+
+    /// Lets the simulator start the agent for `node` again (while its DRA pod runs).
+    pub fn start_agent(&self, node: &str) {
+        self.state.lock().unwrap().held_agents.remove(node);
+        self.changed.notify_one();
+    }
+
     /// Stops the loops and deletes every node this simulator created (pods on them go with the
     /// garbage collector; slices go by their owner reference to the node).
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.tasks.shutdown().await;
+        let agents: Vec<AgentProcess> = self.agents.lock().await.drain().map(|(_, a)| a).collect();
+        for agent in agents {
+            let _ = terminate(agent).await;
+        }
         let nodes: Api<Node> = Api::all(self.client.clone());
         let names: Vec<String> = self.state.lock().unwrap().nodes.keys().cloned().collect();
         for name in names {
@@ -430,27 +558,43 @@ async fn mark_running(client: &Client, pod: &Pod) -> anyhow::Result<()> {
 }
 
 /// Keeps each node's device-plugin resources and DRA slices in line with the plugin pods that
-/// run on it.
-async fn plugin_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, changed: Arc<Notify>) {
-    // node -> what we last applied: (device plugin serving, DRA serving)
+/// run on it, and supervises the agent processes.
+async fn plugin_loop(
+    client: Client,
+    config: SimConfig,
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+    agents: Agents,
+) {
+    // node -> what we last applied: (device plugin serving, DRA plugin running)
     let mut applied: HashMap<String, (bool, bool)> = HashMap::new();
     loop {
-        let desired: Vec<(String, GpuLayout, bool, bool)> = {
+        let desired: Vec<(String, GpuLayout, bool, bool, bool)> = {
             let st = state.lock().unwrap();
             st.nodes
                 .iter()
                 .map(|(node, layout)| {
                     let has = |r: Role| st.plugins.values().any(|(n, role)| n == node && *role == r);
-                    (node.clone(), layout.clone(), has(Role::DevicePlugin), has(Role::DraDriver))
+                    let held = st.held_agents.contains(node);
+                    (node.clone(), layout.clone(), has(Role::DevicePlugin), has(Role::DraDriver), held)
                 })
                 .collect()
         };
-        for (node, layout, dp, dra) in desired {
+        for (node, layout, dp, dra, held) in desired {
+            if let Some(settings) = config.agent.as_ref().filter(|_| dra && !held) {
+                ensure_agent(&agents, settings, &config.driver_name, &node, &layout).await;
+            }
             let before = applied.get(&node).copied();
             if before == Some((dp, dra)) {
                 continue;
             }
             let (was_dp, was_dra) = before.unwrap_or((false, false));
+            if was_dra
+                && !dra
+                && let Some(agent) = agents.lock().await.remove(&node)
+            {
+                let _ = terminate(agent).await;
+            }
             // A plugin that goes away takes its resources with it only after the delay.
             if (was_dp && !dp) || (was_dra && !dra) {
                 tokio::time::sleep(config.unregister_delay).await;
@@ -463,10 +607,10 @@ async fn plugin_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>
                 ok &= heartbeat(&client, &node, Some(&gpus)).await.is_ok();
             }
             if before.is_none() || was_dra != dra {
-                let result = if dra {
-                    publish_slice(&client, &config.driver_name, &node, &layout).await
-                } else {
-                    delete_slices(&client, &config.driver_name, &node).await
+                let result = match (dra, config.agent.is_some()) {
+                    (true, true) => Ok(()),
+                    (true, false) => publish_slice(&client, &config.driver_name, &node, &layout).await,
+                    (false, _) => delete_slices(&client, &config.driver_name, &node).await,
                 };
                 ok &= result.is_ok();
             }
@@ -474,8 +618,77 @@ async fn plugin_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>
                 applied.insert(node, (dp, dra));
             }
         }
-        // Wake on pod changes, and retry failed writes after a short pause.
+        // Wake on pod changes, and retry failed writes and dead agents after a short pause.
         let _ = tokio::time::timeout(Duration::from_secs(2), changed.notified()).await;
+    }
+}
+
+/// Starts the agent for `node` unless a live one runs.
+async fn ensure_agent(
+    agents: &Agents,
+    settings: &AgentSettings,
+    driver: &str,
+    node: &str,
+    layout: &GpuLayout,
+) {
+    let mut agents = agents.lock().await;
+    if let Some(process) = agents.get_mut(node) {
+        match process.child.try_wait() {
+            Ok(None) => return,
+            Ok(Some(status)) => tracing::warn!(%node, %status, "driver agent exited; restarting it"),
+            Err(e) => tracing::warn!(%node, error = %e, "cannot poll the driver agent; restarting it"),
+        }
+    }
+    match spawn_agent(settings, driver, node, layout) {
+        Ok(process) => {
+            agents.insert(node.to_owned(), process);
+        }
+        Err(e) => tracing::warn!(%node, error = %e, "could not start the driver agent"),
+    }
+}
+
+fn spawn_agent(
+    settings: &AgentSettings,
+    driver: &str,
+    node: &str,
+    layout: &GpuLayout,
+) -> anyhow::Result<AgentProcess> {
+    std::fs::create_dir_all(&settings.work_dir)?;
+    let inventory = settings.work_dir.join(format!("{node}.inventory.yaml"));
+    // Written once: a restarted agent must see the same devices (tests may edit the file).
+    if !inventory.exists() {
+        std::fs::write(&inventory, serde_yaml::to_string(&layout.inventory(node))?)?;
+    }
+    let fault_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(settings.work_dir.join(format!("{node}.agent.log")))?;
+    let child = tokio::process::Command::new(&settings.bin)
+        .args(["--node-name", node, "--driver-name", driver, "--inventory", "simulated"])
+        .arg("--sim-config")
+        .arg(&inventory)
+        .args(["--fault-listen", &fault_addr.to_string(), "--listen", "127.0.0.1:0"])
+        .args(["--health-hold-seconds", &settings.health_hold_seconds.to_string()])
+        .env("KUBECONFIG", &settings.kubeconfig)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()?;
+    Ok(AgentProcess { child, fault_addr })
+}
+
+/// SIGTERM, then wait up to 30 s (the agent's own shutdown publishes its taint within 20 s).
+async fn terminate(mut process: AgentProcess) -> anyhow::Result<std::process::ExitStatus> {
+    if let Some(pid) = process.child.id() {
+        tokio::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().await?;
+    }
+    match tokio::time::timeout(Duration::from_secs(30), process.child.wait()).await {
+        Ok(status) => Ok(status?),
+        Err(_) => {
+            process.child.kill().await?;
+            anyhow::bail!("the driver agent ignored SIGTERM for 30s and was killed")
+        }
     }
 }
 
@@ -494,10 +707,10 @@ pub fn stub_slice(driver: &str, node: &str, node_uid: &str, layout: &GpuLayout) 
             "capacity": {"memory": {"value": "80Gi"}},
         }));
     }
-    for (profile, count) in &layout.mig {
-        for n in 0..*count {
+    for (g, profiles) in layout.mig_gpus.iter().enumerate() {
+        for (n, profile) in profiles.iter().enumerate() {
             devices.push(json!({
-                "name": format!("mig-{}-{n}", profile.replace('.', "")),
+                "name": format!("gpu-{}-mig-{}-{n}", layout.gpus as usize + g, profile.replace('.', "")),
                 "attributes": {"type": {"string": "mig"}, "profile": {"string": profile}},
             }));
         }
