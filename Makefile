@@ -19,8 +19,9 @@ build: deps ## Build every binary
 	$(CARGO) build --workspace --all-targets
 
 .PHONY: generate
-generate: ## Regenerate crds/ from the Rust API types
+generate: ## Regenerate crds/ from the Rust API types, then the packaging copies derived from them
 	$(CARGO) run -q -p switchyard-operator --bin crdgen -- crds
+	@bash e2e/hack/sync-packaging.sh
 
 .PHONY: check-generated
 check-generated: ## Fail when crds/ has drifted from the Rust API types
@@ -51,8 +52,16 @@ cluster-down: ## Stop exactly the processes cluster-up started
 e2e: deps ## End-to-end tests against the real control plane (starts one if none runs)
 	@bash e2e/hack/run-e2e.sh
 
+.PHONY: check-packaging
+check-packaging: deps ## Argo CD health (lua5.4), kstatus, helm lint/template, promtool, dashboard, kustomize
+	@bash e2e/hack/check-packaging.sh
+
+.PHONY: helm
+helm: ## Build (or reuse) the cached helm CLI and print its path
+	@bash e2e/hack/build-helm.sh
+
 .PHONY: test
-test: deps lint check-generated unit e2e ## Everything CI runs
+test: deps lint check-generated check-packaging unit e2e ## Everything CI runs
 
 .PHONY: demo
 demo: deps ## A live migration on a local control plane with simulated GPU nodes

@@ -126,6 +126,8 @@ launch etcd "$bin/etcd" --name e2e --data-dir "$state/etcd" \
   --initial-cluster "e2e=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --quota-backend-bytes 4294967296
 wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 
+# --allow-privileged: as on every real cluster (kubeadm sets it), so privileged pod specs such as the
+# driver agent's pass validation; without it the API server refuses them before Pod Security runs.
 # --endpoint-reconciler-type=none: the loopback advertise address is valid for serving but may not
 # be written into the kubernetes Service endpoints, and a machine without a default route has no
 # other address to advertise.
@@ -139,6 +141,7 @@ launch kube-apiserver "$bin/kube-apiserver" \
   --service-account-issuer https://kubernetes.default.svc \
   --service-cluster-ip-range 10.96.0.0/16 \
   --authorization-mode Node,RBAC \
+  --allow-privileged=true \
   --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/logs/audit.log" \
   --audit-log-maxsize 200 --audit-log-maxbackup 1
 wait_for kube-apiserver 120 kubectl get --raw /readyz

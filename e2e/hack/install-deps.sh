@@ -6,10 +6,15 @@ set -euo pipefail
 need_apt=()
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v curl >/dev/null || need_apt+=(curl)
+# make check-packaging: the Argo CD health check runs on a real Lua interpreter, the alert rules
+# through promtool (Debian's prometheus package), the dashboard checks use jq.
+command -v lua5.4 >/dev/null || need_apt+=(lua5.4)
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v jq >/dev/null || need_apt+=(jq)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "install-deps: apt-get install ${need_apt[*]}" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
 command -v go >/dev/null || { echo "install-deps: Go 1.26 is required to build the e2e control plane" >&2; exit 1; }

@@ -1,0 +1,288 @@
+//! What users install, checked against the real API server: every object that `kubectl kustomize
+//! config/` (with and without the monitoring component) and `helm template` render is applied with
+//! server-side dry-run, so schema, defaulting, validation and admission (CEL included) all run. The
+//! CRDs and the Namespace are applied for real first, because the dry-run of the objects that
+//! depend on them needs them. Also: kustomize and Helm install the same objects with the same
+//! rules, and the agent's admission policy really confines it to its own node's ResourceSlices.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+use switchyard_e2e::cluster::{self, repo_root, unique};
+
+/// Kinds whose CRDs come from the Prometheus Operator and may be absent from the cluster.
+const OPTIONAL_KINDS: [(&str, &str); 2] = [
+    ("ServiceMonitor", "servicemonitors.monitoring.coreos.com"),
+    ("PrometheusRule", "prometheusrules.monitoring.coreos.com"),
+];
+const AGENT_USER: &str = "system:serviceaccount:switchyard-system:switchyard-driver-agent";
+const FIELD_MANAGER: &str = "switchyard-e2e-manifests";
+
+fn kubectl() -> Command {
+    let mut cmd = Command::new(cluster::bin_dir().join("kubectl"));
+    cmd.arg("--kubeconfig").arg(cluster::kubeconfig());
+    cmd
+}
+
+/// Runs `cmd`, feeding `stdin`; returns (success, stdout, stderr).
+fn run(mut cmd: Command, stdin: &str) -> (bool, String, String) {
+    let mut child = cmd
+        .current_dir(repo_root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    child.stdin.take().expect("piped stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn run_ok(cmd: Command, stdin: &str) -> String {
+    let shown = format!("{cmd:?}");
+    let (ok, out, err) = run(cmd, stdin);
+    assert!(ok, "{shown} failed:\n{out}{err}");
+    out
+}
+
+fn helm() -> PathBuf {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("e2e/hack/build-helm.sh"));
+    PathBuf::from(run_ok(cmd, "").trim())
+}
+
+fn kustomize(dir: &str) -> Vec<Value> {
+    let mut cmd = kubectl();
+    cmd.args(["kustomize", dir]);
+    parse(&run_ok(cmd, ""))
+}
+
+/// The chart with every optional toggle on, and its CRDs.
+fn helm_template() -> Vec<Value> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", "switchyard", "config/helm/switchyard", "--namespace", "switchyard-system", "--include-crds"])
+        .args(["--set", "serviceMonitor.enabled=true,prometheusRule.enabled=true,dashboard.enabled=true,networkPolicy.enabled=true"]);
+    parse(&run_ok(cmd, ""))
+}
+
+fn parse(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("rendered manifests are YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kind(obj: &Value) -> &str {
+    obj["kind"].as_str().unwrap_or_default()
+}
+
+fn id(obj: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        kind(obj),
+        obj["metadata"]["namespace"].as_str().unwrap_or(""),
+        obj["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+fn to_yaml(objs: &[&Value]) -> String {
+    objs.iter().map(|o| format!("---\n{}", serde_yaml::to_string(o).expect("serializes"))).collect()
+}
+
+fn crd_exists(name: &str) -> bool {
+    let mut cmd = kubectl();
+    cmd.args(["get", "crd", name]);
+    run(cmd, "").0
+}
+
+/// Applies the CRDs and Namespaces for real, then everything else with server-side dry-run.
+fn dry_run_all(source: &str, objs: Vec<Value>) {
+    assert!(!objs.is_empty(), "{source} rendered nothing");
+    let (setup, rest): (Vec<&Value>, Vec<&Value>) =
+        objs.iter().partition(|o| matches!(kind(o), "CustomResourceDefinition" | "Namespace"));
+    let mut apply = kubectl();
+    apply.args(["apply", "--server-side", "--force-conflicts", "--field-manager", FIELD_MANAGER, "-f", "-"]);
+    run_ok(apply, &to_yaml(&setup));
+    for o in setup.iter().filter(|o| kind(o) == "CustomResourceDefinition") {
+        let mut wait = kubectl();
+        wait.args(["wait", "--for=condition=Established", "--timeout=60s"])
+            .arg(format!("crd/{}", o["metadata"]["name"].as_str().expect("named")));
+        run_ok(wait, "");
+    }
+
+    let mut checked = Vec::new();
+    for o in rest {
+        if let Some((k, crd)) = OPTIONAL_KINDS.iter().find(|(k, _)| *k == kind(o))
+            && !crd_exists(crd)
+        {
+            println!("{source}: SKIPPED {} (kind {k}: CRD {crd} is not installed in this cluster)", id(o));
+            continue;
+        }
+        checked.push(o);
+    }
+    let mut dry = kubectl();
+    dry.args(["apply", "--server-side", "--dry-run=server", "--field-manager", FIELD_MANAGER, "-f", "-"]);
+    let out = run_ok(dry, &to_yaml(&checked));
+    print!("{source}: server-side dry-run of {} objects:\n{out}", checked.len());
+    for o in &checked {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(
+            out.contains(&format!("/{name} serverside-applied (server dry run)")),
+            "{source}: no dry-run result for {}",
+            id(o)
+        );
+    }
+}
+
+#[test]
+fn kustomize_config_passes_server_side_dry_run() {
+    dry_run_all("kubectl kustomize config/", kustomize("config/"));
+}
+
+#[test]
+fn kustomize_with_monitoring_component_passes_server_side_dry_run() {
+    dry_run_all("kubectl kustomize e2e/overlays/monitoring", kustomize("e2e/overlays/monitoring"));
+}
+
+#[test]
+fn helm_chart_passes_server_side_dry_run() {
+    dry_run_all("helm template (every toggle on)", helm_template());
+}
+
+/// The two install paths must not drift apart: same objects, same RBAC rules, same admission
+/// policy, same pod specs. Helm adds its NetworkPolicies (a toggle kustomize does not have);
+/// kustomize adds the Namespace (Helm installs into an existing one).
+#[test]
+fn kustomize_and_helm_install_the_same_objects() {
+    let by_id = |objs: Vec<Value>| -> BTreeMap<String, Value> {
+        objs.into_iter()
+            .filter(|o| !matches!(kind(o), "Namespace" | "NetworkPolicy"))
+            .map(|o| (id(&o), o))
+            .collect()
+    };
+    let kust = by_id(kustomize("e2e/overlays/monitoring"));
+    let helm = by_id(helm_template());
+    let (k_ids, h_ids): (BTreeSet<_>, BTreeSet<_>) = (kust.keys().collect(), helm.keys().collect());
+    assert_eq!(k_ids, h_ids, "kustomize and Helm install different objects");
+
+    let same = |what: &str, pick: &dyn Fn(&Value) -> Value| {
+        for (id, k) in &kust {
+            let (kv, hv) = (pick(k), pick(&helm[id]));
+            if kv != hv {
+                let (k, h) = (kv.to_string(), hv.to_string());
+                let at = k.chars().zip(h.chars()).take_while(|(a, b)| a == b).count().saturating_sub(40);
+                let clip = |s: &str| s.chars().skip(at).take(160).collect::<String>();
+                panic!(
+                    "{what} of {id} differs between kustomize and Helm, from character {at}:\n  kustomize: {}\n  helm:      {}",
+                    clip(&k),
+                    clip(&h)
+                );
+            }
+        }
+    };
+    same("rules", &|o| o["rules"].clone());
+    same("roleRef and subjects", &|o| serde_json::json!([o["roleRef"], o["subjects"]]));
+    same("spec", &|o| match kind(o) {
+        "Deployment" | "DaemonSet" => {
+            let mut spec = o["spec"].clone();
+            spec["template"]["metadata"] = Value::Null; // Helm adds its release labels there
+            spec
+        }
+        "ConfigMap" => o["data"].clone(),
+        _ => o["spec"].clone(),
+    });
+}
+
+/// The ValidatingAdmissionPolicy lets the agent's service account write only the ResourceSlices of
+/// the node its token is bound to. Requests impersonate that account with the node-name extra the
+/// API server puts in pod-bound tokens.
+#[test]
+fn agent_admission_policy_confines_slices_to_the_agents_node() {
+    let objs = kustomize("config/");
+    let wanted: Vec<&Value> = objs
+        .iter()
+        .filter(|o| {
+            matches!(
+                kind(o),
+                "Namespace"
+                    | "ServiceAccount"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            ) || o["metadata"]["name"] == "switchyard-driver-agent"
+                && matches!(kind(o), "ClusterRole" | "ClusterRoleBinding")
+        })
+        .collect();
+    let mut apply = kubectl();
+    apply.args(["apply", "--server-side", "--force-conflicts", "--field-manager", FIELD_MANAGER, "-f", "-"]);
+    run_ok(apply, &to_yaml(&wanted));
+
+    let id = unique("vap");
+    let (mine, other) = (format!("{id}-node-a"), format!("{id}-node-b"));
+    let slice = |name: &str, node: &str| {
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {{name: {name}}}\n\
+             spec: {{driver: {id}.switchyard.dev, nodeName: {node}, pool: {{name: {node}, generation: 1, resourceSliceCount: 1}}, devices: [{{name: gpu-0}}]}}\n"
+        )
+    };
+    let as_agent = |node: Option<&str>, args: &[&str], stdin: &str| {
+        let mut cmd = kubectl();
+        cmd.arg(format!("--as={AGENT_USER}"))
+            .args(["--as-group=system:serviceaccounts", "--as-group=system:authenticated"]);
+        if let Some(node) = node {
+            cmd.arg(format!("--as-user-extra=authentication.kubernetes.io/node-name={node}"));
+        }
+        cmd.args(args);
+        run(cmd, stdin)
+    };
+
+    // A new policy takes effect once the API server's policy informer has it: wait for the first deny.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, _, err) = as_agent(
+            Some(&mine),
+            &["create", "--dry-run=server", "-f", "-"],
+            &slice(&format!("{id}-x"), &other),
+        );
+        if !ok {
+            assert!(
+                err.contains("may only write ResourceSlices with spec.nodeName"),
+                "denied for another reason: {err}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the agent could still write another node's slice after 30s");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Its own node: allowed, for create and delete.
+    let (ok, out, err) = as_agent(Some(&mine), &["create", "-f", "-"], &slice(&format!("{id}-a"), &mine));
+    assert!(ok, "the agent on {mine} could not create its own slice: {out}{err}");
+    // No node in the token (not a pod-bound token): denied.
+    let (ok, _, err) =
+        as_agent(None, &["create", "--dry-run=server", "-f", "-"], &slice(&format!("{id}-n"), &mine));
+    assert!(!ok && err.contains("bound to a pod on a node"), "a token without a node was not refused: {err}");
+    // Another node's existing slice: the agent may not delete it.
+    let mut create = kubectl();
+    create.args(["create", "-f", "-"]);
+    run_ok(create, &slice(&format!("{id}-b"), &other));
+    let (ok, _, err) = as_agent(Some(&mine), &["delete", "resourceslice", &format!("{id}-b")], "");
+    assert!(
+        !ok && err.contains("may only write ResourceSlices"),
+        "the agent deleted another node's slice: {err}"
+    );
+    let (ok, out, err) = as_agent(Some(&mine), &["delete", "resourceslice", &format!("{id}-a")], "");
+    assert!(ok, "the agent could not delete its own slice: {out}{err}");
+    // Not the agent: the policy does not apply.
+    let mut delete = kubectl();
+    delete.args(["delete", "resourceslice", &format!("{id}-b")]);
+    run_ok(delete, "");
+}
