@@ -3,5 +3,6 @@
 //! helpers ([`wait`]). The scenarios live in `e2e/tests/`.
 
 pub mod cluster;
+pub mod pool;
 pub mod sim;
 pub mod wait;

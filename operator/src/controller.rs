@@ -505,7 +505,9 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         drain: DrainCounts { ..selection.counts() },
         allocatable: alloc.values().sum(),
         gpus_before: gpus_before(&pn),
-        dra_devices: overlap::dra_devices(view.slices, &spec.driver.name, &name),
+        // Only devices the scheduler can allocate count: the agent keeps them tainted until the
+        // device plugin's capacity is gone.
+        dra_devices: overlap::schedulable_dra_devices(view.slices, &spec.driver.name, &name),
         claim_holders,
         taint_rule_exists,
         canary,

@@ -1,7 +1,9 @@
 //! The backend-overlap invariant: on one node a resource comes from the device plugin or from
 //! DRA, never both. The scheduler treats a node as device-plugin backed while its allocatable for
-//! the name is above zero, so a node with allocatable > 0 and devices in our ResourceSlices is
-//! served twice.
+//! the name is above zero, so a node with allocatable > 0 and allocatable devices in our
+//! ResourceSlices is served twice. A device with a NoSchedule or NoExecute taint cannot take a new
+//! claim, so it does not serve the node (Switchyard's agent publishes every device with a
+//! `device-plugin-active` taint until the device plugin's capacity is gone).
 
 use std::collections::BTreeMap;
 
@@ -26,13 +28,27 @@ pub fn allocatable_total(node: &Node, resources: &[&str]) -> u64 {
     allocatable(node, resources).values().sum()
 }
 
-/// Devices our driver publishes for `node` in its node-local ResourceSlices.
+/// Devices our driver publishes for `node` in its node-local ResourceSlices, tainted or not
+/// (the pool's GPU count for dashboards).
 pub fn dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
-    slices
-        .iter()
-        .filter(|s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
-        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len) as u64)
-        .sum()
+    node_slices(slices, driver, node).map(|s| s.spec.devices.as_ref().map_or(0, Vec::len) as u64).sum()
+}
+
+/// Devices our driver publishes for `node` that the scheduler may allocate now: those without a
+/// NoSchedule or NoExecute taint.
+pub fn schedulable_dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
+    node_slices(slices, driver, node)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| !d.taints.iter().flatten().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"))
+        .count() as u64
+}
+
+fn node_slices<'a>(
+    slices: &'a [ResourceSlice],
+    driver: &'a str,
+    node: &'a str,
+) -> impl Iterator<Item = &'a ResourceSlice> {
+    slices.iter().filter(move |s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
 }
 
 /// A node served by both backends.
@@ -62,7 +78,7 @@ pub fn check(node: &Node, resources: &[&str], slices: &[ResourceSlice], driver: 
     let name = node.metadata.name.clone().unwrap_or_default();
     let alloc: BTreeMap<String, u64> =
         allocatable(node, resources).into_iter().filter(|(_, v)| *v > 0).collect();
-    let devices = dra_devices(slices, driver, &name);
+    let devices = schedulable_dra_devices(slices, driver, &name);
     (!alloc.is_empty() && devices > 0).then_some(Overlap {
         node: name,
         allocatable: alloc,
@@ -90,6 +106,20 @@ mod tests {
 
     const DRIVER: &str = "gpu.switchyard.dev";
 
+    /// A slice whose devices all carry a taint with `effect`.
+    fn tainted(node: &str, devices: usize, effect: &str) -> ResourceSlice {
+        let mut s = slice(DRIVER, node, devices);
+        for d in s.spec.devices.iter_mut().flatten() {
+            d.taints = Some(vec![
+                serde_json::from_value(
+                    json!({"key": "gpu.switchyard.dev/device-plugin-active", "effect": effect}),
+                )
+                .unwrap(),
+            ]);
+        }
+        s
+    }
+
     #[test]
     fn overlap_table() {
         // (name, allocatable, slices, overlap?)
@@ -112,12 +142,37 @@ mod tests {
             ),
             ("other node's slice", json!({"nvidia.com/gpu": "8"}), vec![slice(DRIVER, "n2", 8)], false),
             ("empty slice", json!({"nvidia.com/gpu": "8"}), vec![slice(DRIVER, "n1", 0)], false),
+            (
+                "dra devices tainted NoSchedule",
+                json!({"nvidia.com/gpu": "8"}),
+                vec![tainted("n1", 8, "NoSchedule")],
+                false,
+            ),
+            (
+                "dra devices tainted NoExecute",
+                json!({"nvidia.com/gpu": "8"}),
+                vec![tainted("n1", 8, "NoExecute")],
+                false,
+            ),
+            (
+                "informational taint still serves",
+                json!({"nvidia.com/gpu": "8"}),
+                vec![tainted("n1", 8, "None")],
+                true,
+            ),
         ];
         for (name, alloc, slices, want) in cases {
             let got =
                 check(&node("n1", alloc), &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], &slices, DRIVER);
             assert_eq!(got.is_some(), want, "{name}: {got:?}");
         }
+    }
+
+    #[test]
+    fn schedulable_devices_exclude_blocking_taints() {
+        let slices = vec![slice(DRIVER, "n1", 3), tainted("n1", 2, "NoSchedule"), tainted("n1", 4, "None")];
+        assert_eq!(dra_devices(&slices, DRIVER, "n1"), 9);
+        assert_eq!(schedulable_dra_devices(&slices, DRIVER, "n1"), 7);
     }
 
     #[test]

@@ -171,9 +171,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         shutdown,
     ));
 
+    // Without leader election the sender is dropped at once and `wait_for` errors; only a real
+    // `true` means leadership was lost, so the error disables that branch instead.
     let lost = tokio::select! {
         _ = &mut term => false,
-        _ = lost_rx.wait_for(|l| *l) => true,
+        Ok(_) = lost_rx.wait_for(|l| *l) => true,
     };
     info!(lost_leadership = lost, "stopping: finishing in-flight reconciles");
     ready.store(false, Ordering::SeqCst);

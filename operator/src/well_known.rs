@@ -47,6 +47,10 @@ pub const TAINT_KEY_GPU_LOST: &str = "gpu-lost";
 /// Device-taint key suffix the agent sets on all its devices while it is shutting down, so that the
 /// scheduler stops placing claims nobody can prepare.
 pub const TAINT_KEY_DRIVER_UNAVAILABLE: &str = "driver-unavailable";
+/// Device-taint key suffix the agent sets on all its devices while its node still advertises
+/// device-plugin GPUs in `status.allocatable`: the scheduler treats such a node as device-plugin
+/// backed, so the DRA devices must not be allocatable at the same time.
+pub const TAINT_KEY_DEVICE_PLUGIN_ACTIVE: &str = "device-plugin-active";
 
 /// The extended resource the NVIDIA device plugin advertises for a full GPU.
 pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";

@@ -1,0 +1,586 @@
+//! A GPU pool on the shared cluster for migration scenarios: simulated nodes served by a
+//! device-plugin DaemonSet, a DRA-driver DaemonSet whose pods run the real driver agent, GPU and
+//! non-GPU workloads, and the real `switchyard-operator` as a separate process (so tests can
+//! SIGKILL it). Also the invariant sampler that checks, on every watch event, that no node is
+//! served by both backends.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
+use switchyard_operator::well_known::{LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
+use tokio::task::JoinHandle;
+
+use crate::cluster::{self, unique};
+use crate::sim::{AgentSettings, DaemonSetKey, GpuLayout, SimConfig, SimNode, Simulator};
+use crate::wait;
+
+/// Name of the device-plugin DaemonSet in the pool's system namespace.
+pub const DEVICE_PLUGIN_DS: &str = "nvidia-device-plugin-daemonset";
+/// Name of the DRA-driver DaemonSet in the pool's system namespace.
+pub const DRIVER_DS: &str = "switchyard-driver-agent";
+
+/// Serialises the scenarios that use the real `nvidia.com/gpu` resource name: two pools with
+/// DeviceClasses for the same extended resource name would shadow each other.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A running `switchyard-operator` process.
+pub struct Operator {
+    child: tokio::process::Child,
+}
+
+impl Operator {
+    /// Kills the process with SIGKILL, as a node failure or OOM would, and waits for it.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+}
+
+/// One pool scenario's objects.
+pub struct Pool {
+    pub client: Client,
+    pub id: String,
+    /// Namespace of both DaemonSets, the operator's Lease and canary pods.
+    pub system_ns: String,
+    /// Namespace of the workloads.
+    pub apps_ns: String,
+    pub driver: String,
+    pub nodes: Vec<String>,
+    pub sim: Option<Simulator>,
+    pub operator: Option<Operator>,
+    work_dir: std::path::PathBuf,
+}
+
+async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), name);
+    wait::until(&format!("the default ServiceAccount in {name}"), Duration::from_secs(60), || {
+        let sas = sas.clone();
+        async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
+    })
+    .await
+}
+
+impl Pool {
+    /// Creates `nodes` simulated nodes with `gpus` GPUs each, both DaemonSets, and starts the
+    /// simulator. The operator is not started yet.
+    pub async fn new(prefix: &str, nodes: u32, gpus: u32) -> anyhow::Result<Self> {
+        let client = cluster::client().await?;
+        let id = unique(prefix);
+        let system_ns = format!("{id}-system");
+        let apps_ns = format!("{id}-apps");
+        create_namespace(&client, &system_ns).await?;
+        create_namespace(&client, &apps_ns).await?;
+        let driver = format!("{id}.gpu.switchyard.dev");
+        let work_dir = std::env::temp_dir().join(format!("switchyard-e2e-{id}"));
+
+        let mut config = SimConfig::new(id.clone());
+        config.device_plugin =
+            Some(DaemonSetKey { namespace: system_ns.clone(), name: DEVICE_PLUGIN_DS.into() });
+        config.dra_driver = Some(DaemonSetKey { namespace: system_ns.clone(), name: DRIVER_DS.into() });
+        config.driver_name = driver.clone();
+        config.agent = Some(AgentSettings {
+            bin: cluster::agent_bin(),
+            kubeconfig: cluster::kubeconfig().to_path_buf(),
+            work_dir: work_dir.clone(),
+            health_hold_seconds: 5,
+        });
+        let sim = Simulator::start(client.clone(), config).await?;
+        let mut names = Vec::new();
+        for i in 0..nodes {
+            let name = format!("{id}-n{i}");
+            let labels = BTreeMap::from([("pool".to_owned(), id.clone())]);
+            sim.add_node(SimNode { name: name.clone(), labels, layout: GpuLayout::gpus(gpus) }).await?;
+            names.push(name);
+        }
+        let pool = Self {
+            client,
+            id,
+            system_ns,
+            apps_ns,
+            driver,
+            nodes: names,
+            sim: Some(sim),
+            operator: None,
+            work_dir,
+        };
+        pool.create_daemonsets().await?;
+        pool.wait_device_plugin_serving(gpus).await?;
+        Ok(pool)
+    }
+
+    pub fn sim(&self) -> &Simulator {
+        self.sim.as_ref().expect("simulator runs until cleanup")
+    }
+
+    /// The device plugin as users run it today: on every pool node, with no backend affinity
+    /// (Managed placement adds it). The driver as shipped in config/agent: only on `dra` nodes.
+    async fn create_daemonsets(&self) -> anyhow::Result<()> {
+        let ds = |name: &str, affinity: Value| -> anyhow::Result<DaemonSet> {
+            Ok(serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {
+                            "nodeSelector": {"pool": self.id},
+                            "affinity": affinity,
+                            "terminationGracePeriodSeconds": 1,
+                            "containers": [{"name": "plugin", "image": "registry.k8s.io/pause:3.10"}],
+                        }
+                    }
+                }
+            }))?)
+        };
+        let dra_only = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": LABEL_GPU_BACKEND, "operator": "In", "values": ["dra"]}]}]}}});
+        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &self.system_ns);
+        api.create(&PostParams::default(), &ds(DEVICE_PLUGIN_DS, json!({}))?).await?;
+        api.create(&PostParams::default(), &ds(DRIVER_DS, dra_only)?).await?;
+        Ok(())
+    }
+
+    async fn wait_device_plugin_serving(&self, gpus: u32) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let names = self.nodes.clone();
+        wait::until("the device plugin to serve every pool node", Duration::from_secs(90), || {
+            let (nodes, names) = (nodes.clone(), names.clone());
+            async move {
+                for n in &names {
+                    if allocatable(&nodes.get(n).await?, NVIDIA_GPU_RESOURCE) != i64::from(gpus) {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        })
+        .await
+    }
+
+    /// A GpuPoolMigration for this pool, with `overrides` merged into its spec.
+    pub fn migration(&self, name: &str, overrides: Value) -> anyhow::Result<GpuPoolMigration> {
+        let mut object = json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"matchLabels": {"pool": self.id}},
+                "resources": [{"extendedResourceName": NVIDIA_GPU_RESOURCE, "deviceClassName": format!("{}.gpu", self.id),
+                               "selector": format!("device.attributes['{}'].type == 'gpu'", self.driver)}],
+                "driver": {"name": self.driver, "daemonSet": {"namespace": self.system_ns, "name": DRIVER_DS}},
+                "devicePlugin": {"daemonSet": {"namespace": self.system_ns, "name": DEVICE_PLUGIN_DS}},
+                "strategy": {"drain": {"gracePeriodSeconds": 1, "timeoutSeconds": 120}, "verify": {"timeoutSeconds": 120}},
+            }
+        });
+        switchyard_operator::testing::merge_patch(&mut object["spec"], &overrides);
+        Ok(serde_json::from_value(object)?)
+    }
+
+    pub fn migrations(&self) -> Api<GpuPoolMigration> {
+        Api::all(self.client.clone())
+    }
+
+    /// Starts the real operator binary against the shared cluster.
+    pub fn start_operator(&mut self) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.work_dir)?;
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.work_dir.join("operator.log"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = tokio::process::Command::new(cluster::operator_bin())
+            .args(["--no-leader-election", "--namespace", &self.system_ns])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", cluster::kubeconfig())
+            .env("RUST_LOG", "info,switchyard_operator=debug")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        self.operator = Some(Operator { child });
+        Ok(())
+    }
+
+    /// Where the operator and agents of this pool log.
+    pub fn log_dir(&self) -> &std::path::Path {
+        &self.work_dir
+    }
+
+    /// Waits until the migration's status satisfies `pred`, returning it.
+    pub async fn wait_status(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&GpuPoolMigration) -> bool,
+    ) -> anyhow::Result<GpuPoolMigration> {
+        let api = self.migrations();
+        let pred = &pred;
+        wait::until(&format!("{name}: {what}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let gpm = api.get(name).await?;
+                Ok(pred(&gpm).then_some(gpm))
+            }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n(logs in {})", self.work_dir.display()))
+    }
+
+    pub async fn wait_phase(
+        &self,
+        name: &str,
+        phase: Phase,
+        timeout: Duration,
+    ) -> anyhow::Result<GpuPoolMigration> {
+        self.wait_status(name, &format!("phase {phase:?}"), timeout, |g| {
+            g.status.as_ref().and_then(|s| s.phase) == Some(phase)
+        })
+        .await
+    }
+
+    /// A Deployment of `replicas` pods, each asking for `gpus` of nvidia.com/gpu (0: no GPU).
+    pub async fn deployment(&self, name: &str, replicas: i32, gpus: u32) -> anyhow::Result<()> {
+        let resources =
+            if gpus > 0 { json!({"limits": {NVIDIA_GPU_RESOURCE: gpus.to_string()}}) } else { json!({}) };
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "nodeSelector": {"pool": self.id},
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": resources}],
+                    }
+                }
+            }
+        }))?;
+        Api::<Deployment>::namespaced(self.client.clone(), &self.apps_ns)
+            .create(&PostParams::default(), &d)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn pdb(&self, name: &str, app: &str, min_available: i32) -> anyhow::Result<()> {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}}
+        }))?;
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &self.apps_ns)
+            .create(&PostParams::default(), &pdb)
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until `count` pods in the apps namespace are Running.
+    pub async fn wait_running(&self, count: usize) -> anyhow::Result<Vec<Pod>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.apps_ns);
+        wait::until(&format!("{count} running workload pods"), Duration::from_secs(90), || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default()).await?;
+                let running: Vec<Pod> = list
+                    .items
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .collect();
+                Ok((running.len() == count).then_some(running))
+            }
+        })
+        .await
+    }
+
+    /// Starts the invariant sampler for this pool.
+    pub fn sample(&self) -> Sampler {
+        Sampler::start(self.client.clone(), self.id.clone(), self.driver.clone(), self.apps_ns.clone())
+    }
+
+    /// Deletes the migrations of this pool (waiting for the operator's finalizer), stops the
+    /// operator and the simulator, and deletes the namespaces.
+    pub async fn cleanup(mut self) -> anyhow::Result<()> {
+        let api = self.migrations();
+        let ours: Vec<String> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|g| {
+                g.spec.node_selector.match_labels.as_ref().and_then(|l| l.get("pool")) == Some(&self.id)
+            })
+            .map(|g| g.name_any())
+            .collect();
+        for name in &ours {
+            let _ = api.delete(name, &DeleteParams::default()).await;
+        }
+        if self.operator.is_some() {
+            for name in &ours {
+                let api = api.clone();
+                wait::until(&format!("{name} to be deleted"), Duration::from_secs(60), || {
+                    let api = api.clone();
+                    async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
+                })
+                .await?;
+            }
+        }
+        if let Some(op) = self.operator.take() {
+            op.kill().await?;
+        }
+        if let Some(sim) = self.sim.take() {
+            sim.shutdown().await?;
+        }
+        let dp = DeleteParams::default();
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(&self.system_ns, &dp).await;
+        let _ = namespaces.delete(&self.apps_ns, &dp).await;
+        let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(self.client.clone());
+        let _ = classes.delete(&format!("{}.gpu", self.id), &dp).await;
+        Ok(())
+    }
+}
+
+/// Allocatable `resource` on a node (0 when absent).
+pub fn allocatable(node: &Node, resource: &str) -> i64 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(resource))
+        .and_then(|q| q.0.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Devices in `slice` that the scheduler may allocate: those without a NoSchedule or NoExecute
+/// taint (a tainted device cannot take a new claim, so it does not serve the node).
+pub fn schedulable_devices(slice: &ResourceSlice) -> usize {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| !d.taints.iter().flatten().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"))
+        .count()
+}
+
+/// What the sampler saw.
+#[derive(Debug, Default, Clone)]
+pub struct Samples {
+    /// Watch events evaluated.
+    pub events: u64,
+    /// Every instant a node was served by both backends: (node, allocatable, schedulable devices).
+    pub overlaps: Vec<(String, i64, usize)>,
+    /// Every instant a pod held a DRA claim on a node where no DRA-driver pod was running.
+    pub orphaned_claim_holders: Vec<(String, String)>,
+    /// UIDs of workload pods that were ever deleted, with whether they requested a GPU.
+    pub deleted_pods: Vec<(String, bool)>,
+    /// Per PDB-protected app: the fewest Ready pods seen while at least one existed.
+    pub min_ready: BTreeMap<String, usize>,
+}
+
+#[derive(Default)]
+struct View {
+    nodes: HashMap<String, Node>,
+    slices: HashMap<String, ResourceSlice>,
+    driver_pods: HashMap<String, String>,
+    claim_holders: HashMap<String, (String, String)>,
+    ready_by_app: HashMap<String, BTreeSet<String>>,
+}
+
+/// Watches the pool's nodes, its driver's slices and all pods, and checks the invariants on
+/// every event: no node served by both backends, no DRA claim holder outliving its node's
+/// driver, no non-GPU pod deleted, and Ready counts per app for PDB checks.
+pub struct Sampler {
+    samples: Arc<Mutex<Samples>>,
+    task: JoinHandle<()>,
+}
+
+/// A watch event as (object, still exists); bookmarks, restarts and errors are skipped (the
+/// watcher re-lists by itself).
+fn lift<T>(event: Result<watcher::Event<T>, watcher::Error>, wrap: fn(T, bool) -> Update) -> Option<Update> {
+    match event {
+        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Some(wrap(o, true)),
+        Ok(watcher::Event::Delete(o)) => Some(wrap(o, false)),
+        _ => None,
+    }
+}
+
+enum Update {
+    Node(Node, bool),
+    Slice(ResourceSlice, bool),
+    Pod(Pod, bool),
+}
+
+impl Sampler {
+    fn start(client: Client, pool: String, driver: String, apps_ns: String) -> Self {
+        let samples = Arc::new(Mutex::new(Samples::default()));
+        let out = samples.clone();
+        let task = tokio::spawn(async move {
+            let nodes = watcher(
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default().labels(&format!("pool={pool}")),
+            )
+            .map(|e| lift(e, Update::Node));
+            let slices = watcher(
+                Api::<ResourceSlice>::all(client.clone()),
+                watcher::Config::default().fields(&format!("spec.driver={driver}")),
+            )
+            .map(|e| lift(e, Update::Slice));
+            let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+                .map(|e| lift(e, Update::Pod));
+            let mut all = futures::stream::select_all([nodes.boxed(), slices.boxed(), pods.boxed()]);
+            let mut view = View::default();
+            while let Some(update) = all.next().await {
+                let Some(update) = update else { continue };
+                view.apply(update, &apps_ns, &out);
+                view.check(&pool, &out);
+            }
+        });
+        Self { samples, task }
+    }
+
+    /// What was seen so far.
+    pub fn samples(&self) -> Samples {
+        self.samples.lock().unwrap().clone()
+    }
+
+    pub fn stop(self) -> Samples {
+        self.task.abort();
+        self.samples()
+    }
+}
+
+impl View {
+    fn apply(&mut self, update: Update, apps_ns: &str, out: &Mutex<Samples>) {
+        match update {
+            Update::Node(n, live) => {
+                if live {
+                    self.nodes.insert(n.name_any(), n);
+                } else {
+                    self.nodes.remove(&n.name_any());
+                }
+            }
+            Update::Slice(s, live) => {
+                if live {
+                    self.slices.insert(s.name_any(), s);
+                } else {
+                    self.slices.remove(&s.name_any());
+                }
+            }
+            Update::Pod(p, live) => {
+                let uid = p.uid().unwrap_or_default();
+                let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+                let is_driver =
+                    p.owner_references().iter().any(|o| o.kind == "DaemonSet" && o.name == DRIVER_DS);
+                if is_driver {
+                    if live && p.metadata.deletion_timestamp.is_none() {
+                        self.driver_pods.insert(uid.clone(), node.clone());
+                    } else {
+                        self.driver_pods.remove(&uid);
+                    }
+                }
+                let holds_claim =
+                    p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some();
+                if live && holds_claim && !node.is_empty() {
+                    self.claim_holders.insert(uid.clone(), (p.name_any(), node.clone()));
+                } else {
+                    self.claim_holders.remove(&uid);
+                }
+                if p.namespace().as_deref() == Some(apps_ns) {
+                    let app = p.labels().get("app").cloned().unwrap_or_default();
+                    let ready = live
+                        && p.metadata.deletion_timestamp.is_none()
+                        && p.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                    let set = self.ready_by_app.entry(app.clone()).or_default();
+                    if ready {
+                        set.insert(uid.clone());
+                    } else {
+                        set.remove(&uid);
+                    }
+                    let mut samples = out.lock().unwrap();
+                    let seen = samples.min_ready.entry(app).or_insert(usize::MAX);
+                    *seen = (*seen).min(set.len());
+                    if !live {
+                        let gpu = p.spec.as_ref().is_some_and(|s| {
+                            s.containers.iter().any(|c| {
+                                c.resources
+                                    .as_ref()
+                                    .and_then(|r| r.limits.as_ref())
+                                    .is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/")))
+                            })
+                        });
+                        samples.deleted_pods.push((uid, gpu));
+                    }
+                }
+            }
+        }
+    }
+
+    fn check(&self, pool: &str, out: &Mutex<Samples>) {
+        let mut samples = out.lock().unwrap();
+        samples.events += 1;
+        for (name, node) in &self.nodes {
+            let alloc = allocatable(node, NVIDIA_GPU_RESOURCE);
+            let devices: usize = self
+                .slices
+                .values()
+                .filter(|s| s.spec.node_name.as_deref() == Some(name.as_str()))
+                .map(schedulable_devices)
+                .sum();
+            if alloc > 0 && devices > 0 {
+                samples.overlaps.push((name.clone(), alloc, devices));
+            }
+        }
+        let driver_nodes: BTreeSet<&String> = self.driver_pods.values().collect();
+        for (pod, node) in self.claim_holders.values() {
+            let in_pool = self
+                .nodes
+                .get(node)
+                .is_some_and(|n| n.labels().get("pool").map(String::as_str) == Some(pool));
+            if in_pool && !driver_nodes.contains(node) {
+                samples.orphaned_claim_holders.push((pod.clone(), node.clone()));
+            }
+        }
+    }
+}
+
+/// Backend label of a node ("device-plugin" when absent).
+pub fn backend(node: &Node) -> String {
+    node.labels().get(LABEL_GPU_BACKEND).cloned().unwrap_or_else(|| "device-plugin".into())
+}
+
+/// The `switchyard.dev/migration-state` annotation of each pool node.
+pub async fn node_states(client: &Client, pool: &Pool) -> anyhow::Result<BTreeMap<String, String>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut out = BTreeMap::new();
+    for name in &pool.nodes {
+        let n = nodes.get(name).await?;
+        let state = n
+            .annotations()
+            .get(switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE)
+            .cloned()
+            .unwrap_or_default();
+        out.insert(name.clone(), state);
+    }
+    Ok(out)
+}
+
+/// Patches the migration's spec.
+pub async fn patch_spec(api: &Api<GpuPoolMigration>, name: &str, spec: Value) -> anyhow::Result<()> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec}))).await?;
+    Ok(())
+}
