@@ -6,16 +6,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::coexistence::Guard;
 use crate::error::Error;
 use crate::health::{Applied, Effect, HealthEvent, HealthPolicy, HealthState};
 use crate::inventory::{Inventory, NamedDevice, NodeInventory};
 use crate::metrics::Metrics;
-use crate::publish::{Backoff, Publisher};
-use crate::slices::{PoolIdentity, desired_slices};
+use crate::publish::{Backoff, Publisher, SliceWatch};
+use crate::slices::{NodeTaint, PoolIdentity, desired_slices, published_health};
 
 /// How often the inventory is read again, to pick up MIG re-configuration and a driver that
 /// appeared after start-up.
@@ -46,6 +48,10 @@ pub struct Agent<I> {
     pub policy: HealthPolicy,
     pub metrics: Metrics,
     pub status: Status,
+    /// Whether the node still advertises device-plugin GPUs; see `coexistence`.
+    pub coexistence: Guard,
+    /// Our slices as the API has them, so that a deleted or changed slice is written again.
+    pub slices: SliceWatch,
 }
 
 /// Record device counts by type and health.
@@ -91,7 +97,12 @@ impl<I: Inventory + EventSource> Agent<I> {
         }
     }
 
-    /// Run until `shutdown` resolves, then publish the driver-unavailable taint and return.
+    /// Run until `shutdown` resolves, then publish the driver-unavailable taint and return. A
+    /// `shutdown` that has already resolved is seen before anything else: the agent then only
+    /// publishes driver-unavailable if it already has an inventory, and otherwise returns at once.
+    ///
+    /// Before the first publication the health taints our slices already carry are restored (see
+    /// `HealthState::restore`), so that a restart does not make a faulty device schedulable.
     pub async fn run(
         mut self,
         mut events: mpsc::Receiver<HealthEvent>,
@@ -122,6 +133,7 @@ impl<I: Inventory + EventSource> Agent<I> {
                 ))
             };
             tokio::select! {
+                biased;
                 _ = &mut shutdown => break,
                 _ = rediscover.tick() => {
                     if let Some(inv) = self.discover().await {
@@ -137,6 +149,12 @@ impl<I: Inventory + EventSource> Agent<I> {
                         pending.push(ev.at);
                     }
                 }
+                _ = self.coexistence.changed() => {}
+                ev = self.slices.next() => {
+                    if let Some(reason) = self.publisher.observe(&ev) {
+                        tracing::warn!(reason, "our ResourceSlices differ from what we published; writing them again");
+                    }
+                }
                 _ = sleep_until(expiry), if expiry.is_some() => {}
                 _ = sleep_until(retry_at), if retry_at.is_some() => { retry_at = None; }
             }
@@ -149,13 +167,20 @@ impl<I: Inventory + EventSource> Agent<I> {
                 continue;
             }
             if !initialised {
-                if let Err(e) = self.publisher.init().await {
-                    retry_at = Some(self.failed(&mut backoff, &e));
-                    continue;
-                }
+                let existing = match self.publisher.init().await {
+                    Ok(existing) => existing,
+                    Err(e) => {
+                        retry_at = Some(self.failed(&mut backoff, &e));
+                        continue;
+                    }
+                };
+                self.restore(&mut health, &existing);
+                record_devices(&self.metrics, inv, &health);
                 initialised = true;
             }
-            let desired = desired_slices(&self.id, inv, &health, None, 0);
+            let node_taints: Vec<NodeTaint> =
+                self.coexistence.active_since().map(NodeTaint::device_plugin_active).into_iter().collect();
+            let desired = desired_slices(&self.id, inv, &health, &node_taints, 0);
             if self.publisher.is_current(&desired) {
                 continue;
             }
@@ -181,7 +206,21 @@ impl<I: Inventory + EventSource> Agent<I> {
         stop.store(true, Ordering::Relaxed);
         self.status.ready.store(false, Ordering::Relaxed);
         let Some(inv) = inventory else { return Ok(()) };
-        self.publish_unavailable(&inv, &health).await
+        self.publish_unavailable(&inv, health, initialised).await
+    }
+
+    /// Fold the health taints of our existing slices (what a previous run published) into
+    /// `health`, and drop those whose hold has already passed.
+    fn restore(&self, health: &mut HealthState, existing: &[ResourceSlice]) {
+        let now = Timestamp::now();
+        let published = published_health(existing, &self.id.driver, now);
+        let restored: Vec<&str> =
+            published.iter().filter(|(_, t)| !t.is_empty()).map(|(d, _)| d.as_str()).collect();
+        if !restored.is_empty() {
+            tracing::info!(devices = ?restored, "restoring health taints from our existing slices");
+        }
+        health.restore(published);
+        health.expire(&self.policy, now);
     }
 
     fn policy_apply(&self, health: &mut HealthState, ev: &HealthEvent) -> Applied {
@@ -200,13 +239,26 @@ impl<I: Inventory + EventSource> Agent<I> {
     }
 
     /// Taint every device `driver-unavailable`, retrying until it lands or the deadline passes.
-    async fn publish_unavailable(mut self, inv: &NodeInventory, health: &HealthState) -> Result<(), Error> {
-        let desired = desired_slices(&self.id, inv, health, Some(Timestamp::now()), 0);
+    /// Health taints are kept; when the loop never got to restore them (`restored` is false), they
+    /// are restored here first, so that shutting down early does not erase them from the API.
+    async fn publish_unavailable(
+        mut self,
+        inv: &NodeInventory,
+        mut health: HealthState,
+        mut restored: bool,
+    ) -> Result<(), Error> {
+        let since = Timestamp::now();
         let deadline = Instant::now() + SHUTDOWN_PUBLISH_DEADLINE;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
         loop {
             let attempt = async {
-                self.publisher.init().await?;
+                let existing = self.publisher.init().await?;
+                if !restored {
+                    self.restore(&mut health, &existing);
+                    restored = true;
+                }
+                let desired =
+                    desired_slices(&self.id, inv, &health, &[NodeTaint::driver_unavailable(since)], 0);
                 self.publisher.publish(&desired).await
             };
             match attempt.await {
@@ -233,35 +285,49 @@ mod tests {
     use super::*;
     use crate::health::FaultKind;
     use crate::inventory::simulated::SimulatedInventory;
+    use crate::publish::{SliceEvent, SliceRef};
     use http::{Method, Request, Response};
     use kube::client::Body;
+    use serde_json::json;
+
+    const DRIVER: &str = "gpu.switchyard.dev";
+    const SLICE: &str = "node-a-gpu-switchyard-dev-0";
 
     fn ok(v: serde_json::Value) -> Response<Body> {
         Response::builder().status(200).body(Body::from(serde_json::to_vec(&v).unwrap())).unwrap()
     }
 
-    /// A fake API server: lists are empty, applies echo their body (the first one fails with
-    /// 500), and every apply body is handed to the test.
-    fn fake_api() -> (kube::Client, mpsc::UnboundedReceiver<serde_json::Value>) {
+    /// A fake API server: lists answer `existing`, applies answer their body as the API would
+    /// (uid `uid-<name>`, `metadata.generation` following the pool generation), the first request
+    /// with method `fail_first` fails with 500, and every apply body is handed to the test.
+    fn fake_api(
+        existing: Vec<serde_json::Value>,
+        fail_first: Option<Method>,
+    ) -> (kube::Client, mpsc::UnboundedReceiver<serde_json::Value>) {
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut failed_once = false;
+            let mut fail_first = fail_first;
             while let Some((req, send)) = handle.next_request().await {
+                if fail_first.as_ref() == Some(req.method()) {
+                    fail_first = None;
+                    send.send_response(Response::builder().status(500).body(Body::from(
+                        serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": 500, "metadata": {}})).unwrap(),
+                    )).unwrap());
+                    continue;
+                }
                 match *req.method() {
-                    Method::GET => send.send_response(ok(serde_json::json!({
-                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": []
+                    Method::GET => send.send_response(ok(json!({
+                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+                        "items": existing
                     }))),
-                    Method::PATCH if !failed_once => {
-                        failed_once = true;
-                        send.send_response(Response::builder().status(500).body(Body::from(
-                            serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": 500, "metadata": {}})).unwrap(),
-                        )).unwrap());
-                    }
                     Method::PATCH => {
-                        let body: serde_json::Value =
+                        let mut body: serde_json::Value =
                             serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
                         let _ = tx.send(body.clone());
+                        let name = body["metadata"]["name"].as_str().unwrap().to_string();
+                        body["metadata"]["uid"] = json!(format!("uid-{name}"));
+                        body["metadata"]["generation"] = body["spec"]["pool"]["generation"].clone();
                         send.send_response(ok(body));
                     }
                     ref m => panic!("unexpected {m} {}", req.uri()),
@@ -271,7 +337,23 @@ mod tests {
         (kube::Client::new(svc, "default"), rx)
     }
 
+    /// The next apply body; fails the test instead of hanging when none comes.
+    async fn next_apply(applied: &mut mpsc::UnboundedReceiver<serde_json::Value>) -> serde_json::Value {
+        tokio::time::timeout(Duration::from_secs(10), applied.recv())
+            .await
+            .expect("an apply within 10 s")
+            .expect("the fake API runs")
+    }
+
     fn taints(slice: &serde_json::Value, device: &str) -> Vec<(String, String)> {
+        taint_details(slice, device).into_iter().map(|(k, _, e, _)| (k, e)).collect()
+    }
+
+    /// (key, value, effect, timeAdded) of a device's taints.
+    fn taint_details(
+        slice: &serde_json::Value,
+        device: &str,
+    ) -> Vec<(String, Option<String>, String, String)> {
         let devices = slice["spec"]["devices"].as_array().unwrap();
         let d = devices.iter().find(|d| d["name"] == device).unwrap();
         d["taints"]
@@ -279,45 +361,65 @@ mod tests {
             .map(|ts| {
                 ts.iter()
                     .map(|t| {
-                        (t["key"].as_str().unwrap().to_string(), t["effect"].as_str().unwrap().to_string())
+                        (
+                            t["key"].as_str().unwrap().to_string(),
+                            t["value"].as_str().map(str::to_string),
+                            t["effect"].as_str().unwrap().to_string(),
+                            t["timeAdded"].as_str().unwrap_or_default().to_string(),
+                        )
                     })
                     .collect()
             })
             .unwrap_or_default()
     }
 
-    /// The loop publishes the inventory (retrying a failed write), republishes at a new generation
-    /// when a fault arrives, and on shutdown taints every device driver-unavailable.
-    #[tokio::test]
-    async fn loop_publishes_retries_taints_and_marks_shutdown() {
-        let dir = std::env::temp_dir().join(format!("sy-agent-{}", std::process::id()));
+    fn id() -> PoolIdentity {
+        PoolIdentity { node_name: "node-a".into(), node_uid: "uid-1".into(), driver: DRIVER.into() }
+    }
+
+    /// The simulated example inventory (gpu-0 .. gpu-7), loaded from a fresh file.
+    async fn inventory(test: &str) -> (Arc<SimulatedInventory>, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("sy-agent-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("inv.yaml");
         std::fs::write(&path, include_str!("../examples/sim-inventory.yaml")).unwrap();
-        let inventory = SimulatedInventory::load(&path).await.unwrap();
-        let (client, mut applied) = fake_api();
-        let id = PoolIdentity {
-            node_name: "node-a".into(),
-            node_uid: "uid-1".into(),
-            driver: "gpu.switchyard.dev".into(),
-        };
+        (SimulatedInventory::load(&path).await.unwrap(), dir)
+    }
+
+    fn agent(
+        inventory: Arc<SimulatedInventory>,
+        client: kube::Client,
+        slices: SliceWatch,
+    ) -> (Agent<Arc<SimulatedInventory>>, Metrics, Status) {
         let metrics = Metrics::default();
         let status = Status::default();
         let agent = Agent {
             inventory,
-            publisher: Publisher::new(client, id.clone()),
-            id,
+            publisher: Publisher::new(client, id()),
+            id: id(),
             policy: HealthPolicy::default(),
             metrics: metrics.clone(),
             status: status.clone(),
+            coexistence: Guard::disabled(),
+            slices,
         };
+        (agent, metrics, status)
+    }
+
+    /// The loop publishes the inventory (retrying a failed write), republishes at a new generation
+    /// when a fault arrives, and on shutdown taints every device driver-unavailable.
+    #[tokio::test]
+    async fn loop_publishes_retries_taints_and_marks_shutdown() {
+        let (inventory, dir) = inventory("loop").await;
+        let (client, mut applied) = fake_api(vec![], Some(Method::PATCH));
+        let (agent, metrics, status) = agent(inventory, client, SliceWatch::disabled());
         let (tx, rx) = mpsc::channel(8);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(agent.run(rx, tx.clone(), async {
             let _ = stopped.await;
         }));
 
-        let first = applied.recv().await.unwrap();
+        let first = next_apply(&mut applied).await;
         assert_eq!(first["spec"]["pool"]["generation"], 2, "generation 1 went to the failed attempt");
         assert_eq!(first["spec"]["devices"].as_array().unwrap().len(), 8);
         assert!(taints(&first, "gpu-3").is_empty());
@@ -330,7 +432,7 @@ mod tests {
         })
         .await
         .unwrap();
-        let second = applied.recv().await.unwrap();
+        let second = next_apply(&mut applied).await;
         assert_eq!(second["spec"]["pool"]["generation"], 3);
         assert_eq!(
             taints(&second, "gpu-3"),
@@ -339,7 +441,7 @@ mod tests {
         assert!(taints(&second, "gpu-2").is_empty());
 
         stop.send(()).unwrap();
-        let last = applied.recv().await.unwrap();
+        let last = next_apply(&mut applied).await;
         for d in ["gpu-0", "gpu-3", "gpu-7"] {
             assert!(
                 taints(&last, d)
@@ -359,6 +461,166 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What a crashed agent left in the API: gpu-3 with a fatal XID, gpu-1 with a fresh benign
+    /// one, gpu-2 with a benign one whose hold has long passed, every device driver-unavailable
+    /// and device-plugin-active (node-wide, recomputed), and another driver's key on gpu-4.
+    fn crashed_slice(fresh: &str) -> serde_json::Value {
+        let old = "2020-01-01T00:00:00Z";
+        let taint = |suffix: &str, value: Option<&str>, effect: &str, at: &str| json!({"key": format!("{DRIVER}/{suffix}"), "value": value, "effect": effect, "timeAdded": at});
+        let node_wide = [
+            taint("driver-unavailable", None, "NoSchedule", old),
+            taint("device-plugin-active", None, "NoSchedule", old),
+        ];
+        let devices: Vec<serde_json::Value> = (0..8)
+            .map(|i| {
+                let mut ts: Vec<serde_json::Value> = node_wide.to_vec();
+                match i {
+                    1 => ts.push(taint("xid", Some("13"), "None", fresh)),
+                    2 => ts.push(taint("xid", Some("31"), "None", old)),
+                    3 => ts.push(taint("xid", Some("79"), "NoSchedule", old)),
+                    4 => ts.push(json!({"key": "other.example.com/xid", "value": "79", "effect": "NoSchedule", "timeAdded": old})),
+                    _ => {}
+                }
+                json!({"name": format!("gpu-{i}"), "taints": ts})
+            })
+            .collect();
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": SLICE, "labels": {"switchyard.dev/managed-by": "switchyard-driver-agent"}},
+            "spec": {"driver": DRIVER, "nodeName": "node-a", "pool": {"name": "node-a", "generation": 7, "resourceSliceCount": 1}, "devices": devices}
+        })
+    }
+
+    /// A restarted agent's first publication keeps the health taints its slices carried, with
+    /// their timeAdded, drops what the hold has expired and every node-wide taint, and a later
+    /// shutdown keeps them too.
+    #[tokio::test]
+    async fn restart_restores_health_taints_from_our_slices() {
+        let (inventory, dir) = inventory("restore").await;
+        let fresh = Timestamp::from_second(Timestamp::now().as_second() - 10).unwrap().to_string();
+        let (client, mut applied) = fake_api(vec![crashed_slice(&fresh)], None);
+        let (agent, metrics, _) = agent(inventory, client, SliceWatch::disabled());
+        let (tx, rx) = mpsc::channel(8);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(rx, tx, async {
+            let _ = stopped.await;
+        }));
+
+        let first = next_apply(&mut applied).await;
+        assert_eq!(first["spec"]["pool"]["generation"], 8, "continues from the API's generation");
+        let xid = |v: &str, effect: &str, at: &str| {
+            vec![(format!("{DRIVER}/xid"), Some(v.to_string()), effect.to_string(), at.to_string())]
+        };
+        assert_eq!(taint_details(&first, "gpu-3"), xid("79", "NoSchedule", "2020-01-01T00:00:00Z"));
+        assert_eq!(taint_details(&first, "gpu-1"), xid("13", "None", &fresh));
+        for d in ["gpu-0", "gpu-2", "gpu-4", "gpu-7"] {
+            assert_eq!(taint_details(&first, d), [], "{d}");
+        }
+        assert!(metrics.encode().contains("switchyard_agent_devices{type=\"gpu\",health=\"unhealthy\"} 1"));
+
+        stop.send(()).unwrap();
+        let last = next_apply(&mut applied).await;
+        assert_eq!(
+            taints(&last, "gpu-3"),
+            [
+                (format!("{DRIVER}/xid"), "NoSchedule".to_string()),
+                (format!("{DRIVER}/driver-unavailable"), "NoSchedule".to_string())
+            ]
+        );
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Shutting down before the loop ever published still keeps the health taints: the
+    /// driver-unavailable publication restores them first.
+    #[tokio::test]
+    async fn early_shutdown_keeps_restored_taints() {
+        let (inventory, dir) = inventory("early").await;
+        let (client, mut applied) = fake_api(vec![crashed_slice("2020-01-01T00:00:00Z")], Some(Method::GET));
+        let (agent, _, status) = agent(inventory, client, SliceWatch::disabled());
+        let (tx, rx) = mpsc::channel(8);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(rx, tx, async {
+            let _ = stopped.await;
+        }));
+        // The first list fails, so the loop has not restored anything yet, and waits to retry.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!status.ready.load(Ordering::Relaxed));
+        stop.send(()).unwrap();
+        let last = next_apply(&mut applied).await;
+        assert_eq!(taints(&last, "gpu-3")[0], (format!("{DRIVER}/xid"), "NoSchedule".to_string()));
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A slice that the watch reports deleted or missing is written again at a new generation,
+    /// although nothing the agent knows changed; events that lag behind our own write are not
+    /// taken for a change.
+    #[tokio::test]
+    async fn deleted_slices_are_published_again() {
+        let (inventory, dir) = inventory("drift").await;
+        let (client, mut applied) = fake_api(vec![], None);
+        let (events, watch) = mpsc::channel(8);
+        let (agent, metrics, _) = agent(inventory, client, SliceWatch::from_channel(watch));
+        let (tx, rx) = mpsc::channel(8);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(rx, tx, async {
+            let _ = stopped.await;
+        }));
+        let ours = |generation: i64| SliceRef {
+            name: SLICE.into(),
+            uid: Some(format!("uid-{SLICE}")),
+            generation: Some(generation),
+        };
+
+        let first = next_apply(&mut applied).await;
+        assert_eq!(first["spec"]["pool"]["generation"], 1);
+        // Our own write echoed late, and a list that has it: nothing to do.
+        events.send(SliceEvent::Applied(ours(1))).await.unwrap();
+        events.send(SliceEvent::Listed(vec![ours(1)])).await.unwrap();
+        // Deleted (the kubelet at start-up, an admin): written again, same content.
+        events.send(SliceEvent::Deleted(ours(1))).await.unwrap();
+        let again = next_apply(&mut applied).await;
+        assert_eq!(again["spec"]["pool"]["generation"], 2);
+        assert_eq!(again["spec"]["devices"], first["spec"]["devices"]);
+        // A relist that no longer has it (deleted while the watch was down).
+        events.send(SliceEvent::Listed(vec![])).await.unwrap();
+        let third = next_apply(&mut applied).await;
+        assert_eq!(third["spec"]["pool"]["generation"], 3);
+        // Changed by someone else: the API bumped metadata.generation past our write.
+        events.send(SliceEvent::Applied(ours(4))).await.unwrap();
+        let fourth = next_apply(&mut applied).await;
+        assert_eq!(fourth["spec"]["pool"]["generation"], 4);
+        assert!(taints(&fourth, "gpu-0").is_empty());
+
+        // The next write is the shutdown one: the events above caused exactly one write each.
+        stop.send(()).unwrap();
+        let last = next_apply(&mut applied).await;
+        assert_eq!(last["spec"]["pool"]["generation"], 5);
+        assert_eq!(
+            taints(&last, "gpu-0"),
+            [(format!("{DRIVER}/driver-unavailable"), "NoSchedule".to_string())]
+        );
+        task.await.unwrap().unwrap();
+        assert!(metrics.encode().contains("switchyard_agent_publishes_total 5"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A shutdown requested before the loop starts is seen first: no discovery, no API request
+    /// (the fake API panics on any), a prompt return.
+    #[tokio::test]
+    async fn shutdown_before_start_exits_at_once() {
+        let (inventory, dir) = inventory("before").await;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (agent, metrics, _) = agent(inventory, kube::Client::new(svc, "default"), SliceWatch::disabled());
+        let (tx, rx) = mpsc::channel(8);
+        let run = agent.run(rx, tx, std::future::ready(()));
+        tokio::time::timeout(Duration::from_secs(5), run).await.expect("returns promptly").unwrap();
+        assert!(handle.next_request().await.is_none(), "no request was made");
+        assert!(metrics.encode().contains("switchyard_agent_publishes_total 0"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

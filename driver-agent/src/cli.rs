@@ -12,16 +12,19 @@ use clap::{Parser, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use switchyard_operator::well_known;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::agent::{Agent, Status};
+use crate::cdi;
+use crate::coexistence::{self, Guard};
 use crate::error::Error;
 use crate::health::{DEFAULT_BENIGN_XIDS, HealthPolicy, HealthState};
 use crate::inventory::Inventory;
 use crate::inventory::nvml::NvmlInventory;
 use crate::inventory::simulated::{self, SimulatedInventory};
 use crate::metrics::Metrics;
-use crate::publish::{Backoff, Publisher};
+use crate::plugin::{self, PluginConfig, RunningPlugin};
+use crate::publish::{Backoff, Publisher, SliceWatch};
 use crate::slices::{PoolIdentity, desired_slices};
 
 /// Node uid printed by `--dry-run`, which has no API server to ask.
@@ -66,6 +69,12 @@ pub struct Args {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
+    /// Extended-resource prefixes of the device plugin this driver replaces. While the node
+    /// advertises any of them as allocatable, every device is published with a
+    /// `<driver>/device-plugin-active` NoSchedule taint, so no node is served by both backends.
+    /// Pass an empty value to turn the interlock off.
+    #[arg(long, value_delimiter = ',', default_value = coexistence::DEFAULT_PREFIX)]
+    pub device_plugin_prefix: Vec<String>,
     /// Seconds a device must stay healthy before its health taints are removed.
     #[arg(long, default_value_t = 300)]
     pub health_hold_seconds: u64,
@@ -79,6 +88,19 @@ pub struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Serve the DRA kubelet plugin (registration and DRAPlugin sockets, CDI specs). Default: on
+    /// with --inventory nvml, off with --inventory simulated. `--kubelet-plugin=false` turns it off.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub kubelet_plugin: Option<bool>,
+    /// The kubelet's root directory; the plugin sockets and checkpoint go under it.
+    #[arg(long, default_value = plugin::DEFAULT_KUBELET_ROOT)]
+    pub kubelet_root: PathBuf,
+    /// Where CDI specs for prepared claims are written (the container runtime's CDI spec dir).
+    #[arg(long, default_value = cdi::DEFAULT_CDI_DIR)]
+    pub cdi_dir: PathBuf,
+    /// Seconds shutdown keeps the kubelet plugin serving while claims are still prepared.
+    #[arg(long, default_value_t = plugin::DEFAULT_DRAIN_TIMEOUT.as_secs())]
+    pub plugin_drain_seconds: u64,
 }
 
 impl Args {
@@ -87,6 +109,11 @@ impl Args {
             hold: Duration::from_secs(self.health_hold_seconds),
             benign_xids: self.benign_xids.iter().copied().collect(),
         }
+    }
+
+    /// Whether the kubelet plugin runs (see `--kubelet-plugin`).
+    pub fn kubelet_plugin_enabled(&self) -> bool {
+        self.kubelet_plugin.unwrap_or(self.inventory == InventoryKind::Nvml)
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -148,7 +175,7 @@ pub async fn dry_run(args: &Args) -> Result<String, Error> {
         node_uid: DRY_RUN_NODE_UID.into(),
         driver: args.driver_name.clone(),
     };
-    render_yaml(&desired_slices(&id, &inv, &HealthState::default(), None, 1))
+    render_yaml(&desired_slices(&id, &inv, &HealthState::default(), &[], 1))
 }
 
 fn http_router(metrics: Metrics, status: Status) -> Router {
@@ -167,21 +194,52 @@ fn http_router(metrics: Metrics, status: Status) -> Router {
         )
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// Whether shutdown was requested, shared by every part of the agent. The flag stays set, so a
+/// request made before anyone waits (during start-up) is not lost.
+#[derive(Clone, Debug)]
+pub struct Shutdown {
+    rx: watch::Receiver<bool>,
+}
+
+impl Shutdown {
+    /// Registers the SIGTERM and SIGINT handlers now, before this returns, and sets the flag on
+    /// the first of them. Call once, at process start: a signal that arrives while nothing
+    /// listens is then still seen, and the process is never killed by the default action.
+    pub fn install() -> Result<Self, Error> {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Registration only fails when the process cannot install signal handlers at all.
+        let register = |kind: SignalKind| {
+            signal(kind).map_err(|e| Error::Config(format!("cannot install the signal handlers: {e}")))
+        };
+        let (mut term, mut int) = (register(SignalKind::terminate())?, register(SignalKind::interrupt())?);
+        let (tx, shutdown) = Self::channel();
+        tokio::spawn(async move {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            tracing::info!(signal = name, "shutdown requested");
+            let _ = tx.send(true);
+        });
+        Ok(shutdown)
     }
-    tracing::info!("shutdown requested");
+
+    /// A flag set through the returned sender, for tests.
+    pub fn channel() -> (watch::Sender<bool>, Self) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Shutdown { rx })
+    }
+
+    /// Resolves once shutdown is requested, at once if it already was.
+    pub fn wait(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            if rx.wait_for(|requested| *requested).await.is_err() {
+                // Nobody can request shutdown any more.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 /// The Node's uid, retried with backoff: the owner reference cannot be written without it.
@@ -204,6 +262,7 @@ async fn node_uid(client: &kube::Client, node: &str) -> Result<String, Error> {
 /// Run the agent until SIGTERM.
 pub async fn run(args: Args) -> Result<(), Error> {
     args.validate()?;
+    let shutdown = Shutdown::install()?;
     let node = args.node_name.clone().unwrap_or_default();
     let metrics = Metrics::default();
     let status = Status::default();
@@ -217,12 +276,73 @@ pub async fn run(args: Args) -> Result<(), Error> {
         }
     });
 
-    let client = kube::Client::try_default().await.map_err(Error::Client)?;
+    // kube's default retry layer is off: it retries 429 up to 15 times with a backoff growing
+    // to minutes, which would hold a health taint back; the agent's own backoff retries writes.
+    let mut config = kube::Config::infer().await.map_err(|e| Error::Config(format!("kubeconfig: {e}")))?;
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).map_err(Error::Client)?;
     let uid = tokio::select! {
         uid = node_uid(&client, &node) => uid?,
-        _ = shutdown_signal() => return Ok(()),
+        _ = shutdown.wait() => return Ok(()),
     };
     let id = PoolIdentity { node_name: node, node_uid: uid, driver: args.driver_name.clone() };
+    let plugin = match args.kubelet_plugin_enabled() {
+        true => Some(start_plugin(&args, &client, &metrics).await?),
+        false => None,
+    };
+    let plugin = plugin.map(|p| tokio::spawn(p.run_until(shutdown.wait())));
+    let result = run_agent(&args, client, id, metrics, status, &shutdown).await;
+    if let Some(p) = plugin {
+        match p.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e.chain(), "kubelet plugin failed"),
+            Err(e) => tracing::error!(error = %e, "kubelet plugin task failed"),
+        }
+    }
+    result
+}
+
+/// Bind the kubelet plugin's sockets, with its own inventory reader (it discovers on each new
+/// claim, so a MIG layout change is seen at once).
+async fn start_plugin(args: &Args, client: &kube::Client, metrics: &Metrics) -> Result<RunningPlugin, Error> {
+    let inventory: std::sync::Arc<dyn Inventory> = match args.inventory {
+        InventoryKind::Nvml => std::sync::Arc::new(NvmlInventory::new(metrics.clone())),
+        InventoryKind::Simulated => {
+            let path =
+                args.sim_config.as_ref().ok_or_else(|| Error::Config("--sim-config missing".into()))?;
+            std::sync::Arc::new(SimulatedInventory::load(path).await?)
+        }
+    };
+    let config = PluginConfig {
+        driver: args.driver_name.clone(),
+        node_name: args.node_name.clone().unwrap_or_default(),
+        kubelet_root: args.kubelet_root.clone(),
+        cdi_dir: args.cdi_dir.clone(),
+        drain_timeout: Duration::from_secs(args.plugin_drain_seconds),
+    };
+    let service = plugin::dra::DraService::new(
+        config.dra_config(),
+        std::sync::Arc::new(client.clone()),
+        inventory,
+        metrics.clone(),
+    )?;
+    plugin::start(config, std::sync::Arc::new(service), metrics.clone())
+}
+
+/// The publication loop with the configured inventory, until SIGTERM.
+async fn run_agent(
+    args: &Args,
+    client: kube::Client,
+    id: PoolIdentity,
+    metrics: Metrics,
+    status: Status,
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
+    let coexistence = match args.device_plugin_prefix.is_empty() {
+        true => Guard::disabled(),
+        false => Guard::watch(client.clone(), id.node_name.clone(), args.device_plugin_prefix.clone()),
+    };
+    let slices = SliceWatch::watch(client.clone(), &id);
     let publisher = Publisher::new(client, id.clone());
     // Sized for bursts of XIDs from all GPUs at once; senders wait when it is full.
     let (tx, rx) = mpsc::channel(256);
@@ -231,7 +351,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
     match args.inventory {
         InventoryKind::Nvml => {
             let inventory = NvmlInventory::new(metrics.clone());
-            Agent { inventory, publisher, id, policy, metrics, status }.run(rx, tx, shutdown_signal()).await
+            Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices }
+                .run(rx, tx, shutdown.wait())
+                .await
         }
         InventoryKind::Simulated => {
             let path =
@@ -250,8 +372,8 @@ pub async fn run(args: Args) -> Result<(), Error> {
                     }
                 });
             }
-            let r = Agent { inventory, publisher, id, policy, metrics, status }
-                .run(rx, tx, shutdown_signal())
+            let r = Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices }
+                .run(rx, tx, shutdown.wait())
                 .await;
             let _ = stop_faults.send(());
             r
@@ -282,6 +404,18 @@ mod tests {
     }
 
     #[test]
+    fn kubelet_plugin_defaults_follow_the_inventory() {
+        let sim = ["--node-name", "n1", "--inventory", "simulated", "--sim-config", "x"];
+        let a = parse(&["--node-name", "n1"]).unwrap();
+        assert!(a.kubelet_plugin_enabled());
+        assert_eq!(a.kubelet_root, PathBuf::from("/var/lib/kubelet"));
+        assert_eq!(a.cdi_dir, PathBuf::from("/var/run/cdi"));
+        assert!(!parse(&sim).unwrap().kubelet_plugin_enabled());
+        assert!(parse(&[&sim[..], &["--kubelet-plugin"]].concat()).unwrap().kubelet_plugin_enabled());
+        assert!(!parse(&["--node-name", "n1", "--kubelet-plugin=false"]).unwrap().kubelet_plugin_enabled());
+    }
+
+    #[test]
     fn inconsistent_flags_are_rejected() {
         let cases: &[&[&str]] = &[
             &["--node-name", "n1", "--inventory", "simulated"],
@@ -309,6 +443,37 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    /// A request made before anyone waits is kept: every waiter, earlier or later, sees it.
+    #[tokio::test]
+    async fn shutdown_flag_is_kept_for_later_waiters() {
+        let (tx, shutdown) = Shutdown::channel();
+        let early = tokio::spawn(shutdown.wait());
+        let pending = tokio::time::timeout(Duration::from_millis(50), shutdown.wait()).await;
+        assert!(pending.is_err(), "nothing requested yet");
+        tx.send(true).unwrap();
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(5), early).await.expect("the early waiter wakes").unwrap();
+        let late = shutdown.clone();
+        tokio::time::timeout(Duration::from_secs(5), late.wait())
+            .await
+            .expect("a later waiter returns at once");
+    }
+
+    /// The start-up race: SIGTERM arrives after the handler is installed but while nothing waits
+    /// on it (the agent is still looking up its Node). It is still honoured, and the process is
+    /// not killed by the default action.
+    #[tokio::test]
+    async fn sigterm_before_anyone_waits_is_honoured() {
+        let shutdown = Shutdown::install().unwrap();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::timeout(Duration::from_secs(5), shutdown.wait()).await.expect("the signal was kept");
     }
 
     #[tokio::test]

@@ -79,9 +79,79 @@ pub enum Error {
     /// The command line is inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// Creating, binding or removing a kubelet plugin socket (or its directory) failed.
+    #[error("kubelet plugin socket {path}")]
+    PluginSocket {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A kubelet plugin gRPC server stopped with an error.
+    #[error("serving the kubelet plugin")]
+    PluginServe(#[source] tonic::transport::Error),
+
+    /// Reading or writing the prepared-claims checkpoint failed.
+    #[error("checkpoint {path}")]
+    Checkpoint {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The checkpoint file exists but does not parse.
+    #[error("checkpoint {path} is corrupt")]
+    InvalidCheckpoint {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// Writing or removing a claim's CDI spec failed.
+    #[error("CDI spec {path}")]
+    CdiSpec {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Reading a ResourceClaim from the API failed.
+    #[error("getting ResourceClaim {claim}")]
+    GetClaim {
+        claim: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// The ResourceClaim the kubelet named does not exist (or has another uid: it was recreated).
+    #[error("ResourceClaim {claim} not found")]
+    ClaimNotFound { claim: String },
+
+    /// The ResourceClaim cannot be prepared here: not allocated, allocated to another driver or
+    /// node, or naming a device this node does not have.
+    #[error("ResourceClaim {claim}: {reason}")]
+    InvalidClaim { claim: String, reason: String },
+
+    /// The plugin is shutting down and prepares no new claims.
+    #[error("the driver is shutting down; not preparing new claims")]
+    ShuttingDown,
 }
 
 impl Error {
+    /// The message with every source appended (`a: b: c`), for places that take one string, like
+    /// the per-claim error the kubelet shows in pod events.
+    pub fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            source = s.source();
+        }
+        out
+    }
+
     /// Short, bounded name for metric labels and log fields.
     pub fn category(&self) -> &'static str {
         match self {
@@ -97,6 +167,13 @@ impl Error {
             Error::Serve { .. } => "serve",
             Error::Render(_) => "render",
             Error::Config(_) => "config",
+            Error::PluginSocket { .. } | Error::PluginServe(_) => "plugin_serve",
+            Error::Checkpoint { .. } | Error::InvalidCheckpoint { .. } => "checkpoint",
+            Error::CdiSpec { .. } => "cdi_spec",
+            Error::GetClaim { .. } => "get_claim",
+            Error::ClaimNotFound { .. } => "claim_not_found",
+            Error::InvalidClaim { .. } => "invalid_claim",
+            Error::ShuttingDown => "shutting_down",
         }
     }
 
@@ -118,12 +195,21 @@ impl Error {
             | Error::ListSlices(source)
             | Error::PublishSlice { source, .. }
             | Error::DeleteSlice { source, .. }
-            | Error::Client(source) => kube_error_is_transient(source),
+            | Error::Client(source)
+            | Error::GetClaim { source, .. } => kube_error_is_transient(source),
+            // Disk trouble may pass, and the kubelet retries a shutting-down agent's claims on
+            // its successor.
+            Error::Checkpoint { .. } | Error::CdiSpec { .. } | Error::ShuttingDown => true,
             Error::ReadSimConfig { .. }
             | Error::InvalidSimConfig(_)
             | Error::Serve { .. }
             | Error::Render(_)
-            | Error::Config(_) => false,
+            | Error::Config(_)
+            | Error::PluginSocket { .. }
+            | Error::PluginServe(_)
+            | Error::InvalidCheckpoint { .. }
+            | Error::ClaimNotFound { .. }
+            | Error::InvalidClaim { .. } => false,
         }
     }
 }

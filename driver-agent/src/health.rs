@@ -56,6 +56,16 @@ impl Effect {
             Effect::NoSchedule => "NoSchedule",
         }
     }
+
+    /// The effect of a taint read back from the API. Anything but `None` keeps the device out:
+    /// we only ever write `None` and `NoSchedule`, and a stronger effect someone else wrote must
+    /// not turn into a schedulable device.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "None" => Effect::None,
+            _ => Effect::NoSchedule,
+        }
+    }
 }
 
 /// The kinds of taint the health machine sets, each a key suffix under the driver name.
@@ -73,6 +83,12 @@ impl TaintKind {
             TaintKind::EccDbe => well_known::TAINT_KEY_ECC_DBE,
             TaintKind::GpuLost => well_known::TAINT_KEY_GPU_LOST,
         }
+    }
+
+    /// The kind a health taint key suffix names; `None` for node-wide taints (driver-unavailable,
+    /// device-plugin-active) and anything else that is not a health taint.
+    pub fn from_key_suffix(suffix: &str) -> Option<Self> {
+        [TaintKind::Xid, TaintKind::EccDbe, TaintKind::GpuLost].into_iter().find(|k| k.key_suffix() == suffix)
     }
 }
 
@@ -216,6 +232,63 @@ impl HealthState {
             }
         }
         out.into_values().collect()
+    }
+
+    /// Fold in the health taints a previous run of the agent published, so that a crash or restart
+    /// does not make a faulty device schedulable again. `published` holds every published device
+    /// by name with the health taints read back from it (see `slices::published_health`), tainted
+    /// or not.
+    ///
+    /// The API only has what each device showed, and a whole-GPU fault is published on every MIG
+    /// device of that GPU. So a taint that every published MIG device of a GPU carries alike
+    /// (same kind, value, effect and `timeAdded`) is restored on the GPU itself (`gpu-1`), where
+    /// the original fault and its `Recover` are reported; any other taint is restored on the
+    /// device that shows it. A MIG device's own taint of the same kind hidden under its parent's
+    /// stronger one is not visible and is not restored.
+    ///
+    /// A restored `NoSchedule` taint counts as a sticky fault that needs a `Recover` (when it was
+    /// set or after a `Recover` the agent has no record of, so it fails safe); a restored `None`
+    /// taint (benign XID) expires a hold period after its `since`, as if the agent had never
+    /// stopped. Taints already in this state (events seen since start-up) are newer and win.
+    pub fn restore(&mut self, published: Vec<(String, Vec<ActiveTaint>)>) {
+        let mut migs_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (name, _) in &published {
+            let parent = crate::inventory::NodeInventory::parent_name(name);
+            if parent != name {
+                migs_of.entry(parent).or_default().push(name);
+            }
+        }
+        let taints_of: BTreeMap<&str, &Vec<ActiveTaint>> =
+            published.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut restored: BTreeMap<String, Vec<ActiveTaint>> = BTreeMap::new();
+        let mut from_parent: BTreeSet<(&str, TaintKind)> = BTreeSet::new();
+        for (parent, migs) in &migs_of {
+            let first = taints_of.get(migs[0]).copied().into_iter().flatten();
+            for t in first {
+                let shared = migs.iter().all(|m| taints_of.get(m).is_some_and(|ts| ts.contains(t)));
+                if shared {
+                    restored.entry((*parent).to_string()).or_default().push(t.clone());
+                    from_parent.extend(migs.iter().map(|m| (*m, t.kind)));
+                }
+            }
+        }
+        for (name, taints) in &published {
+            for t in taints.iter().filter(|t| !from_parent.contains(&(name.as_str(), t.kind))) {
+                restored.entry(name.clone()).or_default().push(t.clone());
+            }
+        }
+        for (name, taints) in restored {
+            let dev = self.devices.entry(name).or_default();
+            for t in taints {
+                if dev.taints.contains_key(&t.kind) {
+                    continue;
+                }
+                let recovered_since = dev.recovered_at.is_some_and(|r| r >= t.since);
+                dev.needs_recover |= t.effect == Effect::NoSchedule && !recovered_since;
+                dev.last_fault = Some(dev.last_fault.map_or(t.since, |l| l.max(t.since)));
+                dev.taints.insert(t.kind, t);
+            }
+        }
     }
 
     /// Whether a device (or its parent) has any taint with effect `NoSchedule`.
@@ -402,6 +475,211 @@ mod tests {
         assert!(!s.expire(&policy, t(64)));
         assert!(s.expire(&policy, t(65)));
         assert_eq!(s.next_expiry(&policy), Some(t(70)));
+    }
+
+    /// A published taint: (device, kind, value, effect, timeAdded).
+    type Published = (&'static str, TaintKind, Option<&'static str>, Effect, i64);
+    /// Expected taints of (device, parent) at the check time.
+    type Expected = Vec<(&'static str, Option<&'static str>, Vec<(TaintKind, Option<&'static str>, Effect)>)>;
+    /// (name, published taints, events after the restore, check time, expected).
+    type RestoreCase = (&'static str, Vec<Published>, Vec<HealthEvent>, i64, Expected);
+
+    /// `published` as `HealthState::restore` gets it: every device of `devices`, with its taints.
+    fn published(devices: &[&str], taints: &[Published]) -> Vec<(String, Vec<ActiveTaint>)> {
+        devices
+            .iter()
+            .map(|d| {
+                let ts = taints
+                    .iter()
+                    .filter(|p| p.0 == *d)
+                    .map(|&(_, kind, value, effect, at)| ActiveTaint {
+                        kind,
+                        value: value.map(str::to_string),
+                        effect,
+                        since: t(at),
+                    })
+                    .collect();
+                (d.to_string(), ts)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn restored_taints_survive_and_keep_their_hold_semantics() {
+        use Effect::*;
+        use TaintKind as K;
+        let hold = 60;
+        const MIG0: &str = "gpu-1-mig-1g10gb-0";
+        const MIG1: &str = "gpu-1-mig-1g10gb-1";
+        let devices = ["gpu-0", MIG0, MIG1];
+        let xid79 = |d| (d, K::Xid, Some("79"), NoSchedule, 0);
+        let cases: Vec<RestoreCase> = vec![
+            (
+                "fatal xid stays until a recover",
+                vec![xid79("gpu-0")],
+                vec![],
+                10 * hold,
+                vec![("gpu-0", Option::None, vec![(K::Xid, Some("79"), NoSchedule)])],
+            ),
+            (
+                "recover after restart holds from the recover",
+                vec![xid79("gpu-0")],
+                vec![ev("gpu-0", FaultKind::Recover, 100)],
+                100 + hold - 1,
+                vec![("gpu-0", Option::None, vec![(K::Xid, Some("79"), NoSchedule)])],
+            ),
+            (
+                "recover after restart clears after the hold",
+                vec![xid79("gpu-0")],
+                vec![ev("gpu-0", FaultKind::Recover, 100)],
+                100 + hold,
+                vec![("gpu-0", Option::None, vec![])],
+            ),
+            (
+                "benign xid stays informational until a hold after its timeAdded",
+                vec![("gpu-0", K::Xid, Some("13"), None, 0)],
+                vec![],
+                hold - 1,
+                vec![("gpu-0", Option::None, vec![(K::Xid, Some("13"), None)])],
+            ),
+            (
+                "benign xid expires a hold after its timeAdded",
+                vec![("gpu-0", K::Xid, Some("13"), None, 0)],
+                vec![],
+                hold,
+                vec![("gpu-0", Option::None, vec![])],
+            ),
+            (
+                "ecc and gpu-lost are sticky",
+                vec![
+                    ("gpu-0", K::EccDbe, Option::None, NoSchedule, 0),
+                    ("gpu-0", K::GpuLost, Option::None, NoSchedule, 1),
+                ],
+                vec![],
+                10 * hold,
+                vec![(
+                    "gpu-0",
+                    Option::None,
+                    vec![(K::EccDbe, Option::None, NoSchedule), (K::GpuLost, Option::None, NoSchedule)],
+                )],
+            ),
+            (
+                "a taint on every MIG device of a GPU came from the GPU: its recover clears them",
+                vec![xid79(MIG0), xid79(MIG1)],
+                vec![ev("gpu-1", FaultKind::Recover, 10)],
+                10 + hold,
+                vec![(MIG0, Some("gpu-1"), vec![]), (MIG1, Some("gpu-1"), vec![])],
+            ),
+            (
+                "a taint on every MIG device of a GPU is restored on the GPU, not the MIG devices",
+                vec![xid79(MIG0), xid79(MIG1)],
+                vec![],
+                10 * hold,
+                vec![
+                    ("gpu-1", Option::None, vec![(K::Xid, Some("79"), NoSchedule)]),
+                    (MIG0, Option::None, vec![]),
+                    (MIG1, Some("gpu-1"), vec![(K::Xid, Some("79"), NoSchedule)]),
+                ],
+            ),
+            (
+                "a taint on one MIG device stays with it; the GPU's recover does not clear it",
+                vec![(MIG0, K::EccDbe, Option::None, NoSchedule, 0)],
+                vec![ev("gpu-1", FaultKind::Recover, 10)],
+                10 + hold,
+                vec![
+                    (MIG0, Some("gpu-1"), vec![(K::EccDbe, Option::None, NoSchedule)]),
+                    (MIG1, Some("gpu-1"), vec![]),
+                    ("gpu-1", Option::None, vec![]),
+                ],
+            ),
+            (
+                "the same kind set at different times on MIG devices stays per device",
+                vec![xid79(MIG0), (MIG1, K::Xid, Some("79"), NoSchedule, 3)],
+                vec![ev("gpu-1", FaultKind::Recover, 10)],
+                10 + hold,
+                vec![
+                    (MIG0, Option::None, vec![(K::Xid, Some("79"), NoSchedule)]),
+                    (MIG1, Option::None, vec![(K::Xid, Some("79"), NoSchedule)]),
+                ],
+            ),
+            (
+                "a fault after the restart replaces a restored benign one",
+                vec![("gpu-0", K::Xid, Some("13"), None, 0)],
+                vec![ev("gpu-0", xid(48), 5)],
+                10 * hold,
+                vec![("gpu-0", Option::None, vec![(K::Xid, Some("48"), NoSchedule)])],
+            ),
+        ];
+        let policy = HealthPolicy { hold: Duration::from_secs(hold as u64), ..Default::default() };
+        for (name, taints, events, at, want) in cases {
+            let mut s = HealthState::default();
+            s.restore(published(&devices, &taints));
+            for e in &events {
+                s.apply(&policy, e);
+            }
+            s.expire(&policy, t(at));
+            for (device, parent, want) in want {
+                let got: Vec<_> =
+                    s.taints_for(device, parent).into_iter().map(|t| (t.kind, t.value, t.effect)).collect();
+                let want: Vec<_> = want.into_iter().map(|(k, v, e)| (k, v.map(str::to_string), e)).collect();
+                assert_eq!(got, want, "{name}: {device}");
+            }
+        }
+    }
+
+    #[test]
+    fn restore_keeps_timeadded_and_newer_events_win() {
+        let policy = HealthPolicy::default();
+        let mut s = HealthState::default();
+        s.apply(&policy, &ev("gpu-0", xid(48), 50));
+        s.restore(published(
+            &["gpu-0", "gpu-1"],
+            &[
+                ("gpu-0", TaintKind::Xid, Some("79"), Effect::NoSchedule, 0),
+                ("gpu-0", TaintKind::GpuLost, None, Effect::NoSchedule, 7),
+                ("gpu-1", TaintKind::EccDbe, None, Effect::NoSchedule, 9),
+            ],
+        ));
+        let got: Vec<_> =
+            s.taints_for("gpu-0", None).into_iter().map(|t| (t.kind, t.value, t.since)).collect();
+        assert_eq!(
+            got,
+            vec![(TaintKind::Xid, Some("48".into()), t(50)), (TaintKind::GpuLost, None, t(7))],
+            "the live xid wins over the restored one; the restored gpu-lost keeps its timeAdded"
+        );
+        assert_eq!(s.taints_for("gpu-1", None)[0].since, t(9));
+        assert_eq!(s.next_expiry(&policy), None, "restored NoSchedule taints wait for a recover");
+
+        // A recover seen since start-up, later than the restored fault, also covers it: the hold
+        // runs from the recover.
+        let mut s = HealthState::default();
+        s.apply(&policy, &ev("gpu-0", FaultKind::GpuLost, 10));
+        s.apply(&policy, &ev("gpu-0", FaultKind::Recover, 20));
+        s.restore(published(&["gpu-0"], &[("gpu-0", TaintKind::Xid, Some("79"), Effect::NoSchedule, 0)]));
+        assert!(s.is_unhealthy("gpu-0", None));
+        assert_eq!(s.next_expiry(&policy), Some(t(20 + 300)));
+        // A recover for a device that had nothing recorded says nothing about the restored fault.
+        let mut s = HealthState::default();
+        s.apply(&policy, &ev("gpu-0", FaultKind::Recover, 20));
+        s.restore(published(&["gpu-0"], &[("gpu-0", TaintKind::Xid, Some("79"), Effect::NoSchedule, 0)]));
+        assert_eq!(s.next_expiry(&policy), None);
+    }
+
+    #[test]
+    fn taint_keys_and_effects_read_back() {
+        for kind in [TaintKind::Xid, TaintKind::EccDbe, TaintKind::GpuLost] {
+            assert_eq!(TaintKind::from_key_suffix(kind.key_suffix()), Some(kind));
+        }
+        for suffix in
+            [well_known::TAINT_KEY_DRIVER_UNAVAILABLE, well_known::TAINT_KEY_DEVICE_PLUGIN_ACTIVE, ""]
+        {
+            assert_eq!(TaintKind::from_key_suffix(suffix), None, "{suffix:?}");
+        }
+        for (s, want) in
+            [("None", Effect::None), ("NoSchedule", Effect::NoSchedule), ("NoExecute", Effect::NoSchedule)]
+        {
+            assert_eq!(Effect::parse(s), want, "{s}");
+        }
     }
 
     #[test]

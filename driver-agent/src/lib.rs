@@ -3,14 +3,18 @@
 //!
 //! Walk: [`inventory`] (what the node has) -> [`health`] (what is wrong with it) -> [`slices`]
 //! (pure: what to publish) -> [`publish`] (writing it) -> [`agent`] (the loop) -> [`cli`] (flags
-//! and wiring).
+//! and wiring). Beside the loop, [`plugin`] is the DRA kubelet plugin: it prepares allocated claims
+//! for containers by writing [`cdi`] specs.
 
 pub mod agent;
+pub mod cdi;
 pub mod cli;
+pub mod coexistence;
 pub mod error;
 pub mod health;
 pub mod inventory;
 pub mod metrics;
+pub mod plugin;
 pub mod publish;
 pub mod slices;
 

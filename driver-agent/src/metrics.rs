@@ -28,6 +28,20 @@ pub struct OpLabels {
     pub op: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `failed`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimOpLabels {
+    /// `prepare` or `unprepare`.
+    pub op: String,
+    /// `ok`, or the error category.
+    pub result: String,
+}
+
 /// Cheap to clone: every field shares its value.
 #[derive(Clone)]
 pub struct Metrics {
@@ -38,6 +52,9 @@ pub struct Metrics {
     pub event_to_taint: Histogram,
     pub nvml_errors: Family<OpLabels, Counter>,
     pub driver_present: Gauge,
+    pub plugin_registrations: Family<ResultLabels, Counter>,
+    pub claim_operations: Family<ClaimOpLabels, Counter>,
+    pub prepared_claims: Gauge,
 }
 
 impl Default for Metrics {
@@ -70,6 +87,24 @@ impl Default for Metrics {
             "1 when NVML (the NVIDIA driver) is loaded or simulated, else 0",
             driver_present.clone(),
         );
+        let plugin_registrations = Family::<ResultLabels, Counter>::default();
+        let claim_operations = Family::<ClaimOpLabels, Counter>::default();
+        let prepared_claims = Gauge::default();
+        r.register(
+            "plugin_registrations",
+            "Registration verdicts the kubelet reported for the DRA plugin, by result",
+            plugin_registrations.clone(),
+        );
+        r.register(
+            "claim_operations",
+            "Claims the kubelet asked the DRA plugin to prepare or unprepare, by operation and result",
+            claim_operations.clone(),
+        );
+        r.register(
+            "prepared_claims",
+            "Claims prepared on this node (in the checkpoint)",
+            prepared_claims.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             devices,
@@ -78,6 +113,9 @@ impl Default for Metrics {
             event_to_taint,
             nvml_errors,
             driver_present,
+            plugin_registrations,
+            claim_operations,
+            prepared_claims,
         }
     }
 }

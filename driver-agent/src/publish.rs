@@ -1,43 +1,133 @@
 //! Publication: the thin layer that writes the node's ResourceSlices with server-side apply,
-//! bumps the pool generation on every change, deletes our stale slices, and backs off on failure.
+//! bumps the pool generation on every change, deletes our stale slices, backs off on failure, and
+//! watches our slices so that one deleted or changed by someone else is written again.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use switchyard_operator::well_known;
+use tokio::sync::mpsc;
 
 use crate::error::Error;
 use crate::slices::PoolIdentity;
 
-/// Writes one node's pool. Remembers what it last wrote so that it writes only on change.
+/// The API's identity of one slice we wrote, from the apply response: `uid` tells our object from
+/// one recreated under the same name, `metadata.generation` (which the API server bumps on every
+/// spec change, and only then) tells our write from a later one by someone else. Either is `None`
+/// when the response lacks it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceRef {
+    pub name: String,
+    pub uid: Option<String>,
+    pub generation: Option<i64>,
+}
+
+impl SliceRef {
+    pub fn of(s: &ResourceSlice) -> Self {
+        SliceRef {
+            name: s.metadata.name.clone().unwrap_or_default(),
+            uid: s.metadata.uid.clone(),
+            generation: s.metadata.generation,
+        }
+    }
+}
+
+/// What the watch on our slices saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SliceEvent {
+    /// A slice was created or changed.
+    Applied(SliceRef),
+    /// A slice was deleted (or stopped matching the selector, e.g. lost our label).
+    Deleted(SliceRef),
+    /// A full (re)list: every slice of ours that exists.
+    Listed(Vec<SliceRef>),
+}
+
+/// Why the API no longer holds what we last wrote, or `None` when it does as far as `event`
+/// tells. Pure. Events about objects older than what we wrote (the watch lags behind our own
+/// writes) are not drift: a lower generation, or on `Applied`/`Deleted` another uid, means the
+/// event predates our write. Slices we did not write (stale ones we deleted) are not drift either.
+pub fn drift(written: &BTreeMap<String, SliceRef>, event: &SliceEvent) -> Option<&'static str> {
+    let same_object = |w: &SliceRef, r: &SliceRef| match (&w.uid, &r.uid) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    };
+    let newer =
+        |w: &SliceRef, r: &SliceRef| matches!((w.generation, r.generation), (Some(a), Some(b)) if b > a);
+    match event {
+        SliceEvent::Deleted(r) => {
+            written.get(&r.name).filter(|w| same_object(w, r)).map(|_| "a slice was deleted")
+        }
+        SliceEvent::Applied(r) => written
+            .get(&r.name)
+            .filter(|w| same_object(w, r) && newer(w, r))
+            .map(|_| "a slice was changed by someone else"),
+        SliceEvent::Listed(items) => {
+            let by_name: BTreeMap<&str, &SliceRef> = items.iter().map(|r| (r.name.as_str(), r)).collect();
+            written.values().find_map(|w| match by_name.get(w.name.as_str()) {
+                None => Some("a slice is missing"),
+                Some(r) if !same_object(w, r) => Some("a slice was replaced"),
+                Some(r) if newer(w, r) => Some("a slice was changed by someone else"),
+                Some(_) => None,
+            })
+        }
+    }
+}
+
+/// Label and field selectors of exactly our slices: our label, our node, our driver.
+fn our_selectors(id: &PoolIdentity) -> (String, String) {
+    (
+        format!("{}={}", well_known::LABEL_MANAGED_BY, well_known::AGENT_FIELD_MANAGER),
+        format!("spec.nodeName={},spec.driver={}", id.node_name, id.driver),
+    )
+}
+
+/// Writes one node's pool. Remembers what it last wrote so that it writes only on change, and
+/// forgets it when the API no longer holds it (see [`Publisher::observe`]).
 pub struct Publisher {
     api: Api<ResourceSlice>,
     id: PoolIdentity,
     generation: i64,
     /// The last slices written successfully, with generation 0 (content only).
     last: Option<Vec<ResourceSlice>>,
+    /// The slices of the last write as the API answered, by name.
+    written: BTreeMap<String, SliceRef>,
 }
 
 impl Publisher {
     pub fn new(client: kube::Client, id: PoolIdentity) -> Self {
-        Publisher { api: Api::all(client), id, generation: 0, last: None }
+        Publisher { api: Api::all(client), id, generation: 0, last: None, written: BTreeMap::new() }
     }
 
     /// Selects exactly our slices: our label, our node, our driver.
     fn ours(&self) -> ListParams {
-        ListParams::default()
-            .labels(&format!("{}={}", well_known::LABEL_MANAGED_BY, well_known::AGENT_FIELD_MANAGER))
-            .fields(&format!("spec.nodeName={},spec.driver={}", self.id.node_name, self.id.driver))
+        let (labels, fields) = our_selectors(&self.id);
+        ListParams::default().labels(&labels).fields(&fields)
     }
 
     /// Continue from the highest pool generation already in the API (a restarted agent must not
-    /// publish a generation consumers would ignore as older).
-    pub async fn init(&mut self) -> Result<(), Error> {
+    /// publish a generation consumers would ignore as older). Returns our slices as the API has
+    /// them, the state a previous run left (see `HealthState::restore`).
+    pub async fn init(&mut self) -> Result<Vec<ResourceSlice>, Error> {
         let existing = self.api.list(&self.ours()).await.map_err(Error::ListSlices)?;
         self.generation =
             existing.items.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0).max(self.generation);
-        Ok(())
+        Ok(existing.items)
+    }
+
+    /// Take in what the watch on our slices saw. When the API no longer holds what we last wrote
+    /// (deleted by the kubelet or an admin, or changed by someone else), forget the last write so
+    /// that the next [`Publisher::publish`] writes again, at a new generation. Returns the reason
+    /// when it did.
+    pub fn observe(&mut self, event: &SliceEvent) -> Option<&'static str> {
+        let reason = drift(&self.written, event)?;
+        self.last = None;
+        self.written.clear();
+        Some(reason)
     }
 
     /// Whether `desired` (built with generation 0) is what was last written.
@@ -64,12 +154,15 @@ impl Publisher {
             let mut slice = slice.clone();
             slice.spec.pool.generation = self.generation;
             let name = slice.metadata.name.clone().unwrap_or_default();
-            self.api
+            let applied = self
+                .api
                 .patch(&name, &pp, &Patch::Apply(&slice))
                 .await
                 .map_err(|source| Error::PublishSlice { name: name.clone(), source })?;
+            self.written.insert(name.clone(), SliceRef { name: name.clone(), ..SliceRef::of(&applied) });
             names.push(name);
         }
+        self.written.retain(|n, _| names.contains(n));
         let existing = self.api.list_metadata(&self.ours()).await.map_err(Error::ListSlices)?;
         for stale in
             existing.items.iter().filter_map(|s| s.metadata.name.as_ref()).filter(|n| !names.contains(n))
@@ -82,6 +175,71 @@ impl Publisher {
         }
         self.last = Some(desired.to_vec());
         Ok(true)
+    }
+}
+
+/// The stream of [`SliceEvent`]s about our slices, as the agent loop reads it.
+pub struct SliceWatch {
+    rx: mpsc::Receiver<SliceEvent>,
+}
+
+impl SliceWatch {
+    /// A watch that never reports anything (tests, or no API server).
+    pub fn disabled() -> Self {
+        let (tx, rx) = mpsc::channel(1);
+        // Keep the sender alive so that `next()` waits forever instead of ending.
+        std::mem::forget(tx);
+        SliceWatch { rx }
+    }
+
+    /// A watch fed by the caller, for tests of the loop.
+    pub fn from_channel(rx: mpsc::Receiver<SliceEvent>) -> Self {
+        SliceWatch { rx }
+    }
+
+    /// Watches our slices (same selectors as the publisher's list) until the receiver is dropped.
+    /// The watcher re-lists after a broken watch; each list becomes one [`SliceEvent::Listed`].
+    pub fn watch(client: kube::Client, id: &PoolIdentity) -> Self {
+        // Bursts are a handful of events (one per slice); the watcher waits when it is full.
+        let (tx, rx) = mpsc::channel(16);
+        let (labels, fields) = our_selectors(id);
+        let api: Api<ResourceSlice> = Api::all(client);
+        tokio::spawn(async move {
+            let config = watcher::Config::default().labels(&labels).fields(&fields);
+            let mut stream = watcher(api, config).default_backoff().boxed();
+            let mut listing: Vec<SliceRef> = Vec::new();
+            while let Some(event) = stream.next().await {
+                let event = match event {
+                    Ok(watcher::Event::Init) => {
+                        listing.clear();
+                        continue;
+                    }
+                    Ok(watcher::Event::InitApply(s)) => {
+                        listing.push(SliceRef::of(&s));
+                        continue;
+                    }
+                    Ok(watcher::Event::InitDone) => SliceEvent::Listed(std::mem::take(&mut listing)),
+                    Ok(watcher::Event::Apply(s)) => SliceEvent::Applied(SliceRef::of(&s)),
+                    Ok(watcher::Event::Delete(s)) => SliceEvent::Deleted(SliceRef::of(&s)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watching our ResourceSlices failed; the watcher retries");
+                        continue;
+                    }
+                };
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        });
+        SliceWatch { rx }
+    }
+
+    /// The next event; waits forever once the watch has ended.
+    pub async fn next(&mut self) -> SliceEvent {
+        match self.rx.recv().await {
+            Some(e) => e,
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -244,7 +402,7 @@ mod tests {
         let mut p = Publisher::new(client, id());
         p.init().await.unwrap();
         assert_eq!(p.generation(), 4);
-        let desired = desired_slices(&id(), &inventory(2), &HealthState::default(), None, 0);
+        let desired = desired_slices(&id(), &inventory(2), &HealthState::default(), &[], 0);
         assert!(p.publish(&desired).await.unwrap());
         assert_eq!(p.generation(), 5);
         let mut handle = server.await.unwrap();
@@ -253,6 +411,112 @@ mod tests {
         assert!(!p.publish(&desired).await.unwrap());
         drop(p);
         assert!(handle.next_request().await.is_none());
+    }
+
+    #[test]
+    fn drift_is_a_missing_or_foreign_changed_slice_not_a_lagging_event() {
+        let r = |name: &str, uid: Option<&str>, generation: Option<i64>| SliceRef {
+            name: name.into(),
+            uid: uid.map(str::to_string),
+            generation,
+        };
+        let written: BTreeMap<String, SliceRef> =
+            [r("s-0", Some("u0"), Some(5)), r("s-1", Some("u1"), Some(2))]
+                .into_iter()
+                .map(|w| (w.name.clone(), w))
+                .collect();
+        use SliceEvent::*;
+        let cases: Vec<(&str, SliceEvent, Option<&str>)> = vec![
+            ("ours deleted", Deleted(r("s-1", Some("u1"), Some(2))), Some("a slice was deleted")),
+            ("ours deleted, uid unknown", Deleted(r("s-1", None, None)), Some("a slice was deleted")),
+            ("an older object of that name deleted", Deleted(r("s-1", Some("old"), Some(9))), None),
+            ("a stale slice we deleted", Deleted(r("s-2", Some("u2"), Some(1))), None),
+            ("our write echoed", Applied(r("s-0", Some("u0"), Some(5))), None),
+            ("an earlier write echoed late", Applied(r("s-0", Some("u0"), Some(4))), None),
+            (
+                "changed after our write",
+                Applied(r("s-0", Some("u0"), Some(6))),
+                Some("a slice was changed by someone else"),
+            ),
+            ("an older object changed", Applied(r("s-0", Some("old"), Some(9))), None),
+            ("no generation to compare", Applied(r("s-0", Some("u0"), None)), None),
+            ("a slice we did not write", Applied(r("s-9", Some("u9"), Some(1))), None),
+            (
+                "list has ours",
+                Listed(vec![r("s-0", Some("u0"), Some(5)), r("s-1", Some("u1"), Some(2))]),
+                None,
+            ),
+            (
+                "list lags behind our write",
+                Listed(vec![r("s-0", Some("u0"), Some(4)), r("s-1", Some("u1"), Some(2))]),
+                None,
+            ),
+            ("list misses one", Listed(vec![r("s-0", Some("u0"), Some(5))]), Some("a slice is missing")),
+            ("list is empty", Listed(vec![]), Some("a slice is missing")),
+            (
+                "list has another object of that name",
+                Listed(vec![r("s-0", Some("u0"), Some(5)), r("s-1", Some("new"), Some(1))]),
+                Some("a slice was replaced"),
+            ),
+            (
+                "list has a foreign change",
+                Listed(vec![r("s-0", Some("u0"), Some(7)), r("s-1", Some("u1"), Some(2))]),
+                Some("a slice was changed by someone else"),
+            ),
+        ];
+        for (name, event, want) in cases {
+            assert_eq!(drift(&written, &event), want, "{name}");
+        }
+        assert_eq!(drift(&BTreeMap::new(), &Listed(vec![])), None, "nothing written yet");
+    }
+
+    /// The watch uses the publisher's selectors and turns a list and watch events into
+    /// `SliceEvent`s.
+    #[tokio::test]
+    async fn slice_watch_lists_then_forwards_events() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(svc, "default");
+        let slice = |name: &str, uid: &str, generation: i64| {
+            serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": name, "uid": uid, "generation": generation, "resourceVersion": "11"},
+                "spec": {"driver": "gpu.switchyard.dev", "nodeName": "node-a", "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}}
+            })
+        };
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            let q = req.uri().query().unwrap().to_string();
+            assert!(!q.contains("watch=true"), "a list first: {q}");
+            assert!(q.contains("labelSelector=switchyard.dev%2Fmanaged-by%3Dswitchyard-driver-agent"), "{q}");
+            assert!(
+                q.contains("fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Dgpu.switchyard.dev"),
+                "{q}"
+            );
+            send.send_response(json(serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {"resourceVersion": "10"},
+                "items": [slice("s-0", "u0", 3)]
+            })));
+            let (req, send) = handle.next_request().await.unwrap();
+            let q = req.uri().query().unwrap().to_string();
+            assert!(q.contains("watch=true") && q.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{q}");
+            let mut lines = Vec::new();
+            for (ty, obj) in [("DELETED", slice("s-0", "u0", 3)), ("ADDED", slice("s-0", "u1", 1))] {
+                lines.extend(serde_json::to_vec(&serde_json::json!({"type": ty, "object": obj})).unwrap());
+                lines.push(b'\n');
+            }
+            send.send_response(Response::builder().status(200).body(Body::from(lines)).unwrap());
+            handle
+        });
+        let mut watch = SliceWatch::watch(client, &id());
+        let r = |uid: &str, generation: i64| SliceRef {
+            name: "s-0".into(),
+            uid: Some(uid.into()),
+            generation: Some(generation),
+        };
+        assert_eq!(watch.next().await, SliceEvent::Listed(vec![r("u0", 3)]));
+        assert_eq!(watch.next().await, SliceEvent::Deleted(r("u0", 3)));
+        assert_eq!(watch.next().await, SliceEvent::Applied(r("u1", 1)));
+        drop(server);
     }
 
     /// A failed apply is not remembered: the next attempt writes again, at a higher generation.
@@ -279,7 +543,7 @@ mod tests {
             send.send_response(json(slice_list(vec![("node-a-gpu-switchyard-dev-0", 2)])));
         });
         let mut p = Publisher::new(client, id());
-        let desired = desired_slices(&id(), &inventory(1), &HealthState::default(), None, 0);
+        let desired = desired_slices(&id(), &inventory(1), &HealthState::default(), &[], 0);
         let err = p.publish(&desired).await.unwrap_err();
         assert!(matches!(err, Error::PublishSlice { .. }) && err.is_transient(), "{err}");
         assert!(!p.is_current(&desired));

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use k8s_openapi::jiff::Timestamp;
 use switchyard_operator::well_known;
 
-use crate::health::{Effect, HealthState};
+use crate::health::{ActiveTaint, Effect, HealthState, TaintKind};
 use crate::inventory::{Gpu, NamedDevice, NodeInventory};
 
 /// Most devices the API accepts in one ResourceSlice.
@@ -153,14 +153,34 @@ fn whole_seconds(t: Timestamp) -> Time {
     Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
 }
 
-/// Devices of the node, in name order of the inventory, with health taints, plus the
-/// driver-unavailable taint on every device when `shutting_down` is set (to the time shutdown
-/// began).
+/// A NoSchedule taint the agent puts on every device of the node, for a node-wide reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeTaint {
+    /// Key suffix after `<driver>/`, one of the `well_known::TAINT_KEY_*` names.
+    pub key_suffix: &'static str,
+    /// When the condition began.
+    pub since: Timestamp,
+}
+
+impl NodeTaint {
+    /// The agent is shutting down: nobody will prepare new claims on this node.
+    pub fn driver_unavailable(since: Timestamp) -> Self {
+        Self { key_suffix: well_known::TAINT_KEY_DRIVER_UNAVAILABLE, since }
+    }
+
+    /// The node still advertises device-plugin GPUs (see `coexistence`).
+    pub fn device_plugin_active(since: Timestamp) -> Self {
+        Self { key_suffix: well_known::TAINT_KEY_DEVICE_PLUGIN_ACTIVE, since }
+    }
+}
+
+/// Devices of the node, in name order of the inventory, with health taints, plus every node-wide
+/// taint on every device.
 pub fn build_devices(
     inv: &NodeInventory,
     health: &HealthState,
     driver: &str,
-    shutting_down: Option<Timestamp>,
+    node_taints: &[NodeTaint],
 ) -> Vec<Device> {
     inv.named_devices()
         .into_iter()
@@ -199,12 +219,12 @@ pub fn build_devices(
                     time_added: Some(whole_seconds(t.since)),
                 })
                 .collect();
-            if let Some(at) = shutting_down {
+            for t in node_taints {
                 taints.push(DeviceTaint {
-                    key: format!("{driver}/{}", well_known::TAINT_KEY_DRIVER_UNAVAILABLE),
+                    key: format!("{driver}/{}", t.key_suffix),
                     value: None,
                     effect: Effect::NoSchedule.as_str().into(),
-                    time_added: Some(whole_seconds(at)),
+                    time_added: Some(whole_seconds(t.since)),
                 });
             }
             Device {
@@ -280,11 +300,45 @@ pub fn desired_slices(
     id: &PoolIdentity,
     inv: &NodeInventory,
     health: &HealthState,
-    shutting_down: Option<Timestamp>,
+    node_taints: &[NodeTaint],
     generation: i64,
 ) -> Vec<ResourceSlice> {
-    let devices = build_devices(inv, health, &id.driver, shutting_down);
+    let devices = build_devices(inv, health, &id.driver, node_taints);
     build_slices(id, devices, &PoolSummary::of(inv), generation)
+}
+
+/// The inverse of the health part of [`build_devices`]: every device in `slices` by name, with the
+/// health taints (`<driver>/xid`, `<driver>/ecc-dbe`, `<driver>/gpu-lost`) it carries. Node-wide
+/// taints (driver-unavailable, device-plugin-active) and other drivers' keys are left out: they are
+/// recomputed, not restored. A taint without `timeAdded` (we always write one) counts from `now`.
+/// Feeds [`HealthState::restore`].
+pub fn published_health(
+    slices: &[ResourceSlice],
+    driver: &str,
+    now: Timestamp,
+) -> Vec<(String, Vec<ActiveTaint>)> {
+    let prefix = format!("{driver}/");
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|d| {
+            let taints = d
+                .taints
+                .iter()
+                .flatten()
+                .filter_map(|t| {
+                    let kind = TaintKind::from_key_suffix(t.key.strip_prefix(&prefix)?)?;
+                    Some(ActiveTaint {
+                        kind,
+                        value: t.value.clone(),
+                        effect: Effect::parse(&t.effect),
+                        since: t.time_added.as_ref().map_or(now, |t| t.0),
+                    })
+                })
+                .collect();
+            (d.name.clone(), taints)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -358,7 +412,7 @@ mod tests {
 
     #[test]
     fn full_gpu_device_carries_attributes_and_capacity() {
-        let devices = build_devices(&inv(vec![h100(0)]), &HealthState::default(), "gpu.switchyard.dev", None);
+        let devices = build_devices(&inv(vec![h100(0)]), &HealthState::default(), "gpu.switchyard.dev", &[]);
         assert_eq!(devices.len(), 1);
         let d = &devices[0];
         assert_eq!(d.name, "gpu-0");
@@ -388,7 +442,7 @@ mod tests {
         g.pci_bus_id = None;
         g.pcie_root = None;
         g.numa_node = None;
-        let d = &build_devices(&inv(vec![g]), &HealthState::default(), "d", None)[0];
+        let d = &build_devices(&inv(vec![g]), &HealthState::default(), "d", &[])[0];
         let keys: Vec<&str> = d.attributes.as_ref().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, ["cudaDriverVersion", "driverVersion", "productName", "type", "uuid"]);
     }
@@ -416,7 +470,7 @@ mod tests {
                 ..Default::default()
             },
         ];
-        let devices = build_devices(&inv(vec![h100(0), g]), &HealthState::default(), "d", None);
+        let devices = build_devices(&inv(vec![h100(0), g]), &HealthState::default(), "d", &[]);
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-0", "gpu-1-mig-1g10gb-0"]);
         let m = &devices[2];
@@ -443,7 +497,7 @@ mod tests {
             &HealthPolicy::default(),
             &HealthEvent { device: "gpu-1".into(), kind: FaultKind::Xid { xid: 79 }, at },
         );
-        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", None);
+        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", &[]);
         assert!(devices[0].taints.is_none());
         let t = devices[1].taints.as_ref().expect("MIG device inherits the parent's fault");
         assert_eq!(t.len(), 1);
@@ -453,7 +507,8 @@ mod tests {
         assert_eq!(t[0].time_added, Some(Time(at)));
 
         let down = at.checked_add(k8s_openapi::jiff::SignedDuration::from_millis(1500)).unwrap();
-        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", Some(down));
+        let devices =
+            build_devices(&inventory, &health, "gpu.switchyard.dev", &[NodeTaint::driver_unavailable(down)]);
         for d in &devices {
             let last = d.taints.as_ref().unwrap().last().unwrap();
             assert_eq!(last.key, "gpu.switchyard.dev/driver-unavailable", "{}", d.name);
@@ -462,6 +517,62 @@ mod tests {
             assert_eq!(last.time_added.as_ref().unwrap().0.subsec_nanosecond(), 0);
         }
         assert_eq!(devices[1].taints.as_ref().unwrap().len(), 2);
+    }
+
+    /// What a restarted agent reads back from its slices rebuilds the health it published: the
+    /// same slices come out, node-wide and foreign taints are not taken for health taints, and a
+    /// whole-GPU fault shown on its MIG devices is restored on the GPU.
+    #[test]
+    fn published_health_round_trips_through_restore() {
+        let mut g = h100(1);
+        g.mig = (0..2)
+            .map(|i| MigDevice {
+                uuid: format!("MIG-{i}"),
+                profile: "1g.10gb".into(),
+                gi: i,
+                ..Default::default()
+            })
+            .collect();
+        let inventory = inv(vec![h100(0), g, h100(2)]);
+        let policy = HealthPolicy::default();
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut health = HealthState::default();
+        for (device, kind, t) in [
+            ("gpu-0", FaultKind::Xid { xid: 13 }, 0),
+            ("gpu-1", FaultKind::EccDbe, 1),
+            ("gpu-1-mig-1g10gb-1", FaultKind::Xid { xid: 79 }, 2),
+        ] {
+            health.apply(&policy, &HealthEvent { device: device.into(), kind, at: at(t) });
+        }
+        let node_taints = [NodeTaint::driver_unavailable(at(5)), NodeTaint::device_plugin_active(at(6))];
+        let mut published = desired_slices(&id(), &inventory, &health, &node_taints, 3);
+        published[0].spec.devices.as_mut().unwrap()[0].taints.as_mut().unwrap().push(DeviceTaint {
+            key: "other.example.com/xid".into(),
+            value: Some("79".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+
+        let read = published_health(&published, "gpu.switchyard.dev", at(100));
+        let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1-mig-1g10gb-0", "gpu-1-mig-1g10gb-1", "gpu-2"]);
+        let kinds: Vec<Vec<TaintKind>> =
+            read.iter().map(|(_, t)| t.iter().map(|t| t.kind).collect()).collect();
+        assert_eq!(
+            kinds,
+            [vec![TaintKind::Xid], vec![TaintKind::EccDbe], vec![TaintKind::Xid, TaintKind::EccDbe], vec![]]
+        );
+        assert_eq!(read[0].1[0].effect, Effect::None);
+        assert_eq!(read[0].1[0].since, at(0));
+
+        let mut restored = HealthState::default();
+        restored.restore(read);
+        assert_eq!(
+            desired_slices(&id(), &inventory, &restored, &[], 0),
+            desired_slices(&id(), &inventory, &health, &[], 0)
+        );
+        assert_eq!(restored.taints_for("gpu-1", None).len(), 1, "the ECC fault is the GPU's");
+        assert_eq!(restored.taints_for("gpu-1-mig-1g10gb-0", None), []);
     }
 
     #[test]
@@ -529,7 +640,7 @@ mod tests {
         assert_eq!(ann[well_known::ANNOTATION_SLICE_MIG_PROFILES], r#"{"1g.10gb":2,"2g.20gb":1}"#);
         assert_eq!(ann[well_known::ANNOTATION_SLICE_GPU_COUNT], "2");
         assert_eq!(PoolSummary::from_annotations(&ann), Some(s));
-        let slices = desired_slices(&id(), &inventory, &HealthState::default(), None, 1);
+        let slices = desired_slices(&id(), &inventory, &HealthState::default(), &[], 1);
         assert_eq!(slices[0].metadata.annotations.as_ref(), Some(&ann));
         assert_eq!(PoolSummary::from_annotations(&BTreeMap::new()), None);
     }

@@ -2,13 +2,29 @@
 # `make bench`: benchmarks whose figures go to docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+state="$root/e2e/.cluster"
 echo "== control plane: binary cache lookup (warm) and cluster start-up" >&2
-start=$(date +%s.%N); bash "$root/e2e/hack/build-controlplane.sh" >/dev/null
+start=$(date +%s.%N); bin_dir=$(bash "$root/e2e/hack/build-controlplane.sh")
 echo "build-controlplane (warm): $(awk "BEGIN{printf \"%.3f\", $(date +%s.%N) - $start}")s"
-if [ -f "$root/e2e/.cluster/kubeconfig" ]; then
+if [ -f "$state/kubeconfig" ]; then
   echo "cluster start-up: skipped, a cluster is running (make cluster-down first)"
 else
   bash "$root/e2e/hack/cluster-up.sh" 2>/dev/null
-  echo "cluster start-up: $(cat "$root/e2e/.cluster/startup-seconds")s"
-  bash "$root/e2e/hack/cluster-down.sh" 2>/dev/null
+  echo "cluster start-up: $(cat "$state/startup-seconds")s"
+  # Kept for the agent benchmark below, stopped on exit.
+  trap 'bash "$root/e2e/hack/cluster-down.sh" 2>/dev/null' EXIT
 fi
+if ! "$bin_dir/kubectl" --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev/null 2>&1; then
+  echo "bench: the cluster in $state does not answer /readyz" >&2
+  exit 1
+fi
+
+echo "== driver agent: event to taint, memory, idle CPU (8 GPUs x 7 MIG devices)" >&2
+cd "$root"
+# The agent as it ships (release); the measuring program's speed does not matter.
+cargo build --release -p switchyard-driver-agent --bin switchyard-driver-agent >&2
+cargo build -p switchyard-e2e --bin bench-agent >&2
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
+SWITCHYARD_AGENT_BIN="$target_dir/release/switchyard-driver-agent" \
+  "$target_dir/debug/bench-agent" --events 100 --gpus 8 --mig-per-gpu 7 --idle-seconds 30

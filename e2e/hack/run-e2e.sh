@@ -18,10 +18,14 @@ fi
 
 export SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig"
 cd "$root"
+bash "$root/e2e/hack/sweep.sh"
 # The scenarios run the real operator and agent binaries as processes (they SIGKILL and SIGTERM
 # them), so build those first and tell the tests where they are.
 cargo build -p switchyard-operator -p switchyard-driver-agent --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 export SWITCHYARD_OPERATOR_BIN="$target_dir/debug/switchyard-operator"
 export SWITCHYARD_AGENT_BIN="$target_dir/debug/switchyard-driver-agent"
+# The kubelet-plugin scenario drives the agent with the kubelet's own plugin code (Go, cached).
+SWITCHYARD_KUBELETPLUGIN_BIN=$(bash "$root/e2e/hack/build-kubeletplugin.sh")
+export SWITCHYARD_KUBELETPLUGIN_BIN
 cargo test -p switchyard-e2e -- "$@"

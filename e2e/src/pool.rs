@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -63,7 +63,9 @@ pub struct Pool {
 }
 
 async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"e2e.switchyard.dev/scenario": "true"}}}),
+    )?;
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
     let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), name);
     wait::until(&format!("the default ServiceAccount in {name}"), Duration::from_secs(60), || {
@@ -77,6 +79,17 @@ impl Pool {
     /// Creates `nodes` simulated nodes with `gpus` GPUs each, both DaemonSets, and starts the
     /// simulator. The operator is not started yet.
     pub async fn new(prefix: &str, nodes: u32, gpus: u32) -> anyhow::Result<Self> {
+        Self::with_unregister_delay(prefix, nodes, gpus, Duration::from_secs(1)).await
+    }
+
+    /// Like [`Pool::new`], with the delay between a plugin pod leaving a node and its resources
+    /// disappearing (a long one holds nodes in Switching).
+    pub async fn with_unregister_delay(
+        prefix: &str,
+        nodes: u32,
+        gpus: u32,
+        unregister_delay: Duration,
+    ) -> anyhow::Result<Self> {
         let client = cluster::client().await?;
         let id = unique(prefix);
         let system_ns = format!("{id}-system");
@@ -91,6 +104,7 @@ impl Pool {
             Some(DaemonSetKey { namespace: system_ns.clone(), name: DEVICE_PLUGIN_DS.into() });
         config.dra_driver = Some(DaemonSetKey { namespace: system_ns.clone(), name: DRIVER_DS.into() });
         config.driver_name = driver.clone();
+        config.unregister_delay = unregister_delay;
         config.agent = Some(AgentSettings {
             bin: cluster::agent_bin(),
             kubeconfig: cluster::kubeconfig().to_path_buf(),
@@ -174,7 +188,7 @@ impl Pool {
     pub fn migration(&self, name: &str, overrides: Value) -> anyhow::Result<GpuPoolMigration> {
         let mut object = json!({
             "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {"e2e.switchyard.dev/pool": self.id}},
             "spec": {
                 "nodeSelector": {"matchLabels": {"pool": self.id}},
                 "resources": [{"extendedResourceName": NVIDIA_GPU_RESOURCE, "deviceClassName": format!("{}.gpu", self.id),
@@ -200,6 +214,8 @@ impl Pool {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = tokio::process::Command::new(cluster::operator_bin())
             .args(["--no-leader-election", "--namespace", &self.system_ns])
+            // Only this pool's migrations: a leftover from another scenario is not ours to touch.
+            .args(["--selector", &format!("e2e.switchyard.dev/pool={}", self.id)])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", cluster::kubeconfig())
             .env("RUST_LOG", "info,switchyard_operator=debug")
@@ -309,6 +325,25 @@ impl Pool {
         Sampler::start(self.client.clone(), self.id.clone(), self.driver.clone(), self.apps_ns.clone())
     }
 
+    /// Runs `scenario` on this pool and then cleans the pool up whatever the outcome, a failed
+    /// assertion (a panic) included, so a failed scenario leaves nothing on the shared cluster.
+    pub async fn run<F>(mut self, scenario: F) -> anyhow::Result<()>
+    where
+        F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
+    {
+        use futures::FutureExt;
+        let outcome = std::panic::AssertUnwindSafe(scenario(&mut self)).catch_unwind().await;
+        let failed = !matches!(outcome, Ok(Ok(())));
+        if failed {
+            eprintln!("scenario failed; operator and agent logs are in {}", self.log_dir().display());
+        }
+        let cleaned = self.cleanup().await;
+        match outcome {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(result) => result.and(cleaned),
+        }
+    }
+
     /// Deletes the migrations of this pool (waiting for the operator's finalizer), stops the
     /// operator and the simulator, and deletes the namespaces.
     pub async fn cleanup(mut self) -> anyhow::Result<()> {
@@ -346,8 +381,11 @@ impl Pool {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let _ = namespaces.delete(&self.system_ns, &dp).await;
         let _ = namespaces.delete(&self.apps_ns, &dp).await;
+        // Our DeviceClass, and any class a scenario labelled with the pool (a shadowing one).
         let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(self.client.clone());
         let _ = classes.delete(&format!("{}.gpu", self.id), &dp).await;
+        let _ =
+            classes.delete_collection(&dp, &ListParams::default().labels(&format!("pool={}", self.id))).await;
         Ok(())
     }
 }
@@ -362,15 +400,30 @@ pub fn allocatable(node: &Node, resource: &str) -> i64 {
         .unwrap_or(0)
 }
 
+fn blocks(effect: &str) -> bool {
+    effect == "NoSchedule" || effect == "NoExecute"
+}
+
 /// Devices in `slice` that the scheduler may allocate: those without a NoSchedule or NoExecute
-/// taint (a tainted device cannot take a new claim, so it does not serve the node).
-pub fn schedulable_devices(slice: &ResourceSlice) -> usize {
+/// taint, in the slice or from a DeviceTaintRule that selects them (a tainted device cannot take
+/// a new claim, so it does not serve the node).
+pub fn schedulable_devices(slice: &ResourceSlice, rules: &[&DeviceTaintRule]) -> usize {
+    let ruled = |device: &str| {
+        rules.iter().any(|r| {
+            let sel = r.spec.device_selector.as_ref();
+            let field = |f: Option<&String>, v: &str| f.is_none_or(|f| f == v);
+            blocks(&r.spec.taint.effect)
+                && field(sel.and_then(|s| s.driver.as_ref()), &slice.spec.driver)
+                && field(sel.and_then(|s| s.pool.as_ref()), &slice.spec.pool.name)
+                && field(sel.and_then(|s| s.device.as_ref()), device)
+        })
+    };
     slice
         .spec
         .devices
         .iter()
         .flatten()
-        .filter(|d| !d.taints.iter().flatten().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"))
+        .filter(|d| !d.taints.iter().flatten().any(|t| blocks(&t.effect)) && !ruled(&d.name))
         .count()
 }
 
@@ -393,6 +446,7 @@ pub struct Samples {
 struct View {
     nodes: HashMap<String, Node>,
     slices: HashMap<String, ResourceSlice>,
+    rules: HashMap<String, DeviceTaintRule>,
     driver_pods: HashMap<String, String>,
     claim_holders: HashMap<String, (String, String)>,
     ready_by_app: HashMap<String, BTreeSet<String>>,
@@ -406,20 +460,28 @@ pub struct Sampler {
     task: JoinHandle<()>,
 }
 
-/// A watch event as (object, still exists); bookmarks, restarts and errors are skipped (the
-/// watcher re-lists by itself).
+/// A watch event as (object, still exists), or the end of the initial list; restarts and
+/// errors are skipped (the watcher re-lists by itself).
 fn lift<T>(event: Result<watcher::Event<T>, watcher::Error>, wrap: fn(T, bool) -> Update) -> Option<Update> {
     match event {
         Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Some(wrap(o, true)),
         Ok(watcher::Event::Delete(o)) => Some(wrap(o, false)),
+        Ok(watcher::Event::InitDone) => Some(Update::Listed),
         _ => None,
     }
 }
 
+/// The watches the sampler merges; it checks nothing until each has delivered its initial list,
+/// since a half-listed cluster (a claim holder seen before its node's driver pod) is no instant
+/// that ever existed.
+const SAMPLED_WATCHES: usize = 4;
+
 enum Update {
-    Node(Node, bool),
-    Slice(ResourceSlice, bool),
-    Pod(Pod, bool),
+    Listed,
+    Node(Box<Node>, bool),
+    Slice(Box<ResourceSlice>, bool),
+    Pod(Box<Pod>, bool),
+    Rule(Box<DeviceTaintRule>, bool),
 }
 
 impl Sampler {
@@ -431,20 +493,29 @@ impl Sampler {
                 Api::<Node>::all(client.clone()),
                 watcher::Config::default().labels(&format!("pool={pool}")),
             )
-            .map(|e| lift(e, Update::Node));
+            .map(|e| lift(e, |n, live| Update::Node(Box::new(n), live)));
             let slices = watcher(
                 Api::<ResourceSlice>::all(client.clone()),
                 watcher::Config::default().fields(&format!("spec.driver={driver}")),
             )
-            .map(|e| lift(e, Update::Slice));
+            .map(|e| lift(e, |s, live| Update::Slice(Box::new(s), live)));
             let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-                .map(|e| lift(e, Update::Pod));
-            let mut all = futures::stream::select_all([nodes.boxed(), slices.boxed(), pods.boxed()]);
+                .map(|e| lift(e, |p, live| Update::Pod(Box::new(p), live)));
+            let rules = watcher(Api::<DeviceTaintRule>::all(client.clone()), watcher::Config::default())
+                .map(|e| lift(e, |r, live| Update::Rule(Box::new(r), live)));
+            let mut all =
+                futures::stream::select_all([nodes.boxed(), slices.boxed(), pods.boxed(), rules.boxed()]);
             let mut view = View::default();
+            let mut listed = 0;
             while let Some(update) = all.next().await {
-                let Some(update) = update else { continue };
-                view.apply(update, &apps_ns, &out);
-                view.check(&pool, &out);
+                match update {
+                    None => continue,
+                    Some(Update::Listed) => listed += 1,
+                    Some(update) => view.apply(update, &apps_ns, &out),
+                }
+                if listed >= SAMPLED_WATCHES {
+                    view.check(&pool, &out);
+                }
             }
         });
         Self { samples, task }
@@ -464,16 +535,24 @@ impl Sampler {
 impl View {
     fn apply(&mut self, update: Update, apps_ns: &str, out: &Mutex<Samples>) {
         match update {
+            Update::Listed => {}
             Update::Node(n, live) => {
                 if live {
-                    self.nodes.insert(n.name_any(), n);
+                    self.nodes.insert(n.name_any(), *n);
                 } else {
                     self.nodes.remove(&n.name_any());
                 }
             }
+            Update::Rule(r, live) => {
+                if live {
+                    self.rules.insert(r.name_any(), *r);
+                } else {
+                    self.rules.remove(&r.name_any());
+                }
+            }
             Update::Slice(s, live) => {
                 if live {
-                    self.slices.insert(s.name_any(), s);
+                    self.slices.insert(s.name_any(), *s);
                 } else {
                     self.slices.remove(&s.name_any());
                 }
@@ -533,13 +612,14 @@ impl View {
     fn check(&self, pool: &str, out: &Mutex<Samples>) {
         let mut samples = out.lock().unwrap();
         samples.events += 1;
+        let rules: Vec<&DeviceTaintRule> = self.rules.values().collect();
         for (name, node) in &self.nodes {
             let alloc = allocatable(node, NVIDIA_GPU_RESOURCE);
             let devices: usize = self
                 .slices
                 .values()
                 .filter(|s| s.spec.node_name.as_deref() == Some(name.as_str()))
-                .map(schedulable_devices)
+                .map(|s| schedulable_devices(s, &rules))
                 .sum();
             if alloc > 0 && devices > 0 {
                 samples.overlaps.push((name.clone(), alloc, devices));
@@ -561,6 +641,15 @@ impl View {
 /// Backend label of a node ("device-plugin" when absent).
 pub fn backend(node: &Node) -> String {
     node.labels().get(LABEL_GPU_BACKEND).cloned().unwrap_or_else(|| "device-plugin".into())
+}
+
+/// The `switchyard.dev/migration-state` annotation of one node ("" when absent).
+pub async fn node_state(client: &Client, node: &str) -> anyhow::Result<String> {
+    let n = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(n.annotations()
+        .get(switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE)
+        .cloned()
+        .unwrap_or_default())
 }
 
 /// The `switchyard.dev/migration-state` annotation of each pool node.

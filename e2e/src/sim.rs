@@ -582,7 +582,7 @@ async fn plugin_loop(
         };
         for (node, layout, dp, dra, held) in desired {
             if let Some(settings) = config.agent.as_ref().filter(|_| dra && !held) {
-                ensure_agent(&agents, settings, &config.driver_name, &node, &layout).await;
+                ensure_agent(&agents, &state, settings, &config.driver_name, &node, &layout).await;
             }
             let before = applied.get(&node).copied();
             if before == Some((dp, dra)) {
@@ -623,15 +623,23 @@ async fn plugin_loop(
     }
 }
 
-/// Starts the agent for `node` unless a live one runs.
+/// Starts the agent for `node` unless a live one runs or a test holds it stopped.
 async fn ensure_agent(
     agents: &Agents,
+    state: &Mutex<State>,
     settings: &AgentSettings,
     driver: &str,
     node: &str,
     layout: &GpuLayout,
 ) {
     let mut agents = agents.lock().await;
+    // The caller read `held_agents` before taking this lock. If `stop_agent` held the node and
+    // took its process away in between, starting one now would break "stays stopped until
+    // `start_agent`". `stop_agent` marks the node held before it takes this lock, so checking
+    // again under the lock closes that window.
+    if state.lock().unwrap().held_agents.contains(node) {
+        return;
+    }
     if let Some(process) = agents.get_mut(node) {
         match process.child.try_wait() {
             Ok(None) => return,

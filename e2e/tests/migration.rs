@@ -6,8 +6,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{self, Pool, backend, node_states, patch_spec};
@@ -58,13 +60,8 @@ where
     F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
 {
     let _serial = pool::SERIAL.lock().await;
-    let mut pool = Pool::new(prefix, nodes, gpus).await?;
-    let result = scenario(&mut pool).await;
-    if result.is_err() {
-        eprintln!("scenario failed; operator and agent logs are in {}", pool.log_dir().display());
-    }
-    let cleaned = pool.cleanup().await;
-    result.and(cleaned)
+    let pool = Pool::new(prefix, nodes, gpus).await?;
+    pool.run(scenario).await
 }
 
 #[tokio::test]
@@ -166,12 +163,324 @@ fn record_state(name: &str, gpm: &GpuPoolMigration) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[allow(dead_code)]
-async fn list_pods(pool: &Pool) -> anyhow::Result<Vec<Pod>> {
-    Ok(Api::<Pod>::namespaced(pool.client.clone(), &pool.apps_ns).list(&ListParams::default()).await?.items)
+/// The events about one GpuPoolMigration, by reason and note. Events with the same reason on
+/// the same object are one series, so per-node notes are read from the Nodes.
+async fn event_reasons(pool: &Pool, migration: &str) -> anyhow::Result<Vec<(String, String)>> {
+    object_events(pool, "GpuPoolMigration", migration).await
 }
 
-#[allow(dead_code)]
-async fn unused(api: &Api<GpuPoolMigration>) -> anyhow::Result<()> {
-    patch_spec(api, "x", json!({})).await
+async fn object_events(pool: &Pool, kind: &str, name: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let events: Api<Event> = Api::namespaced(pool.client.clone(), "default");
+    let fields = format!("regarding.kind={kind},regarding.name={name}");
+    Ok(events
+        .list(&ListParams::default().fields(&fields))
+        .await?
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect())
+}
+
+async fn migrate_forward(
+    pool: &mut Pool,
+    name: &str,
+    overrides: serde_json::Value,
+) -> anyhow::Result<GpuPoolMigration> {
+    let gpm = pool.migration(name, overrides)?;
+    pool.migrations().create(&PostParams::default(), &gpm).await?;
+    if pool.operator.is_none() {
+        pool.start_operator()?;
+    }
+    pool.wait_phase(name, Phase::Completed, MIGRATION).await
+}
+
+#[tokio::test]
+async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_leaves() -> anyhow::Result<()>
+{
+    with_pool("rollback", 3, 2, async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("trainer", 3, 1).await?;
+        pool.wait_running(3).await?;
+        migrate_forward(pool, &name, json!({})).await?;
+        let on_dra = pool.wait_running(3).await?;
+        assert_gpu_pods_on_dra(pool, &on_dra).await?;
+
+        let sampler = pool.sample();
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        let progressing = pool
+            .wait_status(&name, "rolling back", MIGRATION, |g| {
+                g.status.as_ref().and_then(|s| s.phase) == Some(Phase::RollingBack)
+                    || g.status.as_ref().and_then(|s| s.phase) == Some(Phase::RolledBack)
+            })
+            .await?;
+        record_state("rollingback", &progressing)?;
+        let done = pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        let status = done.status.clone().unwrap();
+        assert_eq!((status.nodes.total, status.nodes.failed), (3, 0));
+        assert_eq!(condition(&done, "Ready").map(|c| c.status.as_str()), Some("True"));
+
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let rules: Api<DeviceTaintRule> = Api::all(pool.client.clone());
+        for (node, state) in node_states(&pool.client, pool).await? {
+            assert_eq!(state, "RolledBack", "{node}");
+            let n = nodes.get(&node).await?;
+            assert_eq!(backend(&n), "device-plugin", "{node}");
+            assert_eq!(
+                pool::allocatable(&n, "nvidia.com/gpu"),
+                2,
+                "{node}: the device plugin serves it again"
+            );
+            assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{node} is left cordoned");
+            let leftover = switchyard_operator::controller::taint_rule_name(&node);
+            assert!(rules.get_opt(&leftover).await?.is_none(), "DeviceTaintRule {leftover} was not deleted");
+        }
+        // The claim holders were evicted through the DeviceTaintRule while the driver still ran,
+        // and came back on the device plugin without claims.
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(
+            samples.orphaned_claim_holders.is_empty(),
+            "pods held DRA claims after their node's driver left: {:?}",
+            samples.orphaned_claim_holders
+        );
+        assert!(
+            samples.deleted_pods.len() >= 3,
+            "the DRA claim holders were not evicted: {:?}",
+            samples.deleted_pods
+        );
+        let back = pool.wait_running(3).await?;
+        for p in &back {
+            assert!(
+                p.status.as_ref().unwrap().extended_resource_claim_status.is_none(),
+                "{} still has a claim",
+                p.name_any()
+            );
+        }
+        for node in &pool.nodes {
+            let events = object_events(pool, "Node", node).await?;
+            for reason in
+                ["NodeRollingBack", "DeviceTaintRuleCreated", "BackendDevicePlugin", "NodeRolledBack"]
+            {
+                assert!(events.iter().any(|(r, _)| r == reason), "{node}: no {reason} event: {events:?}");
+            }
+        }
+        record_state("rolledback", &done)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn paused_migration_stops_at_a_safe_point_and_resumes() -> anyhow::Result<()> {
+    with_pool("pause", 5, 2, async |pool| {
+        let name = pool.id.clone();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let moving = pool
+            .wait_status(&name, "one node migrated", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| s.nodes.migrated >= 1)
+            })
+            .await?;
+        record_state("progressing", &moving)?;
+        patch_spec(&pool.migrations(), &name, json!({"paused": true})).await?;
+        // A node in flight finishes its step and waits at a safe point (cordoned, or drained,
+        // still on the device plugin), saying so in its message.
+        let paused = pool
+            .wait_status(&name, "paused, every node in flight waiting at a safe point", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.phase == Some(Phase::Paused)
+                        && s.in_progress.iter().all(|p| p.message.starts_with("Paused:"))
+                })
+            })
+            .await?;
+        record_state("paused", &paused)?;
+        assert_eq!(condition(&paused, "Ready").map(|c| c.status.as_str()), Some("False"));
+
+        // Paused means nothing moves: watch the nodes for a while.
+        let before = node_states(&pool.client, pool).await?;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = node_states(&pool.client, pool).await?;
+        assert_eq!(before, after, "nodes moved while paused");
+        let migrated = after.values().filter(|s| *s == "Migrated").count();
+        assert!((1..5).contains(&migrated), "pause should land mid-migration: {after:?}");
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        for (node, state) in &after {
+            assert!(
+                !["Switching", "Verifying", "RollingBack"].contains(&state.as_str()),
+                "{node} stopped mid-switch in {state}"
+            );
+            let n = nodes.get(node).await?;
+            let expected = if state == "Migrated" { "dra" } else { "device-plugin" };
+            assert_eq!(backend(&n), expected, "{node} in {state:?}");
+        }
+
+        patch_spec(&pool.migrations(), &name, json!({"paused": false})).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.unwrap().nodes.migrated, 5);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn shadowed_device_class_blocks_the_migration_and_names_the_winner() -> anyhow::Result<()> {
+    with_pool("shadow", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let gpm = pool.migration(&name, json!({"paused": true}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        pool.wait_status(&name, "its DeviceClass in place", MIGRATION, |g| {
+            condition(g, "DeviceClassesReady").is_some_and(|c| c.status == "True")
+        })
+        .await?;
+
+        // A newer class with the same extendedResourceName wins in the scheduler (and this name
+        // sorts first, so it wins a same-second tie too).
+        let winner = format!("aaa-{}-shadow", pool.id);
+        let class: DeviceClass = serde_json::from_value(json!({
+            "metadata": {"name": winner, "labels": {"pool": pool.id}},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nobody.example.com'"}}],
+                     "extendedResourceName": "nvidia.com/gpu"}
+        }))?;
+        let classes: Api<DeviceClass> = Api::all(pool.client.clone());
+        classes.create(&PostParams::default(), &class).await?;
+        patch_spec(&pool.migrations(), &name, json!({"paused": false})).await?;
+
+        let stalled = pool
+            .wait_status(&name, "DeviceClassesReady=False naming the winner", MIGRATION, |g| {
+                condition(g, "DeviceClassesReady")
+                    .is_some_and(|c| c.status == "False" && c.message.contains(&winner))
+            })
+            .await?;
+        record_state("stalled", &stalled)?;
+        let dc = condition(&stalled, "DeviceClassesReady").unwrap();
+        assert_eq!(dc.reason, "Shadowed", "{dc:?}");
+        assert_eq!(condition(&stalled, "Stalled").map(|c| c.status.as_str()), Some("True"));
+        let entry = &stalled.status.as_ref().unwrap().device_classes[0];
+        assert!(!entry.effective);
+        assert_eq!(entry.shadowed_by, winner);
+
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (node, state) in node_states(&pool.client, pool).await? {
+            assert!(state.is_empty() || state == "Pending", "{node} moved under a shadowed class: {state}");
+        }
+
+        // Removing the shadowing class unblocks it.
+        classes.delete(&winner, &DeleteParams::default()).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn two_migrations_selecting_the_same_nodes_conflict_and_move_nothing() -> anyhow::Result<()> {
+    with_pool("conflict", 2, 2, async |pool| {
+        let a = pool.id.clone();
+        let b = format!("{}-b", pool.id);
+        pool.migrations().create(&PostParams::default(), &pool.migration(&a, json!({}))?).await?;
+        pool.migrations().create(&PostParams::default(), &pool.migration(&b, json!({}))?).await?;
+        pool.start_operator()?;
+        for (me, other) in [(&a, &b), (&b, &a)] {
+            let g = pool
+                .wait_status(me, "NodeConflict=True", MIGRATION, |g| {
+                    condition(g, "NodeConflict").is_some_and(|c| c.status == "True")
+                })
+                .await?;
+            let c = condition(&g, "NodeConflict").unwrap();
+            assert!(c.message.contains(other.as_str()), "{me}: the conflict should name {other}: {c:?}");
+            for n in &pool.nodes {
+                assert!(c.message.contains(n.as_str()), "{me}: the conflict should name {n}: {c:?}");
+            }
+            let reasons = event_reasons(pool, me).await?;
+            assert!(
+                reasons.iter().any(|(r, _)| r == "NodeConflict"),
+                "{me}: no NodeConflict event: {reasons:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (node, state) in node_states(&pool.client, pool).await? {
+            assert!(state.is_empty(), "{node} was moved although two migrations select it: {state}");
+        }
+        // Deleting one lets the other move the pool.
+        pool.migrations().delete(&b, &DeleteParams::default()).await?;
+        pool.wait_phase(&a, Phase::Completed, MIGRATION).await?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn operator_killed_while_switching_and_while_draining_resumes_and_completes() -> anyhow::Result<()> {
+    let _serial = pool::SERIAL.lock().await;
+    // The device plugin's capacity lingers 8 s after its pod leaves, holding nodes in Switching.
+    let pool = Pool::with_unregister_delay("sigkill", 2, 2, Duration::from_secs(8)).await?;
+    pool.run(async |pool| killed_mid_step(pool).await).await
+}
+
+async fn killed_mid_step(pool: &mut Pool) -> anyhow::Result<()> {
+    let name = pool.id.clone();
+    // One GPU pod whose PDB allows no disruption: its node's drain blocks until the PDB goes.
+    pool.deployment("pinned", 1, 1).await?;
+    pool.pdb("pinned", "pinned", 1).await?;
+    let pinned = pool.wait_running(1).await?;
+    let blocked_node = pinned[0].spec.as_ref().unwrap().node_name.clone().unwrap();
+    let free_node = pool.nodes.iter().find(|n| **n != blocked_node).unwrap().clone();
+    let sampler = pool.sample();
+
+    // The node without GPU pods goes first (cheapest first) and sits in Switching.
+    let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+    pool.migrations().create(&PostParams::default(), &gpm).await?;
+    pool.start_operator()?;
+    let client = pool.client.clone();
+    let state_of = async |node: &str| pool::node_state(&client, node).await;
+    switchyard_e2e::wait::until(&format!("{free_node} in Switching"), MIGRATION, || async {
+        Ok((state_of(&free_node).await? == "Switching").then_some(()))
+    })
+    .await?;
+    pool.operator.take().unwrap().kill().await?;
+    assert_eq!(state_of(&free_node).await?, "Switching", "the state survives the crash on the Node");
+    pool.start_operator()?;
+    switchyard_e2e::wait::until(&format!("{free_node} Migrated after the restart"), MIGRATION, || async {
+        Ok((state_of(&free_node).await? == "Migrated").then_some(()))
+    })
+    .await?;
+
+    // The pinned pod's node drains into the PDB and waits there.
+    let blocked = pool
+        .wait_status(&name, "the drain blocked by the PDB", MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.in_progress
+                    .iter()
+                    .any(|p| p.name == blocked_node && p.message.contains("PodDisruptionBudget"))
+            })
+        })
+        .await?;
+    assert_eq!(state_of(&blocked_node).await?, "Draining");
+    let since = blocked.status.as_ref().unwrap().in_progress[0].since.clone();
+    pool.operator.take().unwrap().kill().await?;
+    pool.start_operator()?;
+    // The new process picks the node up where it was: still Draining, still cordoned, same start.
+    let resumed = pool
+        .wait_status(&name, "the new operator reporting the blocked drain", MIGRATION, |g| {
+            g.status
+                .as_ref()
+                .is_some_and(|s| s.in_progress.iter().any(|p| p.name == blocked_node && p.since == since))
+        })
+        .await?;
+    assert_eq!(state_of(&blocked_node).await?, "Draining");
+    let node = Api::<Node>::all(pool.client.clone()).get(&blocked_node).await?;
+    assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+    assert_eq!(resumed.status.unwrap().nodes.migrated, 1);
+
+    // Lifting the PDB lets the drain finish and the migration complete.
+    Api::<PodDisruptionBudget>::namespaced(pool.client.clone(), &pool.apps_ns)
+        .delete("pinned", &DeleteParams::default())
+        .await?;
+    pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+    let after = pool.wait_running(1).await?;
+    assert_gpu_pods_on_dra(pool, &after).await?;
+    let samples = sampler.stop();
+    assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+    Ok(())
 }

@@ -60,7 +60,9 @@ impl Scenario {
         Api::<Namespace>::all(client.clone())
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": namespace}}))?,
+                &serde_json::from_value(
+                    json!({"metadata": {"name": namespace, "labels": {"e2e.switchyard.dev/scenario": "true"}}}),
+                )?,
             )
             .await?;
         wait::until("the namespace's default ServiceAccount", SCHEDULING, || {
@@ -95,7 +97,7 @@ impl Scenario {
     /// A DeviceClass that serves `self.resource` from `self.driver`'s devices.
     async fn device_class(&self) -> anyhow::Result<()> {
         let class: DeviceClass = serde_json::from_value(json!({
-            "metadata": {"name": format!("{}.example.com", self.id)},
+            "metadata": {"name": format!("{}.example.com", self.id), "labels": {"e2e.switchyard.dev/scenario": "true"}},
             "spec": {
                 "selectors": [{"cel": {"expression": format!("device.driver == '{}'", self.driver)}}],
                 "extendedResourceName": self.resource,

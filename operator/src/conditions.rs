@@ -34,12 +34,16 @@ pub enum ConditionType {
     BackendOverlap,
     /// True when the operator has warnings about the pool that do not block it (older container
     /// runtimes, DeviceClass names that cannot be requested as
-    /// `deviceclass.resource.kubernetes.io/<name>`, refused nodes).
+    /// `deviceclass.resource.kubernetes.io/<name>`).
     InventoryFindings,
+    /// True when some selected nodes are refused because another GpuPoolMigration owns them or
+    /// also selects them; the message names the nodes and the other migrations. The other
+    /// nodes of the pool still move.
+    NodeConflict,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 8] = [
+    pub const ALL: [ConditionType; 9] = [
         ConditionType::Ready,
         ConditionType::Reconciling,
         ConditionType::Stalled,
@@ -48,6 +52,7 @@ impl ConditionType {
         ConditionType::PlacementReady,
         ConditionType::BackendOverlap,
         ConditionType::InventoryFindings,
+        ConditionType::NodeConflict,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,6 +65,7 @@ impl ConditionType {
             ConditionType::PlacementReady => "PlacementReady",
             ConditionType::BackendOverlap => "BackendOverlap",
             ConditionType::InventoryFindings => "InventoryFindings",
+            ConditionType::NodeConflict => "NodeConflict",
         }
     }
 

@@ -62,6 +62,10 @@ const PROBE_RESOURCE: &str = "probe.switchyard.dev/gpu";
 pub struct Config {
     /// Namespace for canary pods (the operator's own).
     pub canary_namespace: String,
+    /// Label selector on GpuPoolMigrations: this operator manages only the matching ones
+    /// (`None`: all). Lets several operators split a cluster, or a new version be tried on one
+    /// migration.
+    pub migration_selector: Option<String>,
 }
 
 /// Shared by every reconcile.
@@ -831,7 +835,6 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
 
     let mut findings: Vec<String> = verdict.warnings.clone();
     findings.extend(device_classes::warnings(spec));
-    findings.extend(p.refused.iter().map(|r| r.message.clone()));
 
     let mut needs_human = None;
     if let Some(Halt::NodeFailed(n)) = &p.halt {
@@ -901,6 +904,22 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         ),
         None => Desired::new(ConditionType::BackendOverlap, false, "NoOverlap", "every node has one backend"),
     });
+    let conflict = (!p.refused.is_empty()).then(|| {
+        let mut lines: Vec<String> = p.refused.iter().take(10).map(|r| r.message.clone()).collect();
+        if p.refused.len() > 10 {
+            lines.push(format!("and {} more", p.refused.len() - 10));
+        }
+        lines.join("\n")
+    });
+    desired.push(match &conflict {
+        Some(m) => Desired::new(ConditionType::NodeConflict, true, "NodesRefused", m.clone()),
+        None => Desired::new(
+            ConditionType::NodeConflict,
+            false,
+            "NoConflict",
+            "no other migration selects these nodes",
+        ),
+    });
     desired.push(if findings.is_empty() {
         Desired::new(ConditionType::InventoryFindings, false, "NoFindings", "")
     } else {
@@ -920,6 +939,22 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     };
     if gpm.status.as_ref() != Some(&status) {
         write_status(ctx, &name, &status).await?;
+    }
+    // One Warning event when the conflict starts (or changes), not one per reconcile.
+    let old_conflict = old.conditions.iter().find(|c| c.type_ == "NodeConflict" && c.status == "True");
+    if let Some(message) = &conflict
+        && old_conflict.map(|c| &c.message) != Some(message)
+    {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "NodeConflict".into(),
+            note: Some(message.clone()),
+            action: "SelectNodes".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+            warn!(error = %e, "publishing the NodeConflict event failed");
+        }
     }
 
     // Metrics.
@@ -1042,7 +1077,11 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let wc = || watcher::Config::default().any_semantic();
-    let controller = Controller::new(Api::<GpuPoolMigration>::all(client.clone()), wc());
+    let gpm_watch = match &config.migration_selector {
+        Some(selector) => wc().labels(selector),
+        None => wc(),
+    };
+    let controller = Controller::new(Api::<GpuPoolMigration>::all(client.clone()), gpm_watch);
     let store = controller.store();
     let (node_reader, node_writer) = reflector::store::<PartialObjectMeta<Node>>();
     let node_stream =

@@ -23,6 +23,10 @@ struct Args {
     /// Run without leader election (one replica only, or local development).
     #[arg(long, env = "SWITCHYARD_NO_LEADER_ELECTION")]
     no_leader_election: bool,
+    /// Manage only the GpuPoolMigrations that match this label selector (for example
+    /// `switchyard.dev/shard=a`). Default: all of them.
+    #[arg(long, env = "SWITCHYARD_MIGRATION_SELECTOR")]
+    selector: Option<String>,
     /// Log format: text or json.
     #[arg(long, env = "SWITCHYARD_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -49,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         lease_name: args.lease_name,
         identity,
         leader_election: !args.no_leader_election,
+        migration_selector: args.selector,
     })
     .await
 }

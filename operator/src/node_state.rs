@@ -190,6 +190,15 @@ pub fn next_step(o: &Observed) -> Action {
             }
         }
         Draining => {
+            // A finished drain is never late: the timeout is for the drain, not for a pause.
+            let drained = o.drain.to_evict == 0 && o.drain.blocked == 0 && o.drain.terminating == 0;
+            if drained {
+                return if o.hold {
+                    wait("Paused", "drained; the migration is paused before the switch")
+                } else {
+                    Action::SwitchToDra
+                };
+            }
             if timed_out(o) {
                 return Action::Fail {
                     reason: "DrainTimeout",
@@ -209,12 +218,8 @@ pub fn next_step(o: &Observed) -> Action {
                         o.drain.blocked
                     ),
                 )
-            } else if o.drain.terminating > 0 {
-                wait("PodsTerminating", format!("{} pod(s) still terminating", o.drain.terminating))
-            } else if o.hold {
-                wait("Paused", "drained; the migration is paused before the switch")
             } else {
-                Action::SwitchToDra
+                wait("PodsTerminating", format!("{} pod(s) still terminating", o.drain.terminating))
             }
         }
         Switching | Verifying if rollback => Action::StartRollback,
@@ -316,6 +321,16 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::SwitchToDevicePlugin
             } else if o.allocatable == 0 {
                 wait("WaitingForDevicePlugin", "waiting for the device plugin to advertise the GPUs again")
+            } else if o.taint_rule_exists && o.dra_devices > 0 {
+                // The rule is what keeps the scheduler off the DRA devices now that the device
+                // plugin serves the node again; it goes only once the driver has withdrawn them.
+                wait(
+                    "WaitingForDriverToLeave",
+                    format!(
+                        "{} DRA device(s) still published without a taint; waiting for the driver to leave",
+                        o.dra_devices
+                    ),
+                )
             } else if o.taint_rule_exists {
                 Action::DeleteTaintRule
             } else {
@@ -387,6 +402,21 @@ mod tests {
             ("draining terminating", Draining, |o| o.drain.terminating = 1, "Wait:PodsTerminating"),
             ("drained", Draining, |_| {}, "SwitchToDra"),
             ("drained but paused", Draining, |o| o.hold = true, "Wait:Paused"),
+            (
+                "drained and paused past the drain timeout",
+                Draining,
+                |o| {
+                    o.hold = true;
+                    o.now = Timestamp::from_second(5_000).unwrap()
+                },
+                "Wait:Paused",
+            ),
+            (
+                "drained, resumed after a pause longer than the drain timeout",
+                Draining,
+                |o| o.now = Timestamp::from_second(5_000).unwrap(),
+                "SwitchToDra",
+            ),
             (
                 "drain timeout",
                 Draining,
@@ -619,6 +649,16 @@ mod tests {
                     o.allocatable = 8
                 },
                 "DeleteTaintRule",
+            ),
+            (
+                "rolling back, plugin back, driver still publishing untainted devices",
+                RollingBack,
+                |o| {
+                    o.taint_rule_exists = true;
+                    o.allocatable = 8;
+                    o.dra_devices = 8
+                },
+                "Wait:WaitingForDriverToLeave",
             ),
             ("rolling back, done", RollingBack, |o| o.allocatable = 8, "FinishRollback"),
             (

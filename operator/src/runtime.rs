@@ -27,6 +27,8 @@ pub struct Settings {
     pub lease_name: String,
     pub identity: String,
     pub leader_election: bool,
+    /// Label selector on the GpuPoolMigrations this operator manages (`None`: all).
+    pub migration_selector: Option<String>,
 }
 
 #[derive(Clone)]
@@ -89,8 +91,18 @@ async fn termination() {
 
 /// Runs the operator until SIGTERM. Returns an error when leadership is lost, so that the
 /// process restarts instead of two replicas acting at once.
+/// The API client. kube's default retry layer is off: it retries 429 up to 15 times with a
+/// backoff that grows to minutes, and a PodDisruptionBudget refusing an eviction answers 429. The
+/// reconciler must see that answer at once (to report the blocking PDB and requeue); its own
+/// error policy backs off transient failures.
+pub async fn client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await?;
+    let client = client().await?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -166,7 +178,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let ctrl = tokio::spawn(controller::run(
         client.clone(),
         metrics,
-        Config { canary_namespace: settings.namespace.clone() },
+        Config {
+            canary_namespace: settings.namespace.clone(),
+            migration_selector: settings.migration_selector.clone(),
+        },
         ready.clone(),
         shutdown,
     ));

@@ -1,0 +1,145 @@
+//! The interlock that keeps a node from being served by two backends at once.
+//!
+//! The scheduler treats a node as device-plugin backed for a resource while its
+//! `status.allocatable` for that name is above zero. During a switch the device plugin's pod is
+//! stopping while this agent is starting, and the kubelet only drops the plugin's capacity a
+//! moment later; on a misconfigured node both may run for good. So the agent watches its own
+//! Node and, while any device-plugin resource (by default every `nvidia.com/` name) is still
+//! allocatable, publishes every device with a `<driver>/device-plugin-active` NoSchedule taint.
+//! The scheduler then allocates nothing from the DRA side until the device plugin is gone.
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+/// The extended-resource prefix of the NVIDIA device plugin (`nvidia.com/gpu`,
+/// `nvidia.com/mig-1g.10gb`, ...).
+pub const DEFAULT_PREFIX: &str = "nvidia.com/";
+
+/// The device-plugin resources `node` advertises as allocatable (non-zero), by name. Pure.
+pub fn active_resources(node: &Node, prefixes: &[String]) -> Vec<String> {
+    let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) else { return Vec::new() };
+    alloc
+        .iter()
+        .filter(|(name, _)| prefixes.iter().any(|p| name.starts_with(p.as_str())))
+        .filter(|(_, q)| !is_zero(&q.0))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Extended resources are whole numbers; anything that does not parse as 0 counts as present.
+fn is_zero(quantity: &str) -> bool {
+    quantity.trim().parse::<i64>().is_ok_and(|n| n == 0)
+}
+
+/// Whether the device plugin is active on the node, and since when, as the agent loop reads it.
+#[derive(Clone)]
+pub struct Guard {
+    rx: watch::Receiver<Option<Timestamp>>,
+}
+
+impl Guard {
+    /// A guard that never reports the device plugin (the interlock is off).
+    pub fn disabled() -> Self {
+        let (tx, rx) = watch::channel(None);
+        // Keep the sender alive so `changed()` waits forever instead of failing.
+        std::mem::forget(tx);
+        Self { rx }
+    }
+
+    /// Since when the node has advertised device-plugin resources, if it does now.
+    pub fn active_since(&self) -> Option<Timestamp> {
+        *self.rx.borrow()
+    }
+
+    /// Waits for the next change.
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Watches `node` and keeps the guard current. Until the first observation the device
+    /// plugin is assumed active: publishing allocatable devices before knowing is what the
+    /// interlock exists to prevent.
+    pub fn watch(client: Client, node: String, prefixes: Vec<String>) -> Self {
+        let (tx, rx) = watch::channel(Some(Timestamp::now()));
+        tokio::spawn(async move {
+            let api: Api<Node> = Api::all(client);
+            let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+            let mut stream = watcher(api, config).boxed();
+            while let Some(event) = stream.next().await {
+                let n = match event {
+                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watching the Node failed; the watcher retries");
+                        continue;
+                    }
+                };
+                let active = active_resources(&n, &prefixes);
+                let was = *tx.borrow();
+                let now = match (active.is_empty(), was) {
+                    (true, _) => None,
+                    (false, Some(since)) => Some(since),
+                    (false, None) => Some(Timestamp::now()),
+                };
+                if now != was {
+                    if active.is_empty() {
+                        tracing::info!("no device-plugin resources on the node; devices are allocatable");
+                    } else {
+                        tracing::warn!(resources = ?active, "the node advertises device-plugin resources; devices stay tainted");
+                    }
+                    if tx.send(now).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Self { rx }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(alloc: &[(&str, &str)]) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": alloc.iter().map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()}
+        }))
+        .unwrap()
+    }
+
+    /// Allocatable (name, quantity) pairs, and the resources expected to count as active.
+    type Case = (&'static [(&'static str, &'static str)], &'static [&'static str]);
+
+    #[test]
+    fn only_non_zero_device_plugin_resources_count() {
+        let prefixes = vec![DEFAULT_PREFIX.to_owned()];
+        let cases: &[Case] = &[
+            (&[], &[]),
+            (&[("cpu", "32"), ("memory", "256Gi")], &[]),
+            (&[("nvidia.com/gpu", "8")], &["nvidia.com/gpu"]),
+            (&[("nvidia.com/gpu", "0")], &[]),
+            (&[("nvidia.com/gpu", "0"), ("nvidia.com/mig-1g.10gb", "7")], &["nvidia.com/mig-1g.10gb"]),
+            (&[("example.com/gpu", "2")], &[]),
+            // A quantity we cannot read is treated as present: failing safe keeps the taint.
+            (&[("nvidia.com/gpu", "1k")], &["nvidia.com/gpu"]),
+        ];
+        for (alloc, want) in cases {
+            assert_eq!(active_resources(&node(alloc), &prefixes), *want, "{alloc:?}");
+        }
+    }
+
+    #[test]
+    fn no_status_means_nothing_active() {
+        let n: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).unwrap();
+        assert!(active_resources(&n, &[DEFAULT_PREFIX.to_owned()]).is_empty());
+    }
+}
