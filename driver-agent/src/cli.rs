@@ -280,6 +280,10 @@ pub async fn run(args: Args) -> Result<(), Error> {
     // to minutes, which would hold a health taint back; the agent's own backoff retries writes.
     let mut config = kube::Config::infer().await.map_err(|e| Error::Config(format!("kubeconfig: {e}")))?;
     config.default_retry = false;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("switchyard-driver-agent/", env!("CARGO_PKG_VERSION"))),
+    ));
     let client = kube::Client::try_from(config).map_err(Error::Client)?;
     let uid = tokio::select! {
         uid = node_uid(&client, &node) => uid?,

@@ -3,6 +3,16 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 state="$root/e2e/.cluster"
+cd "$root"
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+
+echo "== kubelet plugin: NodePrepareResources / NodeUnprepareResources latency (no cluster needed)" >&2
+# Release, as the agent ships; claims come from memory, so API-server latency is not included.
+cargo build --release -p switchyard-driver-agent --example bench-prepare >&2
+"$target_dir/release/examples/bench-prepare" --claims 100
+"$target_dir/release/examples/bench-prepare" --claims 100 \
+  --inventory "$root/driver-agent/examples/sim-inventory-mig.yaml"
+
 echo "== control plane: binary cache lookup (warm) and cluster start-up" >&2
 start=$(date +%s.%N); bin_dir=$(bash "$root/e2e/hack/build-controlplane.sh")
 echo "build-controlplane (warm): $(awk "BEGIN{printf \"%.3f\", $(date +%s.%N) - $start}")s"
@@ -24,7 +34,6 @@ cd "$root"
 # The agent as it ships (release); the measuring program's speed does not matter.
 cargo build --release -p switchyard-driver-agent --bin switchyard-driver-agent >&2
 cargo build -p switchyard-e2e --bin bench-agent >&2
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
 SWITCHYARD_AGENT_BIN="$target_dir/release/switchyard-driver-agent" \
   "$target_dir/debug/bench-agent" --events 100 --gpus 8 --mig-per-gpu 7 --idle-seconds 30

@@ -89,16 +89,18 @@ EOF
 for c in admin controller-manager scheduler; do write_kubeconfig "$c"; done
 cp "$state/admin.kubeconfig" "$kubeconfig"
 
-# Metadata-level audit log of every mutating request, so benchmarks can count the API calls the
-# operator makes per migrated node.
+# Metadata-level audit log of every request except the control plane's own, so benchmarks can
+# count the API calls the operator (user agent switchyard-operator/...) makes per migrated node.
 cat > "$state/audit-policy.yaml" <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
-- level: Metadata
-  verbs: [create, update, patch, delete, deletecollection]
 - level: None
+  users: [system:kube-controller-manager, system:kube-scheduler, system:apiserver]
+- level: None
+  userGroups: [system:serviceaccounts:kube-system, system:nodes]
+- level: Metadata
 EOF
 
 # --- processes ----------------------------------------------------------------------------

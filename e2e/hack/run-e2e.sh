@@ -28,4 +28,5 @@ export SWITCHYARD_AGENT_BIN="$target_dir/debug/switchyard-driver-agent"
 # The kubelet-plugin scenario drives the agent with the kubelet's own plugin code (Go, cached).
 SWITCHYARD_KUBELETPLUGIN_BIN=$(bash "$root/e2e/hack/build-kubeletplugin.sh")
 export SWITCHYARD_KUBELETPLUGIN_BIN
-cargo test -p switchyard-e2e -- "$@"
+# --no-fail-fast: every scenario file reports, not only those before the first failure.
+cargo test --no-fail-fast -p switchyard-e2e -- "$@"

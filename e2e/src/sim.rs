@@ -7,6 +7,7 @@
 //!   kubelet v1.37.2 and containerd 2.1. It renews each node's Lease in `kube-node-lease` and
 //!   removes the `node.kubernetes.io/not-ready` taint that admission puts on new nodes.
 //! - **Pods.** A pod bound to one of its nodes is marked `Running` and `Ready` (no container runs).
+//!   A pod with `restartPolicy: Never` (a canary) is marked `Succeeded`, exit code 0, a second later.
 //!   A deleted pod is removed for good once its `deletionGracePeriodSeconds` have passed, as the
 //!   kubelet does after stopping the containers.
 //! - **The device-plugin role.** While a pod of the configured device-plugin DaemonSet runs on a
@@ -468,6 +469,7 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
     let pods: Api<Pod> = Api::all(client.clone());
     let mut stream = watcher(pods.clone(), watcher::Config::default().fields("spec.nodeName!=")).boxed();
     let mut finishing: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut completing = std::collections::HashSet::new();
     while let Some(event) = stream.next().await {
         let pod = match event {
             Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
@@ -528,12 +530,45 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
             tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod running");
             continue;
         }
+        // A run-to-completion pod (a canary) "exits 0" a moment after it starts.
+        let run_once = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never");
+        if run_once && phase == "Running" && completing.insert(uid.clone()) {
+            let client = client.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(RUN_ONCE_DURATION).await;
+                if let Err(e) = mark_succeeded(&client, &pod).await {
+                    tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod succeeded");
+                }
+            });
+        }
         if role != Role::Workload {
             state.lock().unwrap().plugins.insert(uid, (node, role));
             changed.notify_one();
         }
         finishing.retain(|_, h| !h.is_finished());
     }
+}
+
+/// How long a simulated run-to-completion container runs before it exits 0.
+const RUN_ONCE_DURATION: Duration = Duration::from_secs(1);
+
+async fn mark_succeeded(client: &Client, pod: &Pod) -> anyhow::Result<()> {
+    let now = Utc::now();
+    let containers = pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
+    let statuses: Vec<_> = containers
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "image": c.image.clone().unwrap_or_default(), "imageID": "", "ready": false,
+                   "started": false, "restartCount": 0,
+                   "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}}})
+        })
+        .collect();
+    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": statuses,
+        "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+                       {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}]}});
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+    Ok(())
 }
 
 async fn mark_running(client: &Client, pod: &Pod) -> anyhow::Result<()> {

@@ -269,14 +269,17 @@ fn agent_admission_policy_confines_slices_to_the_agents_node() {
     // No node in the token (not a pod-bound token): denied.
     let (ok, _, err) =
         as_agent(None, &["create", "--dry-run=server", "-f", "-"], &slice(&format!("{id}-n"), &mine));
-    assert!(!ok && err.contains("bound to a pod on a node"), "a token without a node was not refused: {err}");
+    assert!(
+        !ok && err.contains("must use a node-bound ServiceAccount token"),
+        "a token without a node was not refused: {err}"
+    );
     // Another node's existing slice: the agent may not delete it.
     let mut create = kubectl();
     create.args(["create", "-f", "-"]);
     run_ok(create, &slice(&format!("{id}-b"), &other));
     let (ok, _, err) = as_agent(Some(&mine), &["delete", "resourceslice", &format!("{id}-b")], "");
     assert!(
-        !ok && err.contains("may only write ResourceSlices"),
+        !ok && err.contains("may only change or delete ResourceSlices of that node"),
         "the agent deleted another node's slice: {err}"
     );
     let (ok, out, err) = as_agent(Some(&mine), &["delete", "resourceslice", &format!("{id}-a")], "");

@@ -98,6 +98,11 @@ async fn termination() {
 pub async fn client() -> anyhow::Result<kube::Client> {
     let mut config = kube::Config::infer().await?;
     config.default_retry = false;
+    // Names the operator in audit logs and API server metrics.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("switchyard-operator/", env!("CARGO_PKG_VERSION"))),
+    ));
     Ok(kube::Client::try_from(config)?)
 }
 

@@ -34,6 +34,16 @@ struct Args {
     /// Seconds between a plugin pod leaving and its resources disappearing.
     #[arg(long, default_value_t = 1.0)]
     unregister_delay: f64,
+    /// Run this `switchyard-driver-agent` binary for DRA nodes (simulated inventory); without
+    /// it, a stub publisher writes one ResourceSlice per DRA node.
+    #[arg(long)]
+    agent_bin: Option<std::path::PathBuf>,
+    /// DRA driver name the agents publish.
+    #[arg(long, default_value = switchyard_operator::well_known::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// Where agent inventories and logs go.
+    #[arg(long, default_value = "/tmp/switchyard-gpu-node-sim")]
+    work_dir: std::path::PathBuf,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -55,6 +65,18 @@ async fn main() -> anyhow::Result<()> {
     config.device_plugin = args.device_plugin;
     config.dra_driver = args.dra_driver;
     config.unregister_delay = Duration::from_secs_f64(args.unregister_delay);
+    config.driver_name = args.driver_name;
+    if let Some(bin) = args.agent_bin {
+        let kubeconfig = std::env::var_os("KUBECONFIG")
+            .map(std::path::PathBuf::from)
+            .ok_or_else(|| anyhow::anyhow!("--agent-bin needs KUBECONFIG for the agents"))?;
+        config.agent = Some(switchyard_e2e::sim::AgentSettings {
+            bin,
+            kubeconfig,
+            work_dir: args.work_dir,
+            health_hold_seconds: 30,
+        });
+    }
     let sim = Simulator::start(client, config).await?;
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     for i in 0..args.nodes {

@@ -1,0 +1,89 @@
+//! `make bench`: the 4-node migration scenario of the e2e suite, timed, with the operator's API
+//! requests counted from the API server's audit log (its user agent is `switchyard-operator/…`).
+//!
+//! Pool: 4 simulated nodes × 4 GPUs; a GPU Deployment of 2 with a PDB (minAvailable 1), a GPU
+//! Deployment of 3 and a non-GPU Deployment of 3; `maxUnavailable: 2`. Wall time runs from the
+//! GpuPoolMigration's creation (operator already running and synced) to phase Completed.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use kube::api::PostParams;
+use serde_json::json;
+use switchyard_e2e::cluster;
+use switchyard_e2e::pool::Pool;
+use switchyard_operator::api::v1alpha1::Phase;
+
+#[derive(Parser)]
+struct Args {
+    /// How many times to run the scenario.
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// The API server's audit log (default: next to the e2e cluster's kubeconfig).
+    #[arg(long, env = "SWITCHYARD_E2E_AUDIT_LOG")]
+    audit_log: Option<std::path::PathBuf>,
+}
+
+/// Audit events from the operator between two instants (RFC 3339 strings compare in order).
+fn operator_requests(log: &std::path::Path, from: &str, to: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut by_kind = BTreeMap::new();
+    for line in std::fs::read_to_string(log)?.lines() {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let agent = e["userAgent"].as_str().unwrap_or_default();
+        let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
+        if !agent.starts_with("switchyard-operator/") || at < from || at > to {
+            continue;
+        }
+        let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
+        let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
+        *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() += 1;
+    }
+    Ok(by_kind)
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let audit =
+        args.audit_log.unwrap_or_else(|| cluster::kubeconfig().parent().unwrap().join("logs/audit.log"));
+    for run in 1..=args.runs {
+        let mut pool = Pool::new("bench-mig", 4, 4).await?;
+        pool.deployment("trainer", 2, 1).await?;
+        pool.pdb("trainer", "trainer", 1).await?;
+        pool.deployment("inference", 3, 1).await?;
+        pool.deployment("web", 3, 0).await?;
+        pool.wait_running(8).await?;
+        pool.start_operator()?;
+        // Let the operator sync its caches before the clock starts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        let name = pool.id.clone();
+        let from = now();
+        let start = Instant::now();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, Duration::from_secs(600)).await?;
+        let wall = start.elapsed();
+        let to = now();
+        let migrated = done.status.as_ref().map_or(0, |s| s.nodes.migrated).max(1) as u64;
+        // The audit log is written asynchronously; give it a moment.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let requests = operator_requests(&audit, &from, &to)?;
+        let total: u64 = requests.values().sum();
+        println!(
+            "run {run}: 4 nodes migrated in {:.1} s; operator API requests: {total} ({:.1} per migrated node)",
+            wall.as_secs_f64(),
+            total as f64 / migrated as f64
+        );
+        for (kind, n) in &requests {
+            println!("    {kind:<40} {n:>5}  ({:.1}/node)", *n as f64 / migrated as f64);
+        }
+        pool.cleanup().await?;
+    }
+    Ok(())
+}
