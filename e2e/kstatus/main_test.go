@@ -30,6 +30,13 @@ var want = map[string]status.Status{
 	"stalled.yaml":     status.FailedStatus,     // Stalled=True
 	"failed.yaml":      status.FailedStatus,
 	"overlap.yaml":     status.FailedStatus,
+	// Recorded from real migrations by e2e/tests/migration.rs.
+	"recorded-progressing.yaml": status.InProgressStatus,
+	"recorded-rollingback.yaml": status.InProgressStatus,
+	"recorded-completed.yaml":   status.CurrentStatus,
+	"recorded-paused.yaml":      status.InProgressStatus,
+	"recorded-stalled.yaml":     status.FailedStatus,
+	"recorded-rolledback.yaml":  status.CurrentStatus,
 }
 
 func TestFixtures(t *testing.T) {

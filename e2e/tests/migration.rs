@@ -156,7 +156,7 @@ fn record_state(name: &str, gpm: &GpuPoolMigration) -> anyhow::Result<()> {
             }
         }
         std::fs::write(
-            std::path::Path::new(&dir).join(format!("{name}.yaml")),
+            std::path::Path::new(&dir).join(format!("recorded-{name}.yaml")),
             serde_yaml::to_string(&value)?,
         )?;
     }

@@ -588,6 +588,16 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         _ => {}
     }
 
+    if state == NodeState::Draining
+        && action == Action::SwitchToDra
+        && let Some(since) = parse_since(&pn)
+    {
+        let seconds = view.now.duration_since(since).as_secs_f64().max(0.0);
+        ctx.metrics
+            .drain_duration
+            .get_or_create(&crate::metrics::PoolLabels { pool: migration.clone() })
+            .observe(seconds);
+    }
     if let Some(patch) = node_patch(&action, &pn, &migration, view.now, &alloc) {
         patch_node(client, &name, &patch).await?;
         if action == Action::Complete && spec.strategy.verify.canary.is_some() {
@@ -973,6 +983,10 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         }
     }
     ctx.metrics.set_gpus(&name, dp_gpus, dra_gpus);
+    ctx.metrics
+        .backend_overlap_nodes
+        .get_or_create(&crate::metrics::PoolLabels { pool: name.clone() })
+        .set(overlaps.len() as i64);
 
     Ok(Requeue::requeue(if moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
 }

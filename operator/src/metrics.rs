@@ -33,6 +33,17 @@ pub struct GpuLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+}
+
+/// Histogram constructor for per-pool drain durations: 1 s to ~68 min, since a drain waits for
+/// pods' own termination grace periods and for PodDisruptionBudgets.
+fn drain_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 13))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvictionLabels {
     pub result: &'static str,
 }
@@ -46,6 +57,8 @@ pub struct Metrics {
     pub nodes: Family<NodeLabels, Gauge>,
     pub pool_gpus: Family<GpuLabels, Gauge>,
     pub evictions: Family<EvictionLabels, Counter>,
+    pub backend_overlap_nodes: Family<PoolLabels, Gauge>,
+    pub drain_duration: Family<PoolLabels, Histogram, fn() -> Histogram>,
 }
 
 /// Every node state, so a gauge drops to 0 when the last node leaves a state.
@@ -112,7 +125,31 @@ impl Metrics {
         );
         let evictions = Family::<EvictionLabels, Counter>::default();
         registry.register("evictions", "Pod evictions sent, by result", evictions.clone());
-        Self { registry, reconciliations, reconcile_errors, reconcile_duration, nodes, pool_gpus, evictions }
+        let backend_overlap_nodes = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "backend_overlap_nodes",
+            "Pool nodes served by the device plugin and the DRA driver at once; must be 0",
+            backend_overlap_nodes.clone(),
+        );
+        let drain_duration =
+            Family::<PoolLabels, Histogram, fn() -> Histogram>::new_with_constructor(drain_histogram);
+        registry.register_with_unit(
+            "drain_duration",
+            "Time from the start of a node's drain to its switch",
+            Unit::Seconds,
+            drain_duration.clone(),
+        );
+        Self {
+            registry,
+            reconciliations,
+            reconcile_errors,
+            reconcile_duration,
+            nodes,
+            pool_gpus,
+            evictions,
+            backend_overlap_nodes,
+            drain_duration,
+        }
     }
 
     /// Sets the per-state node gauge for a pool, zeroing states with no node.
@@ -137,6 +174,8 @@ impl Metrics {
         for backend in [BACKEND_LABEL_DEVICE_PLUGIN, BACKEND_LABEL_DRA] {
             self.pool_gpus.remove(&GpuLabels { pool: pool.to_string(), backend });
         }
+        self.backend_overlap_nodes.remove(&PoolLabels { pool: pool.to_string() });
+        self.drain_duration.remove(&PoolLabels { pool: pool.to_string() });
     }
 
     /// The OpenMetrics text for `/metrics`.
@@ -162,6 +201,8 @@ mod tests {
         m.set_nodes("pool-a", &[(NodeState::Migrated, 3), (NodeState::Draining, 1)]);
         m.set_gpus("pool-a", 16, 24);
         m.evictions.get_or_create(&EvictionLabels { result: "blocked" }).inc();
+        m.backend_overlap_nodes.get_or_create(&PoolLabels { pool: "pool-a".into() }).set(1);
+        m.drain_duration.get_or_create(&PoolLabels { pool: "pool-a".into() }).observe(42.0);
         let text = m.encode();
         for want in [
             "switchyard_reconciliations_total 1",
@@ -173,6 +214,9 @@ mod tests {
             "switchyard_pool_gpus{pool=\"pool-a\",backend=\"device-plugin\"} 16",
             "switchyard_pool_gpus{pool=\"pool-a\",backend=\"dra\"} 24",
             "switchyard_evictions_total{result=\"blocked\"} 1",
+            "switchyard_backend_overlap_nodes{pool=\"pool-a\"} 1",
+            "# UNIT switchyard_drain_duration_seconds seconds",
+            "switchyard_drain_duration_seconds_bucket{le=\"64.0\",pool=\"pool-a\"} 1",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

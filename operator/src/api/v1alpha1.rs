@@ -366,7 +366,8 @@ pub struct GpuPoolMigrationStatus {
     pub device_classes: Vec<DeviceClassStatus>,
 
     /// Ready, Reconciling and Stalled (kstatus), and PrerequisitesMet, DeviceClassesReady,
-    /// PlacementReady and BackendOverlap.
+    /// PlacementReady, BackendOverlap (True is a fault), NodeConflict (nodes another migration
+    /// also selects) and InventoryFindings (warnings that do not block).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
