@@ -20,6 +20,7 @@ cleanup() {
     echo "demo: DEMO_KEEP=1: cluster and processes (${pids[*]}) left running; logs in $work"
     return
   fi
+  # SIGTERM: the simulator stops its driver agents and deletes its nodes before exiting.
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   [ "${started_cluster:-0}" = 1 ] && bash e2e/hack/cluster-down.sh >/dev/null 2>&1 || true

@@ -88,6 +88,13 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+    // SIGINT or SIGTERM: stop the agents and delete the simulated nodes, so no agent process
+    // outlives the simulator that started it.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    eprintln!("gpu-node-sim: stopping agents and deleting the simulated nodes");
+    sim.shutdown().await
 }
