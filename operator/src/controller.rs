@@ -709,13 +709,24 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     // DeviceClasses: apply ours, then judge every class that carries one of our names.
     let mut class_statuses = Vec::new();
     if facts.served.device_classes {
+        let classes: Api<DeviceClass> = Api::all(client.clone());
+        let list = || async {
+            classes.list(&ListParams::default()).await.map_err(|source| Error::ListDeviceClasses { source })
+        };
+        let mut all = list().await?;
+        // Apply only what is missing or differs: an apply per reconcile was a third of the
+        // operator's requests per node.
+        let mut applied = false;
         for dc in device_classes::desired_all(spec, &name) {
-            apply_device_class(client, &dc).await?;
+            let current = all.items.iter().find(|c| c.metadata.name == dc.metadata.name);
+            if device_classes::needs_apply(&dc, current) {
+                apply_device_class(client, &dc).await?;
+                applied = true;
+            }
         }
-        let all = Api::<DeviceClass>::all(client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| Error::ListDeviceClasses { source })?;
+        if applied {
+            all = list().await?;
+        }
         let infos: Vec<device_classes::ClassInfo> = all.items.iter().map(Into::into).collect();
         class_statuses = device_classes::statuses(spec, &infos);
     }

@@ -147,6 +147,19 @@ pub fn readiness(statuses: &[DeviceClassStatus]) -> (bool, &'static str, String)
     (true, "Effective", format!("{} DeviceClass(es) serve their extended resources", statuses.len()))
 }
 
+/// Whether `desired` must be applied: the class is missing, its spec differs, or it lacks one of
+/// our labels. Pure.
+pub fn needs_apply(desired: &DeviceClass, current: Option<&DeviceClass>) -> bool {
+    let Some(current) = current else { return true };
+    let labels_present = desired
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| current.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
+    current.spec != desired.spec || !labels_present
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,5 +323,24 @@ mod tests {
         let w = warnings(&s);
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("deviceclass.resource.kubernetes.io/"));
+    }
+
+    #[test]
+    fn apply_only_when_missing_or_different() {
+        let desired = serde_json::from_value::<DeviceClass>(serde_json::json!({
+            "metadata": {"name": "gpu.switchyard.dev", "labels": {"switchyard.dev/managed-by": "switchyard-operator"}},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'd'"}}], "extendedResourceName": "nvidia.com/gpu"}
+        }))
+        .unwrap();
+        let mut same = desired.clone();
+        same.metadata.labels.as_mut().unwrap().insert("extra".into(), "kept".into());
+        let mut other_spec = desired.clone();
+        other_spec.spec.as_mut().unwrap().extended_resource_name = Some("nvidia.com/other".into());
+        let mut no_label = desired.clone();
+        no_label.metadata.labels = None;
+        assert!(needs_apply(&desired, None), "missing");
+        assert!(!needs_apply(&desired, Some(&same)), "same spec, our labels present");
+        assert!(needs_apply(&desired, Some(&other_spec)), "spec differs");
+        assert!(needs_apply(&desired, Some(&no_label)), "label missing");
     }
 }
