@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod canary;
+pub mod cli;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
