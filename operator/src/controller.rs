@@ -33,6 +33,8 @@ use crate::conditions::{self, ConditionType, Desired, Progress};
 use crate::device_classes;
 use crate::drain;
 use crate::error::{Error, Result};
+use crate::inventory::{self, Finding, Severity};
+use crate::inventory_source;
 use crate::metrics::Metrics;
 use crate::node_state::{self, Action, Canary, DrainCounts, Observed};
 use crate::overlap;
@@ -47,6 +49,11 @@ const REQUEUE_ACTIVE: Duration = Duration::from_secs(10);
 const REQUEUE_IDLE: Duration = Duration::from_secs(300);
 /// How long discovery results are reused: versions and served kinds change only on upgrades.
 const FACTS_TTL: Duration = Duration::from_secs(300);
+/// How long an inventory is reused: it LISTs quotas, LimitRanges, HPAs and Deployments
+/// cluster-wide, too much for every reconcile. A spec change refreshes it at once.
+const INVENTORY_TTL: Duration = Duration::from_secs(300);
+/// How many findings the InventoryFindings message lists before pointing at the CLI.
+const FINDINGS_IN_CONDITION: usize = 5;
 /// At most this many candidate nodes get a pod count per reconcile, so ordering a large pool
 /// costs a bounded number of per-node pod LISTs.
 const MAX_CANDIDATES_COUNTED: usize = 32;
@@ -56,6 +63,9 @@ const STATUS_LIST_MAX: usize = 64;
 const PROBE_CLASS: &str = "switchyard-probe-extended-resource";
 /// The extended resource name used only in the dry-run probe.
 const PROBE_RESOURCE: &str = "probe.switchyard.dev/gpu";
+
+/// An inventory result: when it was read, for which generation, and its findings.
+type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
 
 /// What does not change between reconciles.
 #[derive(Clone, Debug)]
@@ -78,6 +88,8 @@ pub struct Context {
     pub migrations: Store<GpuPoolMigration>,
     facts: Mutex<Option<(Instant, ServerFacts)>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// The last inventory per migration: when, for which generation, and its findings.
+    inventory: Mutex<HashMap<String, CachedInventory>>,
 }
 
 impl Context {
@@ -97,15 +109,17 @@ impl Context {
             migrations,
             facts: Mutex::new(None),
             failures: Mutex::new(HashMap::new()),
+            inventory: Mutex::new(HashMap::new()),
         }
     }
 }
 
+/// What discovery says about the API server; cached for [`FACTS_TTL`] by the operator.
 #[derive(Clone, Debug, Default)]
-struct ServerFacts {
-    git_version: String,
-    served: ServedApis,
-    probe: ExtendedResourceProbe,
+pub struct ServerFacts {
+    pub git_version: String,
+    pub served: ServedApis,
+    pub probe: ExtendedResourceProbe,
 }
 
 /// Entry point for the Controller.
@@ -171,8 +185,18 @@ async fn server_facts(ctx: &Context, nodes: &[NodeVersions]) -> Result<ServerFac
     {
         return Ok(f.clone());
     }
-    let info = ctx.client.apiserver_version().await.map_err(|source| Error::Discovery { source })?;
-    let served = match ctx.client.list_api_group_resources("resource.k8s.io/v1").await {
+    let facts = discover_server(&ctx.client, nodes).await?;
+    if let Ok(mut guard) = ctx.facts.lock() {
+        *guard = Some((Instant::now(), facts.clone()));
+    }
+    Ok(facts)
+}
+
+/// Server version, served resource.k8s.io/v1 kinds and, when a pool node or the server is older
+/// than 1.37, the dry-run probe for `extendedResourceName`. Read-only.
+pub async fn discover_server(client: &Client, nodes: &[NodeVersions]) -> Result<ServerFacts> {
+    let info = client.apiserver_version().await.map_err(|source| Error::Discovery { source })?;
+    let served = match client.list_api_group_resources("resource.k8s.io/v1").await {
         Ok(list) => {
             let has = |n: &str| list.resources.iter().any(|r| r.name == n);
             ServedApis {
@@ -188,16 +212,36 @@ async fn server_facts(ctx: &Context, nodes: &[NodeVersions]) -> Result<ServerFac
     let mut facts =
         ServerFacts { git_version: info.git_version, served, probe: ExtendedResourceProbe::NotRun };
     if served.device_classes && prerequisites::probe_needed(&facts.git_version, nodes) {
-        facts.probe = probe_extended_resource(&ctx.client).await;
-    }
-    if let Ok(mut guard) = ctx.facts.lock() {
-        *guard = Some((Instant::now(), facts.clone()));
+        facts.probe = probe_extended_resource(client).await;
     }
     Ok(facts)
 }
 
 /// Creates a DeviceClass with `extendedResourceName` in dry-run mode: a server with the gate off
 /// drops the field from what it returns.
+/// What the prerequisite checks judge for `spec`.
+pub fn cluster_facts(
+    spec: &GpuPoolMigrationSpec,
+    facts: &ServerFacts,
+    nodes: Vec<NodeVersions>,
+    driver_daemonset_exists: bool,
+    device_plugin_daemonset_exists: bool,
+) -> ClusterFacts {
+    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
+    ClusterFacts {
+        server_git_version: facts.git_version.clone(),
+        served: facts.served,
+        nodes,
+        probe: facts.probe,
+        rollback_possible: spec.direction == Direction::Rollback
+            || spec.strategy.on_failure == crate::api::v1alpha1::FailurePolicy::Rollback,
+        driver_daemonset: Some(format!("{}/{}", dn.namespace, dn.name)),
+        device_plugin_daemonset: Some(format!("{}/{}", dp.namespace, dp.name)),
+        driver_daemonset_exists,
+        device_plugin_daemonset_exists,
+    }
+}
+
 async fn probe_extended_resource(client: &Client) -> ExtendedResourceProbe {
     let api: Api<DeviceClass> = Api::all(client.clone());
     let dc = DeviceClass {
@@ -219,7 +263,8 @@ async fn probe_extended_resource(client: &Client) -> ExtendedResourceProbe {
     }
 }
 
-fn node_versions(n: &Node) -> NodeVersions {
+/// The versions the prerequisites judge, from a node's status.
+pub fn node_versions(n: &Node) -> NodeVersions {
     let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
     NodeVersions {
         name: n.name_any(),
@@ -228,7 +273,8 @@ fn node_versions(n: &Node) -> NodeVersions {
     }
 }
 
-async fn get_daemonset(client: &Client, ns: &str, name: &str) -> Result<Option<DaemonSet>> {
+/// A DaemonSet, or `None` when it does not exist.
+pub async fn get_daemonset(client: &Client, ns: &str, name: &str) -> Result<Option<DaemonSet>> {
     Api::<DaemonSet>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
@@ -244,7 +290,8 @@ pub async fn apply_device_class(client: &Client, dc: &DeviceClass) -> Result<Dev
         .map_err(|source| Error::ApplyDeviceClass { name, source })
 }
 
-async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
+/// Every pod bound to `node`.
+pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
     let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
     Api::<Pod>::all(client.clone())
         .list(&lp)
@@ -646,7 +693,8 @@ fn transition_reason(to: NodeState) -> &'static str {
     }
 }
 
-async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
+/// The nodes `spec.nodeSelector` selects.
+pub async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
     let selector = Selector::try_from(spec.node_selector.clone())
         .map_err(|e| Error::InvalidSpec { message: format!("spec.nodeSelector: {e}") })?;
     Api::<Node>::all(client.clone())
@@ -679,6 +727,57 @@ async fn write_status(ctx: &Context, name: &str, status: &GpuPoolMigrationStatus
         .map_err(|source| Error::PatchStatus { name: name.into(), source })
 }
 
+/// The capacity-reader inventory for this migration, reused for [`INVENTORY_TTL`] unless the spec
+/// changed. A failed read keeps the previous findings (or none) and is logged: the inventory
+/// informs, it never blocks a migration.
+async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Node]) -> Vec<Finding> {
+    let name = gpm.name_any();
+    let generation = gpm.metadata.generation;
+    let cached = ctx.inventory.lock().ok().and_then(|g| g.get(&name).cloned());
+    if let Some((at, g, findings)) = &cached
+        && at.elapsed() < INVENTORY_TTL
+        && *g == generation
+    {
+        return findings.clone();
+    }
+    let observed = inventory_source::observe(
+        &ctx.client,
+        inventory_source::targets(&gpm.spec),
+        Some(gpm.spec.node_selector.clone()),
+        inventory_source::pool_nodes(nodes),
+        inventory_source::Scope { config_maps: false },
+    )
+    .await;
+    match observed {
+        Ok(o) => {
+            let findings = inventory::find(&o);
+            if let Ok(mut g) = ctx.inventory.lock() {
+                g.insert(name, (Instant::now(), generation, findings.clone()));
+            }
+            findings
+        }
+        Err(e) => {
+            warn!(migration = %name, error = %e, "reading the capacity-reader inventory failed");
+            cached.map(|(_, _, f)| f).unwrap_or_default()
+        }
+    }
+}
+
+/// The InventoryFindings condition message: the summary, the most severe findings, and where to
+/// see the rest.
+pub fn inventory_message(migration: &str, findings: &[Finding], other: &[String]) -> String {
+    let mut lines = vec![inventory::summary(findings)];
+    lines.extend(findings.iter().take(FINDINGS_IN_CONDITION).map(Finding::headline));
+    if findings.len() > FINDINGS_IN_CONDITION {
+        lines.push(format!("and {} more", findings.len() - FINDINGS_IN_CONDITION));
+    }
+    lines.extend(other.iter().cloned());
+    if !findings.is_empty() {
+        lines.push(format!("details and advice: switchyard inventory --migration {migration}"));
+    }
+    lines.join("\n")
+}
+
 async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     let client = &ctx.client;
     let spec = &gpm.spec;
@@ -693,18 +792,13 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     let driver_ds = get_daemonset(client, &dn.namespace, &dn.name).await?;
     let plugin_ds = get_daemonset(client, &dp.namespace, &dp.name).await?;
 
-    let verdict = prerequisites::check(&ClusterFacts {
-        server_git_version: facts.git_version.clone(),
-        served: facts.served,
-        nodes: versions,
-        probe: facts.probe,
-        rollback_possible: spec.direction == Direction::Rollback
-            || spec.strategy.on_failure == crate::api::v1alpha1::FailurePolicy::Rollback,
-        driver_daemonset: Some(format!("{}/{}", dn.namespace, dn.name)),
-        device_plugin_daemonset: Some(format!("{}/{}", dp.namespace, dp.name)),
-        driver_daemonset_exists: driver_ds.is_some(),
-        device_plugin_daemonset_exists: plugin_ds.is_some(),
-    });
+    let verdict = prerequisites::check(&cluster_facts(
+        spec,
+        &facts,
+        versions,
+        driver_ds.is_some(),
+        plugin_ds.is_some(),
+    ));
 
     // DeviceClasses: apply ours, then judge every class that carries one of our names.
     let mut class_statuses = Vec::new();
@@ -854,8 +948,12 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         .collect();
     progress.truncate(STATUS_LIST_MAX);
 
-    let mut findings: Vec<String> = verdict.warnings.clone();
-    findings.extend(device_classes::warnings(spec));
+    let mut other_findings: Vec<String> = verdict.warnings.clone();
+    other_findings.extend(device_classes::warnings(spec));
+    let inventory_findings = inventory_for(ctx, gpm, &nodes).await;
+    // Info findings alone say "this keeps working"; they do not make the condition True.
+    let notable =
+        inventory_findings.iter().any(|f| f.severity > Severity::Info) || !other_findings.is_empty();
 
     let mut needs_human = None;
     if let Some(Halt::NodeFailed(n)) = &p.halt {
@@ -941,10 +1039,11 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
             "no other migration selects these nodes",
         ),
     });
-    desired.push(if findings.is_empty() {
-        Desired::new(ConditionType::InventoryFindings, false, "NoFindings", "")
+    let inventory_text = inventory_message(&name, &inventory_findings, &other_findings);
+    desired.push(if notable {
+        Desired::new(ConditionType::InventoryFindings, true, "Findings", inventory_text.clone())
     } else {
-        Desired::new(ConditionType::InventoryFindings, true, "Findings", findings.join("\n"))
+        Desired::new(ConditionType::InventoryFindings, false, "NoFindings", inventory_text.clone())
     });
 
     let phase = phase(spec, &p, gate_open);
@@ -960,6 +1059,20 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     };
     if gpm.status.as_ref() != Some(&status) {
         write_status(ctx, &name, &status).await?;
+    }
+    // One event when the inventory's findings change, so GitOps users see them in `kubectl describe`.
+    let old_inventory = old.conditions.iter().find(|c| c.type_ == "InventoryFindings").map(|c| &c.message);
+    if !inventory_findings.is_empty() && old_inventory != Some(&inventory_text) {
+        let ev = Event {
+            type_: if notable { EventType::Warning } else { EventType::Normal },
+            reason: "InventoryFindings".into(),
+            note: Some(inventory_text.chars().take(1000).collect()),
+            action: "Inventory".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+            warn!(error = %e, "publishing the InventoryFindings event failed");
+        }
     }
     // One Warning event when the conflict starts (or changes), not one per reconcile.
     let old_conflict = old.conditions.iter().find(|c| c.type_ == "NodeConflict" && c.status == "True");
@@ -1336,5 +1449,25 @@ mod tests {
         for (sp, pl, gate, want) in cases {
             assert_eq!(phase(sp, &pl, gate), want, "{pl:?}");
         }
+    }
+
+    #[test]
+    fn inventory_message_lists_the_worst_findings_and_points_at_the_cli() {
+        let f = |severity, object: &str| Finding {
+            severity,
+            kind: "ResourceQuota".into(),
+            object: object.into(),
+            message: "m".into(),
+            advice: "a".into(),
+        };
+        let findings: Vec<Finding> = (0..7).map(|i| f(Severity::Warning, &format!("ns/q{i}"))).collect();
+        let msg = inventory_message("pool", &findings, &["kubelet warning".to_string()]);
+        let lines: Vec<&str> = msg.lines().collect();
+        assert_eq!(lines[0], "7 finding(s): 7 warning");
+        assert_eq!(lines[1], "warning ResourceQuota ns/q0: m");
+        assert_eq!(lines[6], "and 2 more");
+        assert_eq!(lines[7], "kubelet warning");
+        assert_eq!(lines[8], "details and advice: switchyard inventory --migration pool");
+        assert_eq!(inventory_message("pool", &[], &[]), "no findings");
     }
 }

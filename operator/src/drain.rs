@@ -85,11 +85,12 @@ fn is_mirror_pod(pod: &Pod) -> bool {
 }
 
 /// Succeeded and Failed pods hold no devices and need no eviction.
-fn is_finished(pod: &Pod) -> bool {
+pub fn is_finished(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
-fn uses_empty_dir(pod: &Pod) -> bool {
+/// True when the pod mounts an emptyDir volume, whose data an eviction loses.
+pub fn uses_empty_dir(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.volumes.as_ref())

@@ -10,6 +10,8 @@ pub mod crd;
 pub mod device_classes;
 pub mod drain;
 pub mod error;
+pub mod inventory;
+pub mod inventory_source;
 pub mod leader;
 pub mod metrics;
 pub mod node_state;
@@ -17,6 +19,7 @@ pub mod overlap;
 pub mod placement;
 pub mod plan;
 pub mod prerequisites;
+pub mod preview;
 pub mod runtime;
 #[doc(hidden)]
 pub mod testing;

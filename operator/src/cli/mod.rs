@@ -10,6 +10,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod gather;
+pub mod inventory;
+pub mod plan;
 pub mod status;
 
 /// Exit code for "ran, and what it found needs a human" (a failed prerequisite, a critical
@@ -78,8 +81,11 @@ pub struct InventoryArgs {
     /// cluster, or nvidia.com/gpu when there is none).
     #[arg(long = "resource")]
     pub resources: Vec<String>,
+    /// The DeviceClass that serves the `--resource` names (its quota keys are checked too).
+    #[arg(long, default_value = crate::well_known::DEFAULT_DRIVER_NAME)]
+    pub device_class: String,
     /// Only this migration's resources, DeviceClasses and pool nodes.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resources")]
     pub migration: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t)]
@@ -153,8 +159,8 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<u8> {
     let client = client(&cli).await?;
     match &cli.command {
-        Command::Plan(_args) => anyhow::bail!("plan: not built yet"),
-        Command::Inventory(_args) => anyhow::bail!("inventory: not built yet"),
+        Command::Plan(args) => plan::run(client, args).await,
+        Command::Inventory(args) => inventory::run(client, args).await,
         Command::Status(args) => status::run(client, args).await,
     }
 }

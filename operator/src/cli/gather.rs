@@ -1,0 +1,226 @@
+//! Reads what `plan` and `inventory` need. Read-only apart from dry-run requests, which the API
+//! server validates and discards.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde::Deserialize;
+
+use crate::api::v1alpha1::GpuPoolMigration;
+use crate::controller;
+use crate::inventory::{self, Target};
+use crate::inventory_source::{self, Scope};
+use crate::plan::OtherMigration;
+use crate::preview::Inputs;
+use crate::well_known::NVIDIA_GPU_RESOURCE;
+
+/// Field manager of the CLI's dry-run applies; nothing is persisted under it.
+const CLI_FIELD_MANAGER: &str = "switchyard-cli";
+/// Pod LISTs in flight at once while gathering a pool's pods.
+const POD_LIST_CONCURRENCY: usize = 8;
+
+/// Reads a GpuPoolMigration manifest (`-` is standard input). Takes the one GpuPoolMigration in
+/// a multi-document file.
+pub fn read_manifest(path: &std::path::Path) -> anyhow::Result<GpuPoolMigration> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    };
+    let mut found = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value =
+            serde_yaml::Value::deserialize(doc).with_context(|| format!("parsing {}", path.display()))?;
+        if value.get("kind").and_then(|k| k.as_str()) == Some("GpuPoolMigration") {
+            found.push(value);
+        }
+    }
+    match found.len() {
+        1 => serde_yaml::from_value(found.remove(0))
+            .with_context(|| format!("{} is not a valid GpuPoolMigration", path.display())),
+        0 => anyhow::bail!("{} has no GpuPoolMigration", path.display()),
+        n => anyhow::bail!("{} has {n} GpuPoolMigrations; plan one at a time", path.display()),
+    }
+}
+
+/// What the API server makes of a manifest: a server-side apply with `dryRun=All` runs the CRD's
+/// schema, defaults and CEL rules (including the immutability rules against an existing object)
+/// and persists nothing. Returns the defaulted object and whether it already exists.
+pub async fn dry_run_apply(
+    client: &Client,
+    gpm: &GpuPoolMigration,
+) -> anyhow::Result<(GpuPoolMigration, bool)> {
+    let api: Api<GpuPoolMigration> = Api::all(client.clone());
+    let name = gpm.metadata.name.clone().context("the manifest has no metadata.name")?;
+    let exists = api.get_opt(&name).await.context("reading the GpuPoolMigration")?.is_some();
+    let mut body = gpm.clone();
+    body.metadata.resource_version = None;
+    body.metadata.managed_fields = None;
+    body.status = None;
+    let pp = PatchParams::apply(CLI_FIELD_MANAGER).force().dry_run();
+    match api.patch(&name, &pp, &Patch::Apply(&body)).await {
+        Ok(applied) => Ok((applied, exists)),
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+            anyhow::bail!("the API server rejects this GpuPoolMigration: {}", s.message)
+        }
+        Err(e) => Err(e).context("dry-run apply of the GpuPoolMigration"),
+    }
+}
+
+/// Reads everything the plan preview needs for `gpm`.
+pub async fn plan_inputs(
+    client: &Client,
+    gpm: &GpuPoolMigration,
+    exists: bool,
+    scope: Scope,
+) -> anyhow::Result<Inputs> {
+    let name = gpm.name_any();
+    let spec = &gpm.spec;
+    let nodes = controller::list_pool_nodes(client, spec).await?;
+    let versions = nodes.iter().map(controller::node_versions).collect::<Vec<_>>();
+    let facts = controller::discover_server(client, &versions).await?;
+    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
+    let driver_ds = controller::get_daemonset(client, &dn.namespace, &dn.name).await?;
+    let plugin_ds = controller::get_daemonset(client, &dp.namespace, &dp.name).await?;
+    let verdict = crate::prerequisites::check(&controller::cluster_facts(
+        spec,
+        &facts,
+        versions,
+        driver_ds.is_some(),
+        plugin_ds.is_some(),
+    ));
+
+    let node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let pods: BTreeMap<String, Vec<Pod>> = futures::stream::iter(node_names)
+        .map(|n| async move { controller::pods_on_node(client, &n).await.map(|p| (n, p)) })
+        .buffer_unordered(POD_LIST_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let pdbs = Api::<PodDisruptionBudget>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing PodDisruptionBudgets")?
+        .items;
+    let device_classes = if facts.served.device_classes {
+        Api::<DeviceClass>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .context("listing DeviceClasses")?
+            .items
+    } else {
+        Vec::new()
+    };
+    let slices = if facts.served.resource_slices {
+        Api::<ResourceSlice>::all(client.clone())
+            .list(&ListParams::default().fields(&format!("spec.driver={}", spec.driver.name)))
+            .await
+            .context("listing ResourceSlices")?
+            .items
+    } else {
+        Vec::new()
+    };
+    let others = Api::<GpuPoolMigration>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing GpuPoolMigrations")?
+        .items
+        .into_iter()
+        .filter(|o| o.name_any() != name)
+        .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
+        .collect();
+    let observed = inventory_source::observe(
+        client,
+        inventory_source::targets(spec),
+        Some(spec.node_selector.clone()),
+        inventory_source::pool_nodes(&nodes),
+        scope,
+    )
+    .await
+    .context("reading the inventory")?;
+    Ok(Inputs {
+        name,
+        spec: spec.clone(),
+        exists,
+        nodes,
+        pods,
+        pdbs,
+        verdict,
+        device_classes,
+        driver_daemonset: driver_ds,
+        device_plugin_daemonset: plugin_ds,
+        others,
+        slices,
+        findings: inventory::find(&observed),
+        skipped: observed.skipped,
+        now: Timestamp::now(),
+    })
+}
+
+/// The inventory's subject: one migration, the resources named on the command line, or every
+/// migration in the cluster (`nvidia.com/gpu` when there is none).
+pub async fn inventory_observed(
+    client: &Client,
+    migration: Option<&str>,
+    resources: &[String],
+    device_class: &str,
+    scope: Scope,
+) -> anyhow::Result<inventory::Observed> {
+    let api: Api<GpuPoolMigration> = Api::all(client.clone());
+    let migrations = match migration {
+        Some(m) => vec![api.get(m).await.with_context(|| format!("reading GpuPoolMigration {m}"))?],
+        None if resources.is_empty() => {
+            api.list(&ListParams::default()).await.context("listing GpuPoolMigrations")?.items
+        }
+        None => Vec::new(),
+    };
+    let mut targets: Vec<Target> = Vec::new();
+    let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
+    for m in &migrations {
+        for t in inventory_source::targets(&m.spec) {
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+        for n in controller::list_pool_nodes(client, &m.spec).await? {
+            nodes.insert(n.name_any(), n);
+        }
+    }
+    let named: Vec<String> = if resources.is_empty() && migrations.is_empty() {
+        vec![NVIDIA_GPU_RESOURCE.to_string()]
+    } else {
+        resources.to_vec()
+    };
+    for r in named {
+        targets.push(Target { extended_resource_name: r, device_class_name: device_class.to_string() });
+    }
+    let node_selector = match migrations.as_slice() {
+        [one] => Some(one.spec.node_selector.clone()),
+        _ => None,
+    };
+    if migrations.is_empty() {
+        // No migration names the pool: every node that advertises one of the resources.
+        let all =
+            Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing Nodes")?;
+        for n in all.items {
+            let advertises = n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .is_some_and(|a| targets.iter().any(|t| a.contains_key(&t.extended_resource_name)));
+            if advertises {
+                nodes.insert(n.name_any(), n);
+            }
+        }
+    }
+    let nodes: Vec<Node> = nodes.into_values().collect();
+    inventory_source::observe(client, targets, node_selector, inventory_source::pool_nodes(&nodes), scope)
+        .await
+        .context("reading the inventory")
+}

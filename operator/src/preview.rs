@@ -1,0 +1,752 @@
+//! `switchyard plan`: what a migration would do, computed by the same pure modules the operator
+//! decides with (`plan`, `drain`, `device_classes`, `placement`, `prerequisites`), without
+//! changing anything. Pure: the CLI gathers [`Inputs`], [`build`] returns the [`Report`].
+//!
+//! The node order is the order the operator starts nodes in today: nodes already in flight, then
+//! candidates with the fewest GPU pods first. Waves assume each wave finishes before the next one
+//! starts; pods that move in the meantime can reorder later waves.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::core::{Selector, SelectorExt};
+use serde::Serialize;
+
+use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode};
+use crate::device_classes::{self, ClassInfo};
+use crate::drain;
+use crate::inventory::{self, Finding, Severity};
+use crate::overlap;
+use crate::placement::{self, Role};
+use crate::plan::{self, Backend, OtherMigration, PoolNode};
+use crate::prerequisites::Verdict;
+
+/// Everything the preview reads.
+#[derive(Clone, Debug)]
+pub struct Inputs {
+    pub name: String,
+    pub spec: GpuPoolMigrationSpec,
+    /// True when the GpuPoolMigration already exists in the cluster.
+    pub exists: bool,
+    /// The nodes `spec.nodeSelector` selects.
+    pub nodes: Vec<Node>,
+    /// Pods per node name (only nodes that may move need an entry).
+    pub pods: BTreeMap<String, Vec<Pod>>,
+    pub pdbs: Vec<PodDisruptionBudget>,
+    pub verdict: Verdict,
+    pub device_classes: Vec<DeviceClass>,
+    pub driver_daemonset: Option<DaemonSet>,
+    pub device_plugin_daemonset: Option<DaemonSet>,
+    pub others: Vec<OtherMigration>,
+    pub slices: Vec<ResourceSlice>,
+    pub findings: Vec<Finding>,
+    pub skipped: Vec<String>,
+    pub now: Timestamp,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub migration: String,
+    pub exists: bool,
+    pub direction: Direction,
+    pub max_unavailable: u32,
+    pub prerequisites: Prerequisites,
+    pub nodes: Vec<NodePlan>,
+    pub device_classes: Vec<ClassPlan>,
+    pub placement: Vec<PlacementPlan>,
+    pub inventory: InventoryReport,
+    pub summary: Summary,
+    /// Why the migration would not start (or would stop) now; empty when it can go.
+    pub blockers: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Prerequisites {
+    pub met: bool,
+    pub reason: String,
+    pub message: String,
+    pub warnings: Vec<String>,
+}
+
+/// What happens to one node.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub enum NodeAction {
+    /// Will move, in `wave`.
+    Moves,
+    /// Already moving; the operator continues it first.
+    InFlight,
+    /// Already where the direction wants it.
+    Done,
+    /// Selected, but another migration owns or selects it.
+    Refused,
+    /// Failed earlier; a human re-queues it.
+    Failed,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePlan {
+    /// 1-based position in the move order; `None` for nodes that do not move.
+    pub order: Option<u32>,
+    /// 0 for nodes already in flight, 1 for those that may start beside them now, then groups
+    /// of `maxUnavailable`.
+    pub wave: Option<u32>,
+    pub name: String,
+    pub action: NodeAction,
+    pub state: NodeState,
+    pub backend: String,
+    pub ready: bool,
+    pub cordoned: bool,
+    /// GPUs the node serves now (device-plugin allocatable, or DRA devices).
+    pub gpus: u64,
+    /// Pods the drain evicts (or, rolling back, the DRA claim holders the taint rule evicts).
+    pub evict: Vec<PodPlan>,
+    /// Pods that stay on the node.
+    pub stay: u32,
+    pub note: String,
+}
+
+/// Something about a pod that makes its eviction worth a look.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(tag = "flag", rename_all = "camelCase")]
+pub enum PodFlag {
+    /// A PodDisruptionBudget covering the pod allows no disruption now: the eviction waits.
+    PdbBlocks { pdb: String },
+    /// No controller owns the pod: once evicted, nothing recreates it.
+    NoController,
+    /// Uses emptyDir; `deleted` says whether the drain deletes the data (deleteEmptyDirData) or
+    /// waits for the pod to go.
+    EmptyDir { deleted: bool },
+    /// Already terminating; the drain waits for it.
+    Terminating,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPlan {
+    pub namespace: String,
+    pub name: String,
+    /// Requests one of the migration's resources (or, rolling back, holds a DRA claim).
+    pub uses_gpu: bool,
+    pub flags: Vec<PodFlag>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub enum ClassAction {
+    Create,
+    Update,
+    Unchanged,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassPlan {
+    pub name: String,
+    pub extended_resource_name: String,
+    pub action: ClassAction,
+    /// Whether the scheduler will use this class for the name once it is applied.
+    pub effective: bool,
+    pub shadowed_by: String,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub enum PlacementAction {
+    /// The DaemonSet already keeps to its backend.
+    AlreadyPlaced,
+    /// The operator adds the node affinity (placement: Managed).
+    AddNodeAffinity,
+    /// An admin must add it (placement: Verify); `snippet` has the YAML.
+    AddByHand,
+    /// The DaemonSet does not exist.
+    Missing,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementPlan {
+    pub daemon_set: String,
+    pub role: String,
+    pub action: PlacementAction,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub snippet: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryReport {
+    pub summary: String,
+    pub findings: Vec<Finding>,
+    pub skipped: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub nodes_selected: u32,
+    pub nodes_to_move: u32,
+    pub waves: u32,
+    pub gpus_to_move: u64,
+    pub pods_to_evict: u32,
+    pub gpu_pods_to_evict: u32,
+    pub pods_blocked_by_pdb: u32,
+    pub bare_pods: u32,
+    pub empty_dir_pods: u32,
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::DevicePlugin => "device plugin",
+        Role::Driver => "DRA driver",
+    }
+}
+
+fn pdb_blocking(pdbs: &[PodDisruptionBudget], pod: &Pod) -> Option<String> {
+    let ns = pod.namespace().unwrap_or_default();
+    let labels = pod.labels();
+    pdbs.iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|p| p.status.as_ref().is_some_and(|s| s.disruptions_allowed.unwrap_or(0) <= 0))
+        .find(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.selector.clone())
+                .and_then(|s| Selector::try_from(s).ok())
+                .is_some_and(|s| s.matches(labels))
+        })
+        .map(|p| format!("{ns}/{}", p.name_any()))
+}
+
+fn has_controller(pod: &Pod) -> bool {
+    pod.owner_references().iter().any(|o| o.controller == Some(true))
+}
+
+fn pod_plan(pod: &Pod, uses_gpu: bool, pdbs: &[PodDisruptionBudget], delete_empty_dir: bool) -> PodPlan {
+    let mut flags = Vec::new();
+    if let Some(pdb) = pdb_blocking(pdbs, pod) {
+        flags.push(PodFlag::PdbBlocks { pdb });
+    }
+    if !has_controller(pod) {
+        flags.push(PodFlag::NoController);
+    }
+    if drain::uses_empty_dir(pod) {
+        flags.push(PodFlag::EmptyDir { deleted: delete_empty_dir });
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        flags.push(PodFlag::Terminating);
+    }
+    PodPlan { namespace: pod.namespace().unwrap_or_default(), name: pod.name_any(), uses_gpu, flags }
+}
+
+/// The pods a node's move evicts, and how many stay.
+fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
+    let spec = &inputs.spec;
+    let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
+    let pods = inputs.pods.get(node).map(Vec::as_slice).unwrap_or_default();
+    let drain = &spec.strategy.drain;
+    let mut evict = Vec::new();
+    match spec.direction {
+        Direction::Forward => {
+            let sel = drain::select(pods, &res, drain);
+            for p in pods {
+                let key = drain::PodRef { namespace: p.namespace().unwrap_or_default(), name: p.name_any() };
+                if sel.evict.contains(&key)
+                    || sel.blocked_by_empty_dir.contains(&key)
+                    || sel.terminating.contains(&key)
+                {
+                    evict.push(pod_plan(
+                        p,
+                        drain::consumes_any(p, &res),
+                        &inputs.pdbs,
+                        drain.delete_empty_dir_data,
+                    ));
+                }
+            }
+        }
+        Direction::Rollback => {
+            for p in pods.iter().filter(|p| drain::holds_dra_claim(p)) {
+                evict.push(pod_plan(p, true, &inputs.pdbs, true));
+            }
+        }
+    }
+    evict.sort_by(|a, b| (b.uses_gpu, &a.namespace, &a.name).cmp(&(a.uses_gpu, &b.namespace, &b.name)));
+    let movable = pods.iter().filter(|p| !drain::is_finished(p)).count() as u32;
+    (evict.clone(), movable.saturating_sub(evict.len() as u32))
+}
+
+fn gpus(inputs: &Inputs, node: &Node) -> u64 {
+    let res: Vec<&str> = inputs.spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
+    let pn = PoolNode::from_node(node);
+    match pn.backend() {
+        Backend::DevicePlugin => overlap::allocatable_total(node, &res),
+        Backend::Dra => overlap::dra_devices(&inputs.slices, &inputs.spec.driver.name, &pn.name),
+    }
+}
+
+fn class_plans(inputs: &Inputs) -> Vec<ClassPlan> {
+    let spec = &inputs.spec;
+    let mut after: Vec<ClassInfo> = inputs.device_classes.iter().map(Into::into).collect();
+    let mut actions = BTreeMap::new();
+    for dc in device_classes::desired_all(spec, &inputs.name) {
+        let name = dc.metadata.name.clone().unwrap_or_default();
+        let current =
+            inputs.device_classes.iter().find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
+        let action = match (current, device_classes::needs_apply(&dc, current)) {
+            (None, _) => ClassAction::Create,
+            (Some(_), true) => ClassAction::Update,
+            (Some(_), false) => ClassAction::Unchanged,
+        };
+        if current.is_none() {
+            // Created now: the newest class for its name, as the scheduler will see it.
+            let mut info = ClassInfo::from(&dc);
+            info.created = Some(inputs.now);
+            after.push(info);
+        } else if let Some(i) = after.iter_mut().find(|i| i.name == name) {
+            i.extended_resource_name = dc.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
+        }
+        actions.insert(name, action);
+    }
+    device_classes::statuses(spec, &after)
+        .into_iter()
+        .map(|s| ClassPlan {
+            action: actions.get(&s.name).copied().unwrap_or(ClassAction::Unchanged),
+            name: s.name,
+            extended_resource_name: s.extended_resource_name,
+            effective: s.effective,
+            shadowed_by: s.shadowed_by,
+        })
+        .collect()
+}
+
+fn placement_plans(inputs: &Inputs) -> Vec<PlacementPlan> {
+    let spec = &inputs.spec;
+    [
+        (&inputs.device_plugin_daemonset, Role::DevicePlugin, &spec.device_plugin.daemon_set),
+        (&inputs.driver_daemonset, Role::Driver, &spec.driver.daemon_set),
+    ]
+    .into_iter()
+    .map(|(ds, role, r)| {
+        let (action, snippet) = match ds {
+            None => (PlacementAction::Missing, String::new()),
+            Some(ds) if placement::has_placement(ds, role) => (PlacementAction::AlreadyPlaced, String::new()),
+            Some(ds) => match spec.placement {
+                PlacementMode::Managed => {
+                    (PlacementAction::AddNodeAffinity, placement::yaml_snippet(ds, role))
+                }
+                PlacementMode::Verify => (PlacementAction::AddByHand, placement::yaml_snippet(ds, role)),
+            },
+        };
+        PlacementPlan {
+            daemon_set: format!("{}/{}", r.namespace, r.name),
+            role: role_name(role).into(),
+            action,
+            snippet,
+        }
+    })
+    .collect()
+}
+
+/// Builds the report.
+pub fn build(inputs: &Inputs) -> Result<Report, String> {
+    let spec = &inputs.spec;
+    let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
+    let mut pool: Vec<PoolNode> = inputs.nodes.iter().map(PoolNode::from_node).collect();
+    for pn in pool.iter_mut() {
+        let pods = inputs.pods.get(&pn.name).map(Vec::as_slice).unwrap_or_default();
+        pn.consuming_pods = match spec.direction {
+            Direction::Forward => pods.iter().filter(|p| drain::consumes_any(p, &res)).count(),
+            Direction::Rollback => pods.iter().filter(|p| drain::holds_dra_claim(p)).count(),
+        } as u32;
+    }
+    let p = plan::plan(&inputs.name, spec, &pool, &inputs.others)?;
+    let by_name: BTreeMap<&str, &Node> =
+        inputs.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
+
+    let mut nodes = Vec::new();
+    let mut summary = Summary { nodes_selected: inputs.nodes.len() as u32, ..Default::default() };
+    let max = p.max_unavailable.max(1);
+    // Wave 0: in flight. Wave 1: what may start now, next to the nodes in flight. Then the queue
+    // in groups of maxUnavailable.
+    let first_queued_wave = if p.to_start.is_empty() { 1 } else { 2 };
+    let moving = p
+        .in_flight
+        .iter()
+        .map(|n| (n, true, 0))
+        .chain(p.to_start.iter().map(|n| (n, false, 1)))
+        .chain(p.queued.iter().enumerate().map(|(i, n)| (n, false, first_queued_wave + i as u32 / max)));
+    for (order, (name, in_flight, wave)) in moving.enumerate() {
+        let Some(node) = by_name.get(name.as_str()) else { continue };
+        let pn = PoolNode::from_node(node);
+        let (evict, stay) = evictions(inputs, name);
+        let g = gpus(inputs, node);
+        summary.nodes_to_move += 1;
+        summary.waves = summary.waves.max(wave);
+        summary.gpus_to_move += g;
+        summary.pods_to_evict += evict.len() as u32;
+        summary.gpu_pods_to_evict += evict.iter().filter(|e| e.uses_gpu).count() as u32;
+        for e in &evict {
+            for f in &e.flags {
+                match f {
+                    PodFlag::PdbBlocks { .. } => summary.pods_blocked_by_pdb += 1,
+                    PodFlag::NoController => summary.bare_pods += 1,
+                    PodFlag::EmptyDir { .. } => summary.empty_dir_pods += 1,
+                    PodFlag::Terminating => {}
+                }
+            }
+        }
+        let note = if !pn.ready {
+            "NotReady: waits until its kubelet reports Ready".to_string()
+        } else if in_flight {
+            format!("in flight ({}); the operator continues it first", plan::state_str(pn.state()))
+        } else {
+            String::new()
+        };
+        nodes.push(NodePlan {
+            order: Some(order as u32 + 1),
+            wave: Some(wave),
+            name: name.clone(),
+            action: if in_flight { NodeAction::InFlight } else { NodeAction::Moves },
+            state: pn.state(),
+            backend: backend_str(pn.backend()).into(),
+            ready: pn.ready,
+            cordoned: pn.unschedulable,
+            gpus: g,
+            evict,
+            stay,
+            note,
+        });
+    }
+    let still = |name: &str, action: NodeAction, note: String| -> Option<NodePlan> {
+        let node = by_name.get(name)?;
+        let pn = PoolNode::from_node(node);
+        Some(NodePlan {
+            order: None,
+            wave: None,
+            name: name.to_string(),
+            action,
+            state: pn.state(),
+            backend: backend_str(pn.backend()).into(),
+            ready: pn.ready,
+            cordoned: pn.unschedulable,
+            gpus: gpus(inputs, node),
+            evict: Vec::new(),
+            stay: 0,
+            note,
+        })
+    };
+    for f in &p.failed {
+        let note = PoolNode::from_node(by_name[f.as_str()])
+            .failure()
+            .map(|x| format!("{}: {}", x.reason, x.message))
+            .unwrap_or_default();
+        nodes.extend(still(f, NodeAction::Failed, note));
+    }
+    for r in &p.refused {
+        nodes.extend(still(&r.node, NodeAction::Refused, r.message.clone()));
+    }
+    let listed: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    for name in p.owned.iter().filter(|n| !listed.contains(n)) {
+        nodes.extend(still(name, NodeAction::Done, String::new()));
+    }
+
+    let device_classes = class_plans(inputs);
+    let placement = placement_plans(inputs);
+
+    let mut blockers = Vec::new();
+    if !inputs.verdict.met {
+        blockers.push(format!("prerequisites: {}", inputs.verdict.message));
+    }
+    for c in device_classes.iter().filter(|c| !c.shadowed_by.is_empty()) {
+        blockers.push(format!(
+            "DeviceClass {} would be shadowed by {} for {}: remove extendedResourceName from {}",
+            c.name, c.shadowed_by, c.extended_resource_name, c.shadowed_by
+        ));
+    }
+    for pl in &placement {
+        match pl.action {
+            // A missing DaemonSet is already a failed prerequisite.
+            PlacementAction::Missing => {}
+            PlacementAction::AddByHand => blockers.push(format!(
+                "{} DaemonSet {} lacks the backend node affinity and spec.placement is Verify",
+                pl.role, pl.daemon_set
+            )),
+            PlacementAction::AlreadyPlaced | PlacementAction::AddNodeAffinity => {}
+        }
+    }
+    if spec.paused {
+        blockers.push("spec.paused is true".into());
+    }
+    if p.owned.is_empty() {
+        blockers.push("spec.nodeSelector selects no node this migration may move".into());
+    }
+    let critical = inputs.findings.iter().filter(|f| f.severity == Severity::Critical).count();
+    if critical > 0 {
+        blockers.push(format!(
+            "{critical} critical inventory finding(s): fix them first (the operator does not wait for them)"
+        ));
+    }
+    Ok(Report {
+        migration: inputs.name.clone(),
+        exists: inputs.exists,
+        direction: spec.direction,
+        max_unavailable: p.max_unavailable,
+        prerequisites: Prerequisites {
+            met: inputs.verdict.met,
+            reason: inputs.verdict.reason.to_string(),
+            message: inputs.verdict.message.clone(),
+            warnings: inputs.verdict.warnings.clone(),
+        },
+        nodes,
+        device_classes,
+        placement,
+        inventory: InventoryReport {
+            summary: inventory::summary(&inputs.findings),
+            findings: inputs.findings.clone(),
+            skipped: inputs.skipped.clone(),
+        },
+        summary,
+        blockers,
+    })
+}
+
+fn backend_str(b: Backend) -> &'static str {
+    match b {
+        Backend::DevicePlugin => "device-plugin",
+        Backend::Dra => "dra",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+        serde_json::from_value(v).expect("test object")
+    }
+
+    fn spec(extra: serde_json::Value) -> GpuPoolMigrationSpec {
+        let mut base = json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+            "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "plugin"}},
+            "strategy": {"maxUnavailable": 2}
+        });
+        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                b.insert(k.clone(), v.clone());
+            }
+        }
+        from(base)
+    }
+
+    fn node(name: &str, gpus: u32, annotations: serde_json::Value) -> Node {
+        from(json!({
+            "metadata": {"name": name, "labels": {"pool": "a100"}, "annotations": annotations},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()},
+                "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+    }
+
+    fn pod(ns: &str, name: &str, gpu: bool, owned: bool, empty_dir: bool) -> Pod {
+        let limits = if gpu { json!({"nvidia.com/gpu": "1"}) } else { json!({}) };
+        let owners = if owned {
+            json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}])
+        } else {
+            json!([])
+        };
+        let volumes = if empty_dir { json!([{"name": "scratch", "emptyDir": {}}]) } else { json!([]) };
+        from(json!({
+            "metadata": {"namespace": ns, "name": name, "labels": {"app": name}, "ownerReferences": owners},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], "volumes": volumes},
+            "status": {"phase": "Running"}
+        }))
+    }
+
+    fn ds(ns: &str, name: &str) -> DaemonSet {
+        from(json!({"metadata": {"namespace": ns, "name": name},
+            "spec": {"selector": {}, "template": {"spec": {"containers": []}}}}))
+    }
+
+    fn inputs(spec: GpuPoolMigrationSpec) -> Inputs {
+        let now: Timestamp = "2026-11-29T12:00:00Z".parse().expect("time");
+        Inputs {
+            name: "a100".into(),
+            spec,
+            exists: false,
+            nodes: vec![
+                node("n1", 8, json!({})),
+                node("n2", 8, json!({})),
+                node("n3", 4, json!({})),
+                node("n4", 8, json!({"switchyard.dev/migration-state": "Draining"})),
+            ],
+            pods: BTreeMap::from([
+                (
+                    "n1".to_string(),
+                    vec![pod("ml", "train-0", true, true, false), pod("ml", "web", false, true, false)],
+                ),
+                (
+                    "n2".to_string(),
+                    vec![
+                        pod("ml", "train-1", true, true, false),
+                        pod("ml", "bare", true, false, true),
+                        pod("ml", "train-2", true, true, false),
+                    ],
+                ),
+                ("n3".to_string(), vec![]),
+            ]),
+            pdbs: vec![from(json!({"metadata": {"namespace": "ml", "name": "train"},
+                "spec": {"selector": {"matchLabels": {"app": "train-1"}}},
+                "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}}))],
+            verdict: Verdict { met: true, reason: "AllMet", message: "ok".into(), warnings: vec![] },
+            device_classes: vec![],
+            driver_daemonset: Some(ds("switchyard", "driver")),
+            device_plugin_daemonset: Some(ds("gpu", "plugin")),
+            others: vec![],
+            slices: vec![],
+            findings: vec![],
+            skipped: vec![],
+            now,
+        }
+    }
+
+    #[test]
+    fn nodes_in_flight_first_then_fewest_gpu_pods_in_waves() {
+        let r = build(&inputs(spec(json!({})))).expect("report");
+        let order: Vec<(&str, Option<u32>, NodeAction)> =
+            r.nodes.iter().map(|n| (n.name.as_str(), n.wave, n.action)).collect();
+        assert_eq!(
+            order,
+            [
+                ("n4", Some(0), NodeAction::InFlight),
+                ("n3", Some(1), NodeAction::Moves),
+                ("n1", Some(2), NodeAction::Moves),
+                ("n2", Some(2), NodeAction::Moves),
+            ]
+        );
+        assert_eq!(r.summary.nodes_to_move, 4);
+        assert_eq!(r.summary.gpus_to_move, 28);
+        assert_eq!(r.summary.waves, 2);
+        assert!(r.blockers.is_empty(), "{:?}", r.blockers);
+    }
+
+    #[test]
+    fn evictions_separate_gpu_pods_and_flag_pdb_bare_and_empty_dir() {
+        let r = build(&inputs(spec(json!({})))).expect("report");
+        let n1 = r.nodes.iter().find(|n| n.name == "n1").expect("n1");
+        assert_eq!(n1.evict.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["train-0"]);
+        assert_eq!(n1.stay, 1, "the non-GPU pod stays with podSelection ResourceConsumers");
+        let n2 = r.nodes.iter().find(|n| n.name == "n2").expect("n2");
+        let flags: BTreeMap<&str, &Vec<PodFlag>> =
+            n2.evict.iter().map(|p| (p.name.as_str(), &p.flags)).collect();
+        assert_eq!(flags["train-1"], &vec![PodFlag::PdbBlocks { pdb: "ml/train".into() }]);
+        assert_eq!(flags["bare"], &vec![PodFlag::NoController, PodFlag::EmptyDir { deleted: false }]);
+        assert!(flags["train-2"].is_empty());
+        assert_eq!(
+            (
+                r.summary.pods_to_evict,
+                r.summary.pods_blocked_by_pdb,
+                r.summary.bare_pods,
+                r.summary.empty_dir_pods
+            ),
+            (4, 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn pod_selection_all_evicts_non_gpu_pods_too() {
+        let r = build(&inputs(spec(
+            json!({"strategy": {"maxUnavailable": 2, "drain": {"podSelection": "All"}}}),
+        )))
+        .expect("report");
+        let n1 = r.nodes.iter().find(|n| n.name == "n1").expect("n1");
+        assert_eq!(n1.evict.len(), 2);
+        assert_eq!((n1.evict[0].uses_gpu, n1.evict[1].uses_gpu), (true, false), "GPU pods listed first");
+        assert_eq!(n1.stay, 0);
+    }
+
+    #[test]
+    fn device_class_plan_creates_and_sees_shadowing() {
+        let mut i = inputs(spec(json!({})));
+        let r = build(&i).expect("report");
+        assert_eq!(r.device_classes[0].action, ClassAction::Create);
+        assert!(r.device_classes[0].effective, "a new class is the newest, so it wins");
+        // A class created in the future (clock skew or created after ours) shadows ours.
+        i.device_classes =
+            vec![from(json!({"metadata": {"name": "vendor", "creationTimestamp": "2026-11-29T13:00:00Z"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}}))];
+        let r = build(&i).expect("report");
+        assert_eq!(r.device_classes[0].shadowed_by, "vendor");
+        assert!(r.blockers.iter().any(|b| b.contains("shadowed by vendor")), "{:?}", r.blockers);
+    }
+
+    #[test]
+    fn placement_managed_adds_affinity_verify_and_missing_block() {
+        let r = build(&inputs(spec(json!({})))).expect("report");
+        assert!(r.placement.iter().all(|p| p.action == PlacementAction::AddNodeAffinity));
+        assert!(r.placement[0].snippet.contains("switchyard.dev/gpu-backend"), "{}", r.placement[0].snippet);
+        let mut i = inputs(spec(json!({"placement": "Verify"})));
+        i.driver_daemonset = None;
+        let r = build(&i).expect("report");
+        assert_eq!(r.placement[0].action, PlacementAction::AddByHand);
+        assert_eq!(r.placement[1].action, PlacementAction::Missing);
+        assert_eq!(
+            r.blockers.len(),
+            1,
+            "only Verify blocks here; the missing one is a prerequisite: {:?}",
+            r.blockers
+        );
+    }
+
+    #[test]
+    fn refused_failed_and_done_nodes_do_not_move() {
+        let mut i = inputs(spec(json!({})));
+        i.nodes = vec![
+            node("n1", 8, json!({})),
+            node("n2", 0, json!({"switchyard.dev/migration-state": "Migrated"})),
+            node(
+                "n3",
+                8,
+                json!({"switchyard.dev/migration-state": "Failed",
+                "switchyard.dev/failure": "{\"state\":\"Draining\",\"reason\":\"DrainTimeout\",\"message\":\"pods stayed\"}"}),
+            ),
+        ];
+        i.others = vec![OtherMigration {
+            name: "other".into(),
+            selector: from(json!({"matchLabels": {"pool": "a100"}})),
+        }];
+        let r = build(&i).expect("report");
+        assert!(r.nodes.iter().all(|n| n.action == NodeAction::Refused), "{:#?}", r.nodes);
+        assert!(r.blockers.iter().any(|b| b.contains("selects no node")));
+        i.others.clear();
+        let r = build(&i).expect("report");
+        let actions: BTreeMap<&str, (NodeAction, &str)> =
+            r.nodes.iter().map(|n| (n.name.as_str(), (n.action, n.note.as_str()))).collect();
+        assert_eq!(actions["n1"].0, NodeAction::Moves);
+        assert_eq!(actions["n2"].0, NodeAction::Done);
+        assert_eq!(actions["n3"], (NodeAction::Failed, "DrainTimeout: pods stayed"));
+    }
+
+    #[test]
+    fn unmet_prerequisites_and_critical_findings_are_blockers() {
+        let mut i = inputs(spec(json!({})));
+        i.verdict = Verdict { met: false, reason: "ServerTooOld", message: "v1.35".into(), warnings: vec![] };
+        i.findings = vec![Finding {
+            severity: Severity::Critical,
+            kind: "DeviceClass".into(),
+            object: "vendor".into(),
+            message: "m".into(),
+            advice: "a".into(),
+        }];
+        let r = build(&i).expect("report");
+        assert_eq!(r.blockers.len(), 2, "{:?}", r.blockers);
+        assert_eq!(r.inventory.summary, "1 finding(s): 1 critical");
+    }
+}
