@@ -18,6 +18,10 @@ deps: ## Install what the build needs from the package registries (idempotent)
 build: deps ## Build every binary
 	$(CARGO) build --workspace --all-targets
 
+.PHONY: install-cli
+install-cli: ## Install the switchyard CLI and its kubectl plugin name (kubectl switchyard) into ~/.cargo/bin
+	$(CARGO) install --locked --path operator --bin switchyard --bin kubectl-switchyard
+
 .PHONY: generate
 generate: ## Regenerate crds/ from the Rust API types, then the packaging copies derived from them
 	$(CARGO) run -q -p switchyard-operator --bin crdgen -- crds
@@ -64,8 +68,8 @@ helm: ## Build (or reuse) the cached helm CLI and print its path
 test: deps lint check-generated check-packaging unit e2e ## Everything CI runs
 
 .PHONY: demo
-demo: deps ## A live migration on a local control plane with simulated GPU nodes
-	@bash e2e/hack/demo.sh
+demo: deps ## A live migration on a local control plane with simulated GPU nodes (KEEP=1 leaves it running)
+	@DEMO_KEEP=$${DEMO_KEEP:-$(KEEP)} bash e2e/hack/demo.sh
 
 .PHONY: bench
 bench: deps ## Benchmarks; figures go to docs/benchmarks.md

@@ -25,6 +25,7 @@ cargo build -p switchyard-operator -p switchyard-driver-agent --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 export SWITCHYARD_OPERATOR_BIN="$target_dir/debug/switchyard-operator"
 export SWITCHYARD_AGENT_BIN="$target_dir/debug/switchyard-driver-agent"
+export SWITCHYARD_CLI_BIN="$target_dir/debug/switchyard"
 # The kubelet-plugin scenario drives the agent with the kubelet's own plugin code (Go, cached).
 SWITCHYARD_KUBELETPLUGIN_BIN=$(bash "$root/e2e/hack/build-kubeletplugin.sh")
 export SWITCHYARD_KUBELETPLUGIN_BIN

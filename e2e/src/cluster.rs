@@ -119,3 +119,8 @@ pub fn agent_bin() -> PathBuf {
 pub fn operator_bin() -> PathBuf {
     built_binary("SWITCHYARD_OPERATOR_BIN", "switchyard-operator")
 }
+
+/// The `switchyard` CLI binary.
+pub fn cli_bin() -> PathBuf {
+    built_binary("SWITCHYARD_CLI_BIN", "switchyard")
+}

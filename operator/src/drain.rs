@@ -72,7 +72,8 @@ pub fn consumes_any(pod: &Pod, resources: &[&str]) -> bool {
     })
 }
 
-fn is_daemonset_pod(pod: &Pod) -> bool {
+/// True for pods a DaemonSet controls; a drain leaves them (the backend label moves them).
+pub fn is_daemonset_pod(pod: &Pod) -> bool {
     pod.metadata
         .owner_references
         .iter()
@@ -80,7 +81,8 @@ fn is_daemonset_pod(pod: &Pod) -> bool {
         .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
 }
 
-fn is_mirror_pod(pod: &Pod) -> bool {
+/// True for mirror pods of static pods, which the API cannot evict.
+pub fn is_mirror_pod(pod: &Pod) -> bool {
     pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
 }
 

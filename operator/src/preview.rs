@@ -108,7 +108,7 @@ pub struct NodePlan {
     pub gpus: u64,
     /// Pods the drain evicts (or, rolling back, the DRA claim holders the taint rule evicts).
     pub evict: Vec<PodPlan>,
-    /// Pods that stay on the node.
+    /// Pods that stay on the node (DaemonSet and mirror pods not counted).
     pub stay: u32,
     pub note: String,
 }
@@ -276,7 +276,11 @@ fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
         }
     }
     evict.sort_by(|a, b| (b.uses_gpu, &a.namespace, &a.name).cmp(&(a.uses_gpu, &b.namespace, &b.name)));
-    let movable = pods.iter().filter(|p| !drain::is_finished(p)).count() as u32;
+    // DaemonSet and mirror pods neither move nor stay in the drain's sense; finished pods hold nothing.
+    let movable = pods
+        .iter()
+        .filter(|p| !drain::is_finished(p) && !drain::is_daemonset_pod(p) && !drain::is_mirror_pod(p))
+        .count() as u32;
     (evict.clone(), movable.saturating_sub(evict.len() as u32))
 }
 
