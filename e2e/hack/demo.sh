@@ -55,8 +55,14 @@ fi
 k delete namespace ml --ignore-not-found --wait >/dev/null 2>&1 || true
 
 say "2. Switchyard: the CRD and config/ (RBAC, driver-agent DaemonSet, admission policy)"
-cargo build -q -p switchyard-operator -p switchyard-driver-agent -p switchyard-e2e --bins
-target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/debug
+if [ -n "${SWITCHYARD_DEMO_BIN_DIR:-}" ]; then
+  # The e2e test that runs the demo has built everything already (a nested cargo would wait on
+  # the lock the test run holds).
+  target=$SWITCHYARD_DEMO_BIN_DIR
+else
+  cargo build -q -p switchyard-operator -p switchyard-driver-agent -p switchyard-e2e --bins
+  target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/debug
+fi
 switchyard() { "$target/switchyard" "$@"; }
 k apply --server-side -f crds/ >/dev/null
 k wait --for=condition=Established crd/gpupoolmigrations.switchyard.dev >/dev/null
