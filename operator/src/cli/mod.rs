@@ -15,8 +15,9 @@ pub mod inventory;
 pub mod plan;
 pub mod status;
 
-/// Exit code for "ran, and what it found needs a human" (a failed prerequisite, a critical
-/// inventory finding, a failed migration). Errors talking to the cluster exit 1.
+/// Exit code for "ran, and what it found needs a human": `plan` with a blocker, `inventory` with a
+/// critical finding, `status` of a failed migration. Errors (the cluster unreachable, a manifest
+/// the API server rejects) exit 1.
 pub const EXIT_FINDINGS: u8 = 2;
 
 #[derive(Parser, Debug)]
@@ -45,7 +46,8 @@ pub enum Command {
     /// List what in the cluster reads GPU capacity the device-plugin way (quotas, LimitRanges,
     /// Kueue, autoscalers, HPAs, dashboards, other DeviceClasses), with severity and advice.
     Inventory(InventoryArgs),
-    /// Follow a migration live until it completes (or Ctrl-C).
+    /// Follow a migration live until it ends (Completed, RolledBack or Failed), Ctrl-C or
+    /// `--timeout`. Exit code: 0 done, 2 failed, 1 timed out or deleted, 130 interrupted.
     Status(StatusArgs),
 }
 
