@@ -38,6 +38,12 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 say "1. A real Kubernetes v1.37.2 control plane (first run builds it from the Go module proxy)"
 t0=$(date +%s)
 bin=$(bash e2e/hack/build-controlplane.sh)
+built=$(cat "$(dirname "$bin")/build-seconds" 2>/dev/null || echo "?")
+if [ $(( $(date +%s) - t0 )) -gt 30 ]; then
+  echo "   built the control plane in $(( $(date +%s) - t0 ))s; later runs reuse $(dirname "$bin")"
+else
+  echo "   control plane binaries cached in $(dirname "$bin") (the first build took ${built}s)"
+fi
 started_cluster=0
 if ! { [ -f "$state/kubeconfig" ] && "$bin/kubectl" --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev/null 2>&1; }; then
   bash e2e/hack/cluster-up.sh

@@ -368,6 +368,21 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
         "pool nodes found by their allocatable GPUs"
     );
 
+    // The same tool as a kubectl plugin: kubectl finds kubectl-switchyard on PATH.
+    let plugin_dir = cluster::cli_bin().parent().expect("a bin dir").to_path_buf();
+    assert!(plugin_dir.join("kubectl-switchyard").is_file(), "kubectl-switchyard is built next to switchyard");
+    let path = format!("{}:{}", plugin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let via_kubectl = tokio::process::Command::new(cluster::bin_dir().join("kubectl"))
+        .args(["switchyard", "plan", "-f", &manifest_arg, "-o", "json"])
+        .env("PATH", path)
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    assert_eq!(via_kubectl.status.code(), Some(2), "{}", String::from_utf8_lossy(&via_kubectl.stderr));
+    let via_kubectl: Value = serde_json::from_slice(&via_kubectl.stdout)?;
+    assert_eq!(via_kubectl["nodes"], plan["nodes"], "kubectl switchyard plan is the same plan");
+
     // Bad input: the API server's CEL message names the field; nothing is created.
     let mut bad = gpm.clone();
     bad.spec.strategy.max_unavailable =

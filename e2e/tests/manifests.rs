@@ -129,8 +129,19 @@ fn dry_run_all(source: &str, objs: Vec<Value>) {
         }
         checked.push(o);
     }
+    // --force-conflicts: on the shared cluster `make demo` may have applied config/ already under
+    // another field manager; ownership conflicts say nothing about whether the manifests are valid.
     let mut dry = kubectl();
-    dry.args(["apply", "--server-side", "--dry-run=server", "--field-manager", FIELD_MANAGER, "-f", "-"]);
+    dry.args([
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--dry-run=server",
+        "--field-manager",
+        FIELD_MANAGER,
+        "-f",
+        "-",
+    ]);
     let out = run_ok(dry, &to_yaml(&checked));
     print!("{source}: server-side dry-run of {} objects:\n{out}", checked.len());
     for o in &checked {

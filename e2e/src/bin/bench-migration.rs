@@ -1,5 +1,7 @@
 //! `make bench`: the 4-node migration scenario of the e2e suite, timed, with the operator's API
 //! requests counted from the API server's audit log (its user agent is `switchyard-operator/…`).
+//! Before each migration, `switchyard plan -f` of the same manifest is timed and its requests
+//! (user agent `switchyard-cli/…`) counted the same way.
 //!
 //! Pool: 4 simulated nodes × 4 GPUs; a GPU Deployment of 2 with a PDB (minAvailable 1), a GPU
 //! Deployment of 3 and a non-GPU Deployment of 3; `maxUnavailable: 2`. Wall time runs from the
@@ -25,14 +27,19 @@ struct Args {
     audit_log: Option<std::path::PathBuf>,
 }
 
-/// Audit events from the operator between two instants (RFC 3339 strings compare in order).
-fn operator_requests(log: &std::path::Path, from: &str, to: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+/// Audit events from one user agent between two instants (RFC 3339 strings compare in order).
+fn requests_by(
+    log: &std::path::Path,
+    agent_prefix: &str,
+    from: &str,
+    to: &str,
+) -> anyhow::Result<BTreeMap<String, u64>> {
     let mut by_kind = BTreeMap::new();
     for line in std::fs::read_to_string(log)?.lines() {
         let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let agent = e["userAgent"].as_str().unwrap_or_default();
         let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
-        if !agent.starts_with("switchyard-operator/") || at < from || at > to {
+        if !agent.starts_with(agent_prefix) || at < from || at > to {
             continue;
         }
         let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
@@ -63,9 +70,31 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
 
         let name = pool.id.clone();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
+
+        // The plan of the same manifest, as a user would run it first.
+        let manifest = pool.log_dir().join("bench-plan.yaml");
+        std::fs::create_dir_all(pool.log_dir())?;
+        std::fs::write(&manifest, serde_yaml::to_string(&gpm)?)?;
+        let plan_from = now();
+        let plan_start = Instant::now();
+        let plan = tokio::process::Command::new(cluster::cli_bin())
+            .arg("--kubeconfig")
+            .arg(cluster::kubeconfig())
+            .args(["plan", "-o", "json", "-f"])
+            .arg(&manifest)
+            .output()
+            .await?;
+        let plan_wall = plan_start.elapsed();
+        let plan_to = now();
+        anyhow::ensure!(
+            plan.status.success(),
+            "switchyard plan failed: {}",
+            String::from_utf8_lossy(&plan.stderr)
+        );
+
         let from = now();
         let start = Instant::now();
-        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
         pool.migrations().create(&PostParams::default(), &gpm).await?;
         let done = pool.wait_phase(&name, Phase::Completed, Duration::from_secs(600)).await?;
         let wall = start.elapsed();
@@ -73,7 +102,16 @@ async fn main() -> anyhow::Result<()> {
         let migrated = done.status.as_ref().map_or(0, |s| s.nodes.migrated).max(1) as u64;
         // The audit log is written asynchronously; give it a moment.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let requests = operator_requests(&audit, &from, &to)?;
+        let plan_requests = requests_by(&audit, "switchyard-cli/", &plan_from, &plan_to)?;
+        println!(
+            "run {run}: switchyard plan -f (4 nodes, 11 pods) in {:.0} ms; API requests: {}",
+            plan_wall.as_secs_f64() * 1000.0,
+            plan_requests.values().sum::<u64>()
+        );
+        for (kind, n) in &plan_requests {
+            println!("    {kind:<40} {n:>5}");
+        }
+        let requests = requests_by(&audit, "switchyard-operator/", &from, &to)?;
         let total: u64 = requests.values().sum();
         println!(
             "run {run}: 4 nodes migrated in {:.1} s; operator API requests: {total} ({:.1} per migrated node)",
