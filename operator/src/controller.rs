@@ -15,7 +15,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{PartialObjectMeta, Selector, SelectorExt};
+use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -29,6 +29,7 @@ use crate::api::v1alpha1::{
     Direction, FailedNode, GpuPoolMigration, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeProgress,
     NodeState, Phase, PlacementMode,
 };
+use crate::cache::{self, Caches};
 use crate::conditions::{self, ConditionType, Desired, Progress};
 use crate::device_classes;
 use crate::drain;
@@ -63,6 +64,9 @@ const STATUS_LIST_MAX: usize = 64;
 const PROBE_CLASS: &str = "switchyard-probe-extended-resource";
 /// The extended resource name used only in the dry-run probe.
 const PROBE_RESOURCE: &str = "probe.switchyard.dev/gpu";
+/// How often the readiness check retries a failed discovery: readiness waits on it, and a
+/// failure is usually the API server restarting.
+const READY_DISCOVERY_RETRY: Duration = Duration::from_secs(5);
 
 /// An inventory result: when it was read, for which generation, and its findings.
 type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
@@ -86,6 +90,9 @@ pub struct Context {
     pub config: Config,
     /// The controller's GpuPoolMigration cache, to find nodes selected by two migrations.
     pub migrations: Store<GpuPoolMigration>,
+    /// Nodes, DaemonSets, DeviceClasses and ResourceSlices, fed by the controller's watches: a
+    /// reconcile reads these instead of the API (see `cache` for how fresh they are).
+    pub caches: Caches,
     facts: Mutex<Option<(Instant, ServerFacts)>>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last inventory per migration: when, for which generation, and its findings.
@@ -98,6 +105,7 @@ impl Context {
         metrics: Arc<Metrics>,
         config: Config,
         migrations: Store<GpuPoolMigration>,
+        caches: Caches,
     ) -> Self {
         let reporter =
             Reporter { controller: OPERATOR_FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
@@ -107,6 +115,7 @@ impl Context {
             metrics,
             config,
             migrations,
+            caches,
             facts: Mutex::new(None),
             failures: Mutex::new(HashMap::new()),
             inventory: Mutex::new(HashMap::new()),
@@ -196,25 +205,30 @@ async fn server_facts(ctx: &Context, nodes: &[NodeVersions]) -> Result<ServerFac
 /// than 1.37, the dry-run probe for `extendedResourceName`. Read-only.
 pub async fn discover_server(client: &Client, nodes: &[NodeVersions]) -> Result<ServerFacts> {
     let info = client.apiserver_version().await.map_err(|source| Error::Discovery { source })?;
-    let served = match client.list_api_group_resources("resource.k8s.io/v1").await {
-        Ok(list) => {
-            let has = |n: &str| list.resources.iter().any(|r| r.name == n);
-            ServedApis {
-                device_classes: has("deviceclasses"),
-                resource_slices: has("resourceslices"),
-                resource_claims: has("resourceclaims"),
-                device_taint_rules: has("devicetaintrules"),
-            }
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => ServedApis::default(),
-        Err(source) => return Err(Error::Discovery { source }),
-    };
+    let served = served_apis(client).await?;
     let mut facts =
         ServerFacts { git_version: info.git_version, served, probe: ExtendedResourceProbe::NotRun };
     if served.device_classes && prerequisites::probe_needed(&facts.git_version, nodes) {
         facts.probe = probe_extended_resource(client).await;
     }
     Ok(facts)
+}
+
+/// Which resource.k8s.io/v1 kinds the API server serves. Read-only.
+pub async fn served_apis(client: &Client) -> Result<ServedApis> {
+    match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => {
+            let has = |n: &str| list.resources.iter().any(|r| r.name == n);
+            Ok(ServedApis {
+                device_classes: has("deviceclasses"),
+                resource_slices: has("resourceslices"),
+                resource_claims: has("resourceclaims"),
+                device_taint_rules: has("devicetaintrules"),
+            })
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(ServedApis::default()),
+        Err(source) => Err(Error::Discovery { source }),
+    }
 }
 
 /// Creates a DeviceClass with `extendedResourceName` in dry-run mode: a server with the gate off
@@ -437,12 +451,14 @@ pub fn node_patch(
     Some(p)
 }
 
-async fn patch_node(client: &Client, name: &str, patch: &NodePatch) -> Result<()> {
-    Api::<Node>::all(client.clone())
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(|_| ())
-        .map_err(|source| Error::PatchNode { node: name.into(), source })
+/// Patches a node and records the write, so the next reconcile waits until the node cache shows it
+/// (see `cache::NodeWrites`).
+async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<()> {
+    let write = ctx.caches.node_writes.begin(name);
+    let res =
+        Api::<Node>::all(ctx.client.clone()).patch(name, &PatchParams::default(), &Patch::Merge(patch)).await;
+    write.finish(res.as_ref().ok().and_then(|n| n.metadata.resource_version.as_deref()));
+    res.map(|_| ()).map_err(|source| Error::PatchNode { node: name.into(), source })
 }
 
 async fn publish(
@@ -646,7 +662,7 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
             .observe(seconds);
     }
     if let Some(patch) = node_patch(&action, &pn, &migration, view.now, &alloc) {
-        patch_node(client, &name, &patch).await?;
+        patch_node(ctx, &name, &patch).await?;
         if action == Action::Complete && spec.strategy.verify.canary.is_some() {
             // Best effort: the canary is finished; a leftover one is harmless.
             let _ = canary_api.delete(&canary_name, &DeleteParams::default()).await;
@@ -693,15 +709,61 @@ fn transition_reason(to: NodeState) -> &'static str {
     }
 }
 
-/// The nodes `spec.nodeSelector` selects.
+fn node_selector(spec: &GpuPoolMigrationSpec) -> Result<Selector> {
+    Selector::try_from(spec.node_selector.clone())
+        .map_err(|e| Error::InvalidSpec { message: format!("spec.nodeSelector: {e}") })
+}
+
+/// The nodes `spec.nodeSelector` selects, listed from the API (the CLI's read; the controller
+/// reads its cache with `cached_pool_nodes`).
 pub async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
-    let selector = Selector::try_from(spec.node_selector.clone())
-        .map_err(|e| Error::InvalidSpec { message: format!("spec.nodeSelector: {e}") })?;
+    let selector = node_selector(spec)?;
     Api::<Node>::all(client.clone())
         .list(&ListParams::default().labels_from(&selector))
         .await
         .map(|l| l.items)
         .map_err(|source| Error::ListNodes { source })
+}
+
+/// The nodes `spec.nodeSelector` selects, from the node cache once it has synced and shows this
+/// operator's own node patches (`cache::NodeWrites`). A node whose patch the cache still lags
+/// after `cache::NODE_WRITE_VISIBLE_TIMEOUT` (the watch is reconnecting or relisting) is read
+/// from the API for this reconcile: a step must never be decided on a copy older than our own
+/// last write of that node. A reconcile with no such node makes no request here.
+async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
+    let selector = node_selector(spec)?;
+    cache::synced(&ctx.caches.nodes, "Node").await?;
+    let writes = &ctx.caches.node_writes;
+    let unseen = writes.settle(cache::NODE_WRITE_VISIBLE_TIMEOUT).await;
+    let mut fresh = Vec::new();
+    for name in &unseen {
+        let got = Api::<Node>::all(ctx.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(|source| Error::GetNode { node: name.clone(), source })?;
+        let cached = ctx.caches.nodes.get(&ObjectRef::new(name));
+        let cached_rv = cached.as_ref().and_then(|n| n.metadata.resource_version.as_ref());
+        match got {
+            Some(node) => {
+                // The same version in the cache as in a read made after our write: the cache
+                // shows it now.
+                if cached_rv.is_some() && cached_rv == node.metadata.resource_version.as_ref() {
+                    writes.forget(name);
+                }
+                fresh.push(node);
+            }
+            None => writes.forget(name),
+        }
+    }
+    if !unseen.is_empty() {
+        warn!(nodes = ?unseen, "the node cache lags this operator's node patches; read them from the API");
+    }
+    let cached = ctx.caches.nodes.state();
+    let current = cached
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
+    Ok(cache::select_nodes(current.chain(fresh.iter()), &selector))
 }
 
 #[derive(Serialize, Debug)]
@@ -785,12 +847,15 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     let res = resources(spec);
     let now = Timestamp::now();
 
-    let nodes = list_pool_nodes(client, spec).await?;
+    // Nodes, DaemonSets, DeviceClasses and ResourceSlices come from the caches; see `cache` for
+    // why each read is fresh enough.
+    let nodes = cached_pool_nodes(ctx, spec).await?;
     let versions: Vec<NodeVersions> = nodes.iter().map(node_versions).collect();
     let facts = server_facts(ctx, &versions).await?;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
-    let driver_ds = get_daemonset(client, &dn.namespace, &dn.name).await?;
-    let plugin_ds = get_daemonset(client, &dp.namespace, &dp.name).await?;
+    cache::synced(&ctx.caches.daemon_sets, "DaemonSet").await?;
+    let driver_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dn.namespace, &dn.name);
+    let plugin_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dp.namespace, &dp.name);
 
     let verdict = prerequisites::check(&cluster_facts(
         spec,
@@ -803,25 +868,22 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     // DeviceClasses: apply ours, then judge every class that carries one of our names.
     let mut class_statuses = Vec::new();
     if facts.served.device_classes {
-        let classes: Api<DeviceClass> = Api::all(client.clone());
-        let list = || async {
-            classes.list(&ListParams::default()).await.map_err(|source| Error::ListDeviceClasses { source })
-        };
-        let mut all = list().await?;
+        // The DeviceClass watch can only sync where the kind is served, so the wait is here.
+        cache::synced(&ctx.caches.device_classes, "DeviceClass").await?;
+        let mut all = cache::by_name(ctx.caches.device_classes.state().iter().map(AsRef::as_ref));
         // Apply only what is missing or differs: an apply per reconcile was a third of the
-        // operator's requests per node.
-        let mut applied = false;
+        // operator's requests per node. A cache that has not caught up with an earlier apply
+        // only repeats the same apply, a no-op on the server.
         for dc in device_classes::desired_all(spec, &name) {
-            let current = all.items.iter().find(|c| c.metadata.name == dc.metadata.name);
+            let current = all.iter().find(|c| c.metadata.name == dc.metadata.name);
             if device_classes::needs_apply(&dc, current) {
-                apply_device_class(client, &dc).await?;
-                applied = true;
+                // The server's answer is the class as applied (with its creation time): judge
+                // shadowing on it, not on the cached copy the watch has not replaced yet.
+                let applied = apply_device_class(client, &dc).await?;
+                cache::upsert(&mut all, applied);
             }
         }
-        if applied {
-            all = list().await?;
-        }
-        let infos: Vec<device_classes::ClassInfo> = all.items.iter().map(Into::into).collect();
+        let infos: Vec<device_classes::ClassInfo> = all.iter().map(Into::into).collect();
         class_statuses = device_classes::statuses(spec, &infos);
     }
     let (dc_ready, dc_reason, dc_message) = if facts.served.device_classes {
@@ -861,11 +923,11 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
 
     // Slices and the overlap invariant.
     let slices = if facts.served.resource_slices {
-        Api::<ResourceSlice>::all(client.clone())
-            .list(&ListParams::default().fields(&format!("spec.driver={}", spec.driver.name)))
-            .await
-            .map_err(|source| Error::ListResourceSlices { driver: spec.driver.name.clone(), source })?
-            .items
+        cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
+        cache::slices_for_driver(
+            ctx.caches.resource_slices.state().iter().map(AsRef::as_ref),
+            &spec.driver.name,
+        )
     } else {
         Vec::new()
     };
@@ -1180,7 +1242,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                     patch.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, None);
                     patch.annotate(ANNOTATION_FAILURE, None);
                 }
-                patch_node(client, &pn.name, &patch).await?;
+                patch_node(ctx, &pn.name, &patch).await?;
             }
         }
     }
@@ -1221,13 +1283,38 @@ pub async fn run(
     };
     let controller = Controller::new(Api::<GpuPoolMigration>::all(client.clone()), gpm_watch);
     let store = controller.store();
-    let (node_reader, node_writer) = reflector::store::<PartialObjectMeta<Node>>();
+
+    // Every watch feeds a store the reconcile reads (see `cache`), besides triggering reconciles.
+    // Nodes are cached whole: the reconcile reads labels, annotations, spec.unschedulable,
+    // status.allocatable, status.conditions and status.nodeInfo. Without managedFields and
+    // status.images (`cache::trim_node`) a node is a few KiB, so thousands of nodes cost megabytes;
+    // a metadata-only watch plus a LIST per reconcile was the larger cost.
+    let (node_reader, node_writer) = reflector::store::<Node>();
+    let (ds_reader, ds_writer) = reflector::store::<DaemonSet>();
+    let (dc_reader, dc_writer) = reflector::store::<DeviceClass>();
+    let (slice_reader, slice_writer) = reflector::store::<ResourceSlice>();
+    let caches = Caches {
+        nodes: node_reader.clone(),
+        daemon_sets: ds_reader.clone(),
+        device_classes: dc_reader.clone(),
+        resource_slices: slice_reader.clone(),
+        node_writes: Arc::new(cache::NodeWrites::default()),
+    };
+    let node_writes = caches.node_writes.clone();
     let node_stream =
-        reflector(node_writer, watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), wc()))
+        cache::node_reflector(node_writer, watcher(Api::<Node>::all(client.clone()), wc()), node_writes);
+    let ds_stream =
+        reflector(ds_writer, watcher(Api::<DaemonSet>::all(client.clone()), wc()).modify(cache::trim))
+            .touched_objects();
+    let dc_stream =
+        reflector(dc_writer, watcher(Api::<DeviceClass>::all(client.clone()), wc()).modify(cache::trim))
+            .touched_objects();
+    let slice_stream =
+        reflector(slice_writer, watcher(Api::<ResourceSlice>::all(client.clone()), wc()).modify(cache::trim))
             .touched_objects();
 
     let s = store.clone();
-    let map_node = move |n: PartialObjectMeta<Node>| migrations_for_labels(&s, n.labels());
+    let map_node = move |n: Node| migrations_for_labels(&s, n.labels());
     let s = store.clone();
     let map_ds = move |ds: DaemonSet| {
         let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
@@ -1265,20 +1352,43 @@ pub async fn run(
             .collect()
     };
 
-    let ctx = Arc::new(Context::new(client.clone(), metrics, config, store.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), metrics, config, store.clone(), caches));
     let ready_store = store.clone();
+    let ready_client = client.clone();
     tokio::spawn(async move {
-        if ready_store.wait_until_ready().await.is_ok() && node_reader.wait_until_ready().await.is_ok() {
-            ready.store(true, std::sync::atomic::Ordering::SeqCst);
-            info!("caches synced");
+        if ready_store.wait_until_ready().await.is_err()
+            || node_reader.wait_until_ready().await.is_err()
+            || ds_reader.wait_until_ready().await.is_err()
+        {
+            return;
         }
+        // The DeviceClass and ResourceSlice watches can only sync where resource.k8s.io/v1
+        // serves those kinds; where it does not, the operator is still useful (it reports the
+        // missing prerequisite), so readiness waits only for the caches that can sync.
+        let served = loop {
+            match served_apis(&ready_client).await {
+                Ok(s) => break s,
+                Err(e) => {
+                    warn!(error = %e, "discovery for the readiness check failed; retrying");
+                    tokio::time::sleep(READY_DISCOVERY_RETRY).await;
+                }
+            }
+        };
+        if served.device_classes && dc_reader.wait_until_ready().await.is_err() {
+            return;
+        }
+        if served.resource_slices && slice_reader.wait_until_ready().await.is_err() {
+            return;
+        }
+        ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        info!("caches synced");
     });
 
     controller
         .watches_stream(node_stream, map_node)
-        .watches(Api::<DaemonSet>::all(client.clone()), wc(), map_ds)
-        .watches(Api::<DeviceClass>::all(client.clone()), wc(), map_dc)
-        .watches(Api::<ResourceSlice>::all(client.clone()), wc(), map_slice)
+        .watches_stream(ds_stream, map_ds)
+        .watches_stream(dc_stream, map_dc)
+        .watches_stream(slice_stream, map_slice)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

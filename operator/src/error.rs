@@ -24,6 +24,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("reading node {node}: {source}")]
+    GetNode {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("patching node {node}: {source}")]
     PatchNode {
         node: String,
@@ -33,11 +39,6 @@ pub enum Error {
     #[error("applying DeviceClass {name}: {source}")]
     ApplyDeviceClass {
         name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("listing DeviceClasses: {source}")]
-    ListDeviceClasses {
         #[source]
         source: kube::Error,
     },
@@ -101,6 +102,10 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    #[error(
+        "the {kind} cache has not finished its first list: check that the operator may list and watch {kind}s, and its log"
+    )]
+    CacheNotSynced { kind: &'static str },
     #[error("invalid spec: {message}")]
     InvalidSpec { message: String },
     #[error("waiting for {nodes} node(s) to finish their step before the migration is removed")]
@@ -119,9 +124,9 @@ impl Error {
             Error::EvictPod { .. } => "EvictPod",
             Error::ListPods { .. } => "ListPods",
             Error::ListNodes { .. } => "ListNodes",
+            Error::GetNode { .. } => "GetNode",
             Error::PatchNode { .. } => "PatchNode",
             Error::ApplyDeviceClass { .. } => "ApplyDeviceClass",
-            Error::ListDeviceClasses { .. } => "ListDeviceClasses",
             Error::ListResourceSlices { .. } => "ListResourceSlices",
             Error::GetDaemonSet { .. } => "GetDaemonSet",
             Error::PatchDaemonSet { .. } => "PatchDaemonSet",
@@ -132,6 +137,7 @@ impl Error {
             Error::ListMigrations { .. } => "ListMigrations",
             Error::PatchStatus { .. } => "PatchStatus",
             Error::Encode { .. } => "Encode",
+            Error::CacheNotSynced { .. } => "CacheNotSynced",
             Error::InvalidSpec { .. } => "InvalidSpec",
             Error::CleanupWaiting { .. } => "CleanupWaiting",
             Error::Finalizer { .. } => "Finalizer",
@@ -144,6 +150,8 @@ impl Error {
         match self {
             Error::Encode { .. } | Error::InvalidSpec { .. } => false,
             Error::CleanupWaiting { .. } => true,
+            // The watch keeps retrying on its own; the reconcile waits again after the backoff.
+            Error::CacheNotSynced { .. } => true,
             Error::Finalizer { source } => match source.as_ref() {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.is_transient(),
                 finalizer::Error::AddFinalizer(e) | finalizer::Error::RemoveFinalizer(e) => {
@@ -154,9 +162,9 @@ impl Error {
             Error::EvictPod { source, .. }
             | Error::ListPods { source, .. }
             | Error::ListNodes { source }
+            | Error::GetNode { source, .. }
             | Error::PatchNode { source, .. }
             | Error::ApplyDeviceClass { source, .. }
-            | Error::ListDeviceClasses { source }
             | Error::ListResourceSlices { source, .. }
             | Error::GetDaemonSet { source, .. }
             | Error::PatchDaemonSet { source, .. }

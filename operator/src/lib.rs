@@ -2,6 +2,7 @@
 //! by node, and back.
 
 pub mod api;
+pub mod cache;
 pub mod canary;
 pub mod cli;
 pub mod conditions;

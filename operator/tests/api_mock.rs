@@ -171,3 +171,31 @@ async fn device_class_conflict_surfaces_as_apply_error() {
     assert_eq!(err.category(), "ApplyDeviceClass");
     assert!(!err.is_transient());
 }
+
+#[tokio::test]
+async fn served_apis_reads_the_resource_group_and_a_missing_group_serves_nothing() {
+    let (client, handle) = mock_client();
+    let list = json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "resource.k8s.io/v1",
+        "resources": [
+            {"name": "deviceclasses", "singularName": "deviceclass", "namespaced": false, "kind": "DeviceClass", "verbs": ["list", "watch"]},
+            {"name": "resourceslices", "singularName": "resourceslice", "namespaced": false, "kind": "ResourceSlice", "verbs": ["list", "watch"]}
+        ]
+    });
+    let server = tokio::spawn(answer_one(handle, StatusCode::OK, list));
+    let served = controller::served_apis(&client).await.unwrap();
+    let (method, uri, _, _) = server.await.unwrap();
+    assert_eq!((method, uri.as_str()), (Method::GET, "/apis/resource.k8s.io/v1"));
+    assert!(served.device_classes && served.resource_slices);
+    assert!(!served.resource_claims && !served.device_taint_rules);
+
+    let (client, handle) = mock_client();
+    let server = tokio::spawn(answer_one(
+        handle,
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "code": 404, "status": "Failure", "reason": "NotFound", "message": "the server could not find the requested resource"}),
+    ));
+    let served = controller::served_apis(&client).await.unwrap();
+    server.await.unwrap();
+    assert!(!served.device_classes && !served.resource_slices);
+}

@@ -1,0 +1,518 @@
+//! The controller's caches: reflector stores fed by the watches that also trigger reconciles, the
+//! pure lookups a reconcile makes in them, and read-your-writes for the nodes the operator patches.
+//!
+//! # Freshness
+//!
+//! A store shows the API as of the last watch event it applied, milliseconds behind.
+//!
+//! - **What others write** (kubelet's allocatable and conditions, the driver's ResourceSlices, an
+//!   admin's cordon or DaemonSet edit): a copy a few milliseconds old is no different from a LIST
+//!   made a few milliseconds earlier, and the change itself arrives as a watch event that triggers
+//!   the next reconcile, which sees it.
+//! - **Nodes we patch**: a LIST (a quorum read) always showed our own last write; a store does not.
+//!   A reconcile triggered by something else (the GpuPoolMigration event of our own status write, a
+//!   slice event, the requeue) can start before the node's watch event has arrived. Acting on a
+//!   copy older than our own last patch of it is not safe:
+//!   - the plan counts unavailable nodes from their states: a node just cordoned would read as
+//!     Pending and schedulable, so the maxUnavailable budget could start one more node whenever the
+//!     candidate order moved (pod counts changed);
+//!   - Complete deletes the canary; a copy still in Verifying finds no canary and creates a new one
+//!     on a migrated node, which no later step removes;
+//!   - a copy one step behind repeats that step: a second transition event, `state-since` stamped
+//!     again, the drain duration observed twice.
+//!
+//!   (Repeating Cordon alone would be harmless: its patch writes `initially-unschedulable` only
+//!   when the copy lacks it, and a copy that lacks it predates the whole cordon patch, so its
+//!   `spec.unschedulable` is still the value from before, the one the first patch recorded.)
+//!
+//!   So [`NodeWrites`] records each node patch until the node cache shows it, and a reconcile
+//!   starts by waiting for the cache to show every finished patch (normally it already does: the
+//!   watch event beats the next reconcile). A node the cache still lags after
+//!   [`NODE_WRITE_VISIBLE_TIMEOUT`] is read from the API for that reconcile.
+//! - **DaemonSets and DeviceClasses we write** by server-side apply of a fixed intent: a stale copy
+//!   can only repeat the same apply, which the server takes as a no-op. Within the reconcile that
+//!   applies a DeviceClass, the server's answer replaces the cached copy, so shadowing is judged on
+//!   the applied class.
+//! - **Start-up**: a store is empty until its first LIST completes. A reconcile that read it then
+//!   would conclude "no nodes selected" or "DaemonSet missing" and flap PrerequisitesMet, so every
+//!   read first waits for its store's first sync ([`synced`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::{Stream, TryStreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+
+/// How long a reconcile waits for a cache's first LIST before it fails and retries with backoff:
+/// long enough to list every node of a large cluster, short enough that a watch which cannot list
+/// (RBAC, a kind the server does not serve) shows up as a reconcile error instead of a silent hang.
+pub const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a reconcile waits for the node cache to show the node patches of earlier reconciles.
+/// Watch events arrive within milliseconds, so this runs out only while the node watch reconnects
+/// or relists; the nodes it still lags on are then read from the API.
+pub const NODE_WRITE_VISIBLE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The reflector stores a reconcile reads instead of the API.
+#[derive(Clone)]
+pub struct Caches {
+    /// Every node, trimmed by [`trim_node`].
+    pub nodes: Store<Node>,
+    /// Every DaemonSet: the two a migration names are looked up by namespace and name.
+    pub daemon_sets: Store<DaemonSet>,
+    pub device_classes: Store<DeviceClass>,
+    pub resource_slices: Store<ResourceSlice>,
+    /// Our node patches the node cache does not show yet.
+    pub node_writes: Arc<NodeWrites>,
+}
+
+/// Waits until `store` holds its first complete LIST, at most [`CACHE_SYNC_TIMEOUT`]. Returns at
+/// once after that: a store is never emptied again (a relist swaps the new list in whole).
+pub async fn synced<K>(store: &Store<K>, kind: &'static str) -> Result<()>
+where
+    K: Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, store.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) | Err(_) => Err(Error::CacheNotSynced { kind }),
+    }
+}
+
+/// The node watch as the controller consumes it: trimmed, applied to the node store, then shown
+/// to `writes` (so a write counts as visible only once the store holds it), then the touched
+/// nodes, to map to migrations.
+pub fn node_reflector(
+    writer: Writer<Node>,
+    events: impl Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + 'static,
+    writes: Arc<NodeWrites>,
+) -> impl Stream<Item = watcher::Result<Node>> + Send + 'static {
+    reflector::reflector(writer, events.modify(trim_node))
+        .inspect_ok(move |event| writes.observe(event))
+        .touched_objects()
+}
+
+/// Drops what no reconcile reads from a cached object: `managedFields` is often the larger half of
+/// an object, and nothing the operator decides depends on it.
+pub fn trim<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+}
+
+/// [`trim`], and a node's `status.images` too: up to 50 image entries per node that the operator
+/// never reads. The reconcile reads labels, annotations, `spec.unschedulable`,
+/// `status.allocatable`, `status.conditions` and `status.nodeInfo`, all kept. Cached nodes are only
+/// read, never written back (node writes are merge patches built from scratch), so nothing
+/// dropped here can be lost on the server.
+pub fn trim_node(node: &mut Node) {
+    trim(node);
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+}
+
+/// The nodes `selector` selects, by name (the order a LIST returns them in, so status messages
+/// that name "the first" node stay stable between reconciles). Pure.
+pub fn select_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>, selector: &Selector) -> Vec<Node> {
+    let mut out: Vec<Node> = nodes.into_iter().filter(|n| selector.matches(n.labels())).cloned().collect();
+    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out
+}
+
+/// The ResourceSlices `driver` publishes, by name. Pure.
+pub fn slices_for_driver<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    driver: &str,
+) -> Vec<ResourceSlice> {
+    let mut out: Vec<ResourceSlice> =
+        slices.into_iter().filter(|s| s.spec.driver == driver).cloned().collect();
+    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out
+}
+
+/// Every object of a cache, by name. Pure.
+pub fn by_name<'a, K: Resource + Clone + 'a>(objs: impl IntoIterator<Item = &'a K>) -> Vec<K> {
+    let mut out: Vec<K> = objs.into_iter().cloned().collect();
+    out.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    out
+}
+
+/// Puts `obj` in place of the object with its namespace and name, or adds it. Pure.
+pub fn upsert<K: Resource>(list: &mut Vec<K>, obj: K) {
+    let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
+    match list.iter_mut().find(|o| key(o) == key(&obj)) {
+        Some(slot) => *slot = obj,
+        None => list.push(obj),
+    }
+}
+
+/// A DaemonSet from the cache, or `None` when it does not exist.
+pub fn daemon_set(store: &Store<DaemonSet>, namespace: &str, name: &str) -> Option<DaemonSet> {
+    store.get(&ObjectRef::new(name).within(namespace)).map(|ds| ds.as_ref().clone())
+}
+
+/// Read-your-writes for the node cache: the node patches the cache does not show yet. See the
+/// module documentation for why. Fed by [`NodeWrites::observe`] with every event the node
+/// reflector has applied to its store.
+#[derive(Debug, Default)]
+pub struct NodeWrites {
+    pending: Mutex<HashMap<String, Pending>>,
+    /// Woken whenever a write becomes visible (or moot).
+    visible: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    /// Patches of the node sent and not answered yet.
+    in_flight: usize,
+    /// The resourceVersion our latest answered patch produced, while the cache does not show it.
+    awaiting: Option<String>,
+    /// ResourceVersions the cache applied while a patch was in flight: the watch event of a write
+    /// can arrive before the answer to the patch.
+    seen: HashSet<String>,
+}
+
+/// One node patch being sent; see [`NodeWrites::begin`].
+#[must_use = "finish the write with the patched node's resourceVersion"]
+pub struct NodeWrite<'a> {
+    writes: &'a NodeWrites,
+    node: String,
+    done: bool,
+}
+
+impl NodeWrite<'_> {
+    /// The patch was answered: `resource_version` is the patched node's, `None` when it failed.
+    pub fn finish(mut self, resource_version: Option<&str>) {
+        self.done = true;
+        self.writes.finish(&self.node, resource_version);
+    }
+}
+
+impl Drop for NodeWrite<'_> {
+    /// A write dropped unfinished (its reconcile was cancelled) counts as failed.
+    fn drop(&mut self) {
+        if !self.done {
+            self.writes.finish(&self.node, None);
+        }
+    }
+}
+
+impl NodeWrites {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Pending>> {
+        // Every update leaves the map consistent, so a panic elsewhere cannot have broken it.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Call right before patching `node`, so that a watch event racing the answer is not missed.
+    pub fn begin(&self, node: &str) -> NodeWrite<'_> {
+        self.lock().entry(node.to_string()).or_default().in_flight += 1;
+        NodeWrite { writes: self, node: node.to_string(), done: false }
+    }
+
+    fn finish(&self, node: &str, resource_version: Option<&str>) {
+        let mut pending = self.lock();
+        let Some(p) = pending.get_mut(node) else { return };
+        p.in_flight = p.in_flight.saturating_sub(1);
+        if let Some(rv) = resource_version {
+            // A newer write supersedes an older one still awaited: showing it shows both.
+            p.awaiting = (!p.seen.contains(rv)).then(|| rv.to_string());
+        }
+        self.settle_entry(&mut pending, node);
+    }
+
+    /// Drops the entry of `node` once nothing is in flight or awaited, and wakes the waiters.
+    fn settle_entry(&self, pending: &mut HashMap<String, Pending>, node: &str) {
+        let Some(p) = pending.get_mut(node) else { return };
+        if p.in_flight == 0 {
+            p.seen.clear();
+        }
+        if p.awaiting.is_none() {
+            if p.in_flight == 0 {
+                pending.remove(node);
+            }
+            self.visible.notify_waiters();
+        }
+    }
+
+    /// Records an event the node reflector has applied to its store. Relist events
+    /// (`InitApply`) are not counted: the store swaps a relist in only at `InitDone`, and a write
+    /// a relist carries is caught by the API read after [`NODE_WRITE_VISIBLE_TIMEOUT`].
+    pub fn observe(&self, event: &watcher::Event<Node>) {
+        match event {
+            watcher::Event::Apply(node) => {
+                let (Some(name), Some(rv)) = (&node.metadata.name, &node.metadata.resource_version) else {
+                    return;
+                };
+                let mut pending = self.lock();
+                let Some(p) = pending.get_mut(name) else { return };
+                if p.awaiting.as_ref() == Some(rv) {
+                    p.awaiting = None;
+                } else if p.in_flight > 0 {
+                    p.seen.insert(rv.clone());
+                }
+                self.settle_entry(&mut pending, name);
+            }
+            // A deleted node has nothing left to wait for.
+            watcher::Event::Delete(node) => self.forget(&node.name_any()),
+            watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// A fresh read of `node` found the cache current (or the node gone): stop awaiting its write.
+    pub fn forget(&self, node: &str) {
+        let mut pending = self.lock();
+        if let Some(p) = pending.get_mut(node) {
+            p.awaiting = None;
+            self.settle_entry(&mut pending, node);
+        }
+    }
+
+    /// Nodes with an answered patch the cache does not show yet, by name.
+    pub fn unseen(&self) -> Vec<String> {
+        let mut out: Vec<String> =
+            self.lock().iter().filter(|(_, p)| p.awaiting.is_some()).map(|(n, _)| n.clone()).collect();
+        out.sort();
+        out
+    }
+
+    /// Waits, at most `timeout`, until the cache shows every answered node patch. Returns the
+    /// nodes it still does not show.
+    pub async fn settle(&self, timeout: Duration) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Registered before the check, so a write that becomes visible in between still wakes it.
+            let notified = self.visible.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let unseen = self.unseen();
+            if unseen.is_empty() {
+                return unseen;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.unseen();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, labels: serde_json::Value) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+    }
+
+    fn names<K: Resource>(objs: &[K]) -> Vec<&str> {
+        objs.iter().map(|o| o.meta().name.as_deref().unwrap_or("")).collect()
+    }
+
+    #[test]
+    fn select_nodes_matches_the_selector_and_sorts_by_name() {
+        let nodes = [
+            node("gpu-b", json!({"pool": "a100"})),
+            node("cpu-1", json!({"pool": "cpu"})),
+            node("gpu-a", json!({"pool": "a100", "zone": "x"})),
+            node("bare", json!(null)),
+        ];
+        let sel = |s: serde_json::Value| {
+            Selector::try_from(
+                serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(s)
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let cases = [
+            (json!({"matchLabels": {"pool": "a100"}}), vec!["gpu-a", "gpu-b"]),
+            (json!({"matchLabels": {"pool": "a100", "zone": "x"}}), vec!["gpu-a"]),
+            (
+                json!({"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["a100"]}]}),
+                vec!["bare", "cpu-1"],
+            ),
+            (json!({"matchLabels": {"pool": "h100"}}), vec![]),
+        ];
+        for (s, want) in cases {
+            assert_eq!(names(&select_nodes(&nodes, &sel(s.clone()))), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn slices_for_driver_keeps_only_that_driver() {
+        let slice = |name: &str, driver: &str| -> ResourceSlice {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"driver": driver, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                         "nodeName": "gpu-1"}
+            }))
+            .unwrap()
+        };
+        let slices = [
+            slice("s-2", "gpu.switchyard.dev"),
+            slice("other", "gpu.nvidia.com"),
+            slice("s-1", "gpu.switchyard.dev"),
+        ];
+        assert_eq!(names(&slices_for_driver(&slices, "gpu.switchyard.dev")), ["s-1", "s-2"]);
+        assert!(slices_for_driver(&slices, "none.example.com").is_empty());
+    }
+
+    #[test]
+    fn upsert_replaces_by_name_or_appends() {
+        let dc = |name: &str, ext: &str| -> DeviceClass {
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"extendedResourceName": ext}}))
+                .unwrap()
+        };
+        let mut list = by_name(&[dc("b", "old"), dc("a", "x")]);
+        assert_eq!(names(&list), ["a", "b"]);
+        upsert(&mut list, dc("b", "new"));
+        assert_eq!(names(&list), ["a", "b"]);
+        assert_eq!(list[1].spec.as_ref().and_then(|s| s.extended_resource_name.as_deref()), Some("new"));
+        upsert(&mut list, dc("c", "y"));
+        assert_eq!(names(&list), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn trim_node_keeps_what_the_reconcile_reads() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "labels": {"pool": "a100"}, "annotations": {"a": "b"},
+                         "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
+            "spec": {"unschedulable": true},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True"}],
+                       "nodeInfo": {"kubeletVersion": "v1.37.0", "containerRuntimeVersion": "containerd://2.1",
+                                    "architecture": "", "bootID": "", "kernelVersion": "", "kubeProxyVersion": "",
+                                    "machineID": "", "operatingSystem": "", "osImage": "", "systemUUID": ""},
+                       "images": [{"names": ["registry.example.com/cuda:12"], "sizeBytes": 1}]}
+        }))
+        .unwrap();
+        let before = n.clone();
+        trim_node(&mut n);
+        assert!(n.metadata.managed_fields.iter().flatten().next().is_none());
+        let status = n.status.as_ref().unwrap();
+        assert!(status.images.is_none());
+        let was = before.status.as_ref().unwrap();
+        assert_eq!(status.allocatable, was.allocatable);
+        assert_eq!(status.conditions, was.conditions);
+        assert_eq!(status.node_info, was.node_info);
+        assert_eq!(n.spec, before.spec);
+        assert_eq!(n.metadata.labels, before.metadata.labels);
+        assert_eq!(n.metadata.annotations, before.metadata.annotations);
+    }
+
+    fn applied(name: &str, rv: &str) -> watcher::Event<Node> {
+        watcher::Event::Apply(
+            serde_json::from_value(json!({"metadata": {"name": name, "resourceVersion": rv}})).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_write_is_awaited_until_the_cache_applies_its_version() {
+        let w = NodeWrites::default();
+        w.begin("gpu-1").finish(Some("7"));
+        assert_eq!(w.unseen(), ["gpu-1"]);
+        // An older event still in flight does not count.
+        w.observe(&applied("gpu-1", "6"));
+        w.observe(&applied("gpu-2", "7"));
+        assert_eq!(w.unseen(), ["gpu-1"]);
+        w.observe(&applied("gpu-1", "7"));
+        assert!(w.unseen().is_empty());
+    }
+
+    #[test]
+    fn an_event_that_beats_the_answer_counts() {
+        let w = NodeWrites::default();
+        let write = w.begin("gpu-1");
+        w.observe(&applied("gpu-1", "7"));
+        write.finish(Some("7"));
+        assert!(w.unseen().is_empty());
+    }
+
+    #[test]
+    fn failed_dropped_and_deleted_writes_are_not_awaited() {
+        let w = NodeWrites::default();
+        w.begin("gpu-1").finish(None);
+        drop(w.begin("gpu-2"));
+        assert!(w.unseen().is_empty());
+        w.begin("gpu-3").finish(Some("9"));
+        w.observe(&watcher::Event::Delete(
+            serde_json::from_value(json!({"metadata": {"name": "gpu-3", "resourceVersion": "8"}})).unwrap(),
+        ));
+        assert!(w.unseen().is_empty());
+    }
+
+    #[test]
+    fn a_newer_write_supersedes_and_forget_clears() {
+        let w = NodeWrites::default();
+        w.begin("gpu-1").finish(Some("7"));
+        w.begin("gpu-1").finish(Some("9"));
+        w.observe(&applied("gpu-1", "7"));
+        assert_eq!(w.unseen(), ["gpu-1"], "the cache must show the latest write");
+        w.forget("gpu-1");
+        assert!(w.unseen().is_empty());
+    }
+
+    #[tokio::test]
+    async fn node_reflector_counts_a_write_once_the_store_holds_it() {
+        use futures::StreamExt;
+        let (reader, writer) = reflector::store::<Node>();
+        let writes = Arc::new(NodeWrites::default());
+        writes.begin("gpu-1").finish(Some("7"));
+        let node = |rv: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": "gpu-1", "resourceVersion": rv,
+                             "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
+                "status": {"images": [{"names": ["cuda:12"], "sizeBytes": 1}]}
+            }))
+            .unwrap()
+        };
+        let events = futures::stream::iter([
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(node("7"))),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Apply(node("7"))),
+        ]);
+        let mut stream = std::pin::pin!(node_reflector(writer, events, writes.clone()));
+        // The relist carries the write, but only the watch event after it counts (see `observe`).
+        assert!(stream.next().await.is_some());
+        assert!(reader.is_empty(), "a relist reaches the store at InitDone");
+        assert_eq!(writes.unseen(), ["gpu-1"]);
+        // InitDone yields nothing; the next item is the watch event.
+        assert!(stream.next().await.is_some());
+        let cached = reader.get(&ObjectRef::new("gpu-1")).unwrap();
+        assert_eq!(cached.metadata.resource_version.as_deref(), Some("7"));
+        assert!(cached.status.as_ref().unwrap().images.is_none(), "trimmed before the store");
+        assert!(writes.unseen().is_empty());
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn settle_returns_when_the_cache_catches_up_or_on_timeout() {
+        let w = Arc::new(NodeWrites::default());
+        assert!(w.settle(Duration::from_secs(5)).await.is_empty());
+
+        w.begin("gpu-1").finish(Some("7"));
+        let feeder = {
+            let w = w.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                w.observe(&applied("gpu-1", "7"));
+            })
+        };
+        let started = std::time::Instant::now();
+        assert!(w.settle(Duration::from_secs(5)).await.is_empty());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        feeder.await.unwrap();
+
+        w.begin("gpu-2").finish(Some("3"));
+        assert_eq!(w.settle(Duration::from_millis(20)).await, ["gpu-2"]);
+    }
+}
