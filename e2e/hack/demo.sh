@@ -26,6 +26,7 @@ cleanup() {
     "$bin/kubectl" delete gpm a100-pool --ignore-not-found --wait --timeout=60s >/dev/null 2>&1 || true
     "$bin/kubectl" delete namespace ml --ignore-not-found --wait=false >/dev/null 2>&1 || true
     "$bin/kubectl" -n kube-system delete daemonset nvidia-device-plugin-daemonset --ignore-not-found >/dev/null 2>&1 || true
+    "$bin/kubectl" delete deviceclass gpu.switchyard.dev --ignore-not-found >/dev/null 2>&1 || true
   fi
   # SIGTERM: the simulator stops its driver agents and deletes its nodes before exiting.
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done

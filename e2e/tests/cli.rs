@@ -9,9 +9,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -370,7 +372,10 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
 
     // The same tool as a kubectl plugin: kubectl finds kubectl-switchyard on PATH.
     let plugin_dir = cluster::cli_bin().parent().expect("a bin dir").to_path_buf();
-    assert!(plugin_dir.join("kubectl-switchyard").is_file(), "kubectl-switchyard is built next to switchyard");
+    assert!(
+        plugin_dir.join("kubectl-switchyard").is_file(),
+        "kubectl-switchyard is built next to switchyard"
+    );
     let path = format!("{}:{}", plugin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let via_kubectl = tokio::process::Command::new(cluster::bin_dir().join("kubectl"))
         .args(["switchyard", "plan", "-f", &manifest_arg, "-o", "json"])
@@ -451,6 +456,64 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
     })
     .await?;
     assert_eq!(used, ("2".to_owned(), "2".to_owned()), "two trainer GPUs, charged under both keys");
+
+    // The kube-scheduler v1.37.2 forgets an extended resource name whenever any DeviceClass that
+    // carries it is deleted, even one that did not win the name. With the operator stopped, new
+    // GPU pods stay Pending; the operator, once back, sees the peer class gone and re-applies ours,
+    // which makes the scheduler map the name again.
+    if let Some(op) = pool.operator.take() {
+        op.kill().await?;
+    }
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    classes.delete(&format!("{id}.vendor"), &Default::default()).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments
+        .patch("trainer", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 3}})))
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let stuck =
+        wait::until("the third trainer to be refused by the scheduler", Duration::from_secs(60), || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels("app=trainer")).await?;
+                Ok(list.items.into_iter().find_map(|p| {
+                    let c = p
+                        .status?
+                        .conditions?
+                        .into_iter()
+                        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+                    Some(c.message.unwrap_or_default())
+                }))
+            }
+        })
+        .await?;
+    assert!(stuck.contains("Insufficient nvidia.com/gpu"), "{stuck}");
+    pool.start_operator()?;
+    let ours = format!("{id}.gpu");
+    let uid = done.metadata.uid.clone().unwrap_or_default();
+    wait::until("the operator to re-apply its DeviceClass", Duration::from_secs(60), || {
+        let (classes, ours, want) = (classes.clone(), ours.clone(), format!("{uid};"));
+        async move {
+            let dc = classes.get(&ours).await?;
+            let sync = dc.metadata.annotations.and_then(|a| a.get("switchyard.dev/scheduler-sync").cloned());
+            Ok((sync.as_deref() == Some(want.as_str())).then_some(()))
+        }
+    })
+    .await?;
+    let running = pool.wait_running(5).await?;
+    let trainers: Vec<&Pod> = running
+        .iter()
+        .filter(|p| p.metadata.labels.as_ref().is_some_and(|l| l["app"] == "trainer"))
+        .collect();
+    assert_eq!(trainers.len(), 3);
+    assert!(
+        trainers.iter().all(|p| p
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .is_some()),
+        "every trainer runs on a DRA node through a generated claim"
+    );
 
     // plan <name> on the finished migration: every node is done.
     let after = switchyard(&["plan", &name, "-o", "json"]).await?;

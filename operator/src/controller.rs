@@ -874,7 +874,9 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         // Apply only what is missing or differs: an apply per reconcile was a third of the
         // operator's requests per node. A cache that has not caught up with an earlier apply
         // only repeats the same apply, a no-op on the server.
-        for dc in device_classes::desired_all(spec, &name) {
+        let existing: Vec<device_classes::ClassInfo> = all.iter().map(Into::into).collect();
+        let uid = gpm.metadata.uid.clone().unwrap_or_default();
+        for dc in device_classes::desired_all_synced(spec, &name, &uid, &existing) {
             let current = all.iter().find(|c| c.metadata.name == dc.metadata.name);
             if device_classes::needs_apply(&dc, current) {
                 // The server's answer is the class as applied (with its creation time): judge

@@ -8,7 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::v1alpha1::{DeviceClassStatus, GpuPoolMigrationSpec, ResourceMapping};
-use crate::well_known::{LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER};
+use crate::well_known::{
+    ANNOTATION_SCHEDULER_SYNC, LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER,
+};
 
 /// The CEL selector of a managed class: the driver match, ANDed with the entry's own selector.
 pub fn selector_expression(driver: &str, entry: &ResourceMapping) -> String {
@@ -43,6 +45,45 @@ pub fn desired(spec: &GpuPoolMigrationSpec, migration: &str, entry: &ResourceMap
 /// Every DeviceClass Switchyard applies for a migration.
 pub fn desired_all(spec: &GpuPoolMigrationSpec, migration: &str) -> Vec<DeviceClass> {
     spec.resources.iter().map(|e| desired(spec, migration, e)).collect()
+}
+
+/// The other classes that carry `extended_resource_name`, sorted.
+pub fn peers(existing: &[ClassInfo], ours: &str, extended_resource_name: &str) -> Vec<String> {
+    let mut names: Vec<String> = existing
+        .iter()
+        .filter(|c| c.name != ours && c.extended_resource_name.as_deref() == Some(extended_resource_name))
+        .map(|c| c.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The [`ANNOTATION_SCHEDULER_SYNC`] value: the migration's uid and the peers of the class.
+pub fn scheduler_sync(migration_uid: &str, peers: &[String]) -> String {
+    format!("{migration_uid};{}", peers.join(","))
+}
+
+/// Like [`desired_all`], each class annotated with [`ANNOTATION_SCHEDULER_SYNC`], so that a new
+/// owner, or a peer class appearing or going away, re-applies it and the scheduler maps the
+/// extended resource name to it again (see the annotation's docs for the scheduler behaviour).
+pub fn desired_all_synced(
+    spec: &GpuPoolMigrationSpec,
+    migration: &str,
+    migration_uid: &str,
+    existing: &[ClassInfo],
+) -> Vec<DeviceClass> {
+    spec.resources
+        .iter()
+        .map(|e| {
+            let mut dc = desired(spec, migration, e);
+            let value = scheduler_sync(
+                migration_uid,
+                &peers(existing, &e.device_class_name, &e.extended_resource_name),
+            );
+            dc.metadata.annotations = Some(BTreeMap::from([(ANNOTATION_SCHEDULER_SYNC.to_string(), value)]));
+            dc
+        })
+        .collect()
 }
 
 /// The parts of an existing DeviceClass the scheduler's choice depends on.
@@ -148,16 +189,15 @@ pub fn readiness(statuses: &[DeviceClassStatus]) -> (bool, &'static str, String)
 }
 
 /// Whether `desired` must be applied: the class is missing, its spec differs, or it lacks one of
-/// our labels. Pure.
+/// our labels or annotations (or has another value for one). Pure.
 pub fn needs_apply(desired: &DeviceClass, current: Option<&DeviceClass>) -> bool {
     let Some(current) = current else { return true };
-    let labels_present = desired
-        .metadata
-        .labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| current.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
-    current.spec != desired.spec || !labels_present
+    let present = |want: &Option<BTreeMap<String, String>>, have: &Option<BTreeMap<String, String>>| {
+        want.iter().flatten().all(|(k, v)| have.as_ref().and_then(|l| l.get(k)) == Some(v))
+    };
+    current.spec != desired.spec
+        || !present(&desired.metadata.labels, &current.metadata.labels)
+        || !present(&desired.metadata.annotations, &current.metadata.annotations)
 }
 
 #[cfg(test)]
@@ -342,5 +382,36 @@ mod tests {
         assert!(!needs_apply(&desired, Some(&same)), "same spec, our labels present");
         assert!(needs_apply(&desired, Some(&other_spec)), "spec differs");
         assert!(needs_apply(&desired, Some(&no_label)), "label missing");
+    }
+
+    #[test]
+    fn scheduler_sync_changes_with_the_owner_and_the_peer_set() {
+        let mut s = spec();
+        s.resources.truncate(1);
+        s.resources[0].device_class_name = "ours".into();
+        let info = |name: &str, ext: Option<&str>| ClassInfo {
+            name: name.into(),
+            extended_resource_name: ext.map(String::from),
+            created: Some("2026-01-01T00:00:00Z".parse().expect("time")),
+        };
+        let with_vendor =
+            [info("ours", Some("nvidia.com/gpu")), info("vendor", Some("nvidia.com/gpu")), info("x", None)];
+        let alone = [info("ours", Some("nvidia.com/gpu")), info("vendor", None)];
+        assert_eq!(peers(&with_vendor, "ours", "nvidia.com/gpu"), ["vendor"]);
+        assert!(peers(&alone, "ours", "nvidia.com/gpu").is_empty());
+
+        let before = desired_all_synced(&s, "pool", "uid-1", &with_vendor).remove(0);
+        let annotation = |dc: &DeviceClass| {
+            dc.metadata.annotations.as_ref().expect("annotated")[ANNOTATION_SCHEDULER_SYNC].clone()
+        };
+        assert_eq!(annotation(&before), "uid-1;vendor");
+        // The vendor class dropped the name: the scheduler forgot it, so ours is applied again.
+        let after = desired_all_synced(&s, "pool", "uid-1", &alone).remove(0);
+        assert_eq!(annotation(&after), "uid-1;");
+        assert!(needs_apply(&after, Some(&before)));
+        assert!(!needs_apply(&after, Some(&after)));
+        // A new owner (a recreated migration) applies it too.
+        let new_owner = desired_all_synced(&s, "pool", "uid-2", &alone).remove(0);
+        assert!(needs_apply(&new_owner, Some(&after)));
     }
 }

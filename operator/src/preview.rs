@@ -33,6 +33,8 @@ pub struct Inputs {
     pub spec: GpuPoolMigrationSpec,
     /// True when the GpuPoolMigration already exists in the cluster.
     pub exists: bool,
+    /// Its uid when it exists (empty for a manifest not applied yet).
+    pub uid: String,
     /// The nodes `spec.nodeSelector` selects.
     pub nodes: Vec<Node>,
     /// Pods per node name (only nodes that may move need an entry).
@@ -297,7 +299,8 @@ fn class_plans(inputs: &Inputs) -> Vec<ClassPlan> {
     let spec = &inputs.spec;
     let mut after: Vec<ClassInfo> = inputs.device_classes.iter().map(Into::into).collect();
     let mut actions = BTreeMap::new();
-    for dc in device_classes::desired_all(spec, &inputs.name) {
+    let existing: Vec<ClassInfo> = inputs.device_classes.iter().map(Into::into).collect();
+    for dc in device_classes::desired_all_synced(spec, &inputs.name, &inputs.uid, &existing) {
         let name = dc.metadata.name.clone().unwrap_or_default();
         let current =
             inputs.device_classes.iter().find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
@@ -585,6 +588,7 @@ mod tests {
             name: "a100".into(),
             spec,
             exists: false,
+            uid: String::new(),
             nodes: vec![
                 node("n1", 8, json!({})),
                 node("n2", 8, json!({})),

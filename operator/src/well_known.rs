@@ -78,3 +78,11 @@ pub const TAINT_KEY_ROLLBACK: &str = "switchyard.dev/rollback";
 
 /// Label on canary pods, naming the node they verify.
 pub const LABEL_CANARY_NODE: &str = "switchyard.dev/canary-node";
+
+/// DeviceClass annotation the operator keeps on its classes: the owning migration's uid and the
+/// other DeviceClasses that carry the same `extendedResourceName` (`<uid>;<class>,<class>`).
+/// When either changes the operator re-applies the class. The kube-scheduler v1.37 maps an
+/// extended resource name to a class in a cache that forgets the name whenever any class carrying
+/// it is deleted or drops it, even a class that did not win the name; an update of the remaining
+/// class is what makes the scheduler map the name again.
+pub const ANNOTATION_SCHEDULER_SYNC: &str = "switchyard.dev/scheduler-sync";

@@ -145,6 +145,7 @@ pub async fn plan_inputs(
     .await
     .context("reading the inventory")?;
     Ok(Inputs {
+        uid: if exists { gpm.metadata.uid.clone().unwrap_or_default() } else { String::new() },
         name,
         spec: spec.clone(),
         exists,
