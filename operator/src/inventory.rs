@@ -228,7 +228,7 @@ fn device_class_findings(o: &Observed) -> Vec<Finding> {
                         "also maps {} and is the newest such class, so the scheduler allocates {} pods from it instead of {}",
                         t.extended_resource_name, t.extended_resource_name, t.device_class_name
                     ),
-                    "remove spec.extendedResourceName from it (or delete it) before migrating; the migration waits until it is gone",
+                    "remove spec.extendedResourceName from it (or delete it) before migrating; the migration waits until it is gone, then re-applies its own class so the scheduler maps the name to it",
                 )
             } else {
                 finding(
