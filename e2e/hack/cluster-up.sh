@@ -116,11 +116,23 @@ wait_for() { # what seconds command...
     if [ "$(date +%s)" -ge "$deadline" ]; then
       echo "cluster-up: $what did not become ready; last log lines:" >&2
       tail -n 30 "$state/logs/$what.log" >&2 || true
+      # Leave nothing half-started behind: stop what this run launched.
+      bash "$(dirname "$0")/cluster-down.sh" >&2 || true
       exit 1
     fi
     sleep 0.5
   done
 }
+
+# Another control plane (a different checkout, or one whose state directory was removed) may hold
+# the ports; starting beside it fails half-way, so say so up front.
+for port in "$etcd_port" "$etcd_peer_port" "$api_port" "$kcm_port" "$sched_port"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "cluster-up: 127.0.0.1:$port is already in use (another control plane? stop it with" \
+      "'make cluster-down' in its checkout, or set SWITCHYARD_APISERVER_PORT and SWITCHYARD_ETCD_PORT)" >&2
+    exit 1
+  fi
+done
 
 launch etcd "$bin/etcd" --name e2e --data-dir "$state/etcd" \
   --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
