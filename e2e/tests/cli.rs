@@ -459,8 +459,8 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
 
     // The kube-scheduler v1.37.2 forgets an extended resource name whenever any DeviceClass that
     // carries it is deleted, even one that did not win the name. With the operator stopped, new
-    // GPU pods stay Pending; the operator, once back, sees the peer class gone and re-applies ours,
-    // which makes the scheduler map the name again.
+    // GPU pods are refused; the operator, once back, sees the peer class gone and re-applies ours,
+    // which makes the scheduler map the name again, and new GPU pods are scheduled.
     if let Some(op) = pool.operator.take() {
         op.kill().await?;
     }
@@ -500,6 +500,19 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
         }
     })
     .await?;
+    // The scheduler retries a pod it already refused only on events its plugins register for, or
+    // at the periodic flush of unschedulable pods (5 minutes); a DeviceClass update is not such an
+    // event for NodeResourcesFit. A pod created now is scheduled at once: replace the refused one.
+    let refused: Vec<String> = pods
+        .list(&ListParams::default().labels("app=trainer"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    pods.delete(&refused[0], &Default::default()).await?;
     let running = pool.wait_running(5).await?;
     let trainers: Vec<&Pod> = running
         .iter()
