@@ -124,3 +124,29 @@ pub fn operator_bin() -> PathBuf {
 pub fn cli_bin() -> PathBuf {
     built_binary("SWITCHYARD_CLI_BIN", "switchyard")
 }
+
+/// Label on every namespace a scenario creates; `e2e/hack/sweep.sh` removes old ones that an
+/// interrupted run left behind.
+pub const LABEL_SCENARIO: &str = "e2e.switchyard.dev/scenario";
+
+/// Creates a scenario namespace and waits for its default ServiceAccount, without which no pod
+/// can be created there.
+pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use kube::Api;
+    use kube::api::PostParams;
+    let ns: Namespace = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": name, "labels": {LABEL_SCENARIO: "true"}}}),
+    )?;
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    crate::wait::until(
+        &format!("the default ServiceAccount in {name}"),
+        std::time::Duration::from_secs(60),
+        || {
+            let sas = sas.clone();
+            async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
+        },
+    )
+    .await
+}

@@ -22,7 +22,9 @@ use switchyard_operator::well_known::{LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
 use tokio::task::JoinHandle;
 
 use crate::cluster::{self, unique};
-use crate::sim::{AgentSettings, DaemonSetKey, GpuLayout, SimConfig, SimNode, Simulator};
+use crate::sim::{
+    AgentSettings, DaemonSetKey, GpuLayout, SimConfig, SimNode, Simulator, placeholder_daemon_set,
+};
 use crate::wait;
 
 /// Name of the device-plugin DaemonSet in the pool's system namespace.
@@ -62,19 +64,6 @@ pub struct Pool {
     work_dir: std::path::PathBuf,
 }
 
-async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
-    let ns: Namespace = serde_json::from_value(
-        json!({"metadata": {"name": name, "labels": {"e2e.switchyard.dev/scenario": "true"}}}),
-    )?;
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), name);
-    wait::until(&format!("the default ServiceAccount in {name}"), Duration::from_secs(60), || {
-        let sas = sas.clone();
-        async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
-    })
-    .await
-}
-
 impl Pool {
     /// Creates `nodes` simulated nodes with `gpus` GPUs each, both DaemonSets, and starts the
     /// simulator. The operator is not started yet.
@@ -94,8 +83,8 @@ impl Pool {
         let id = unique(prefix);
         let system_ns = format!("{id}-system");
         let apps_ns = format!("{id}-apps");
-        create_namespace(&client, &system_ns).await?;
-        create_namespace(&client, &apps_ns).await?;
+        cluster::create_namespace(&client, &system_ns).await?;
+        cluster::create_namespace(&client, &apps_ns).await?;
         let driver = format!("{id}.gpu.switchyard.dev");
         let work_dir = std::env::temp_dir().join(format!("switchyard-e2e-{id}"));
 
@@ -142,28 +131,16 @@ impl Pool {
     /// The device plugin as users run it today: on every pool node, with no backend affinity
     /// (Managed placement adds it). The driver as shipped in config/agent: only on `dra` nodes.
     async fn create_daemonsets(&self) -> anyhow::Result<()> {
-        let ds = |name: &str, affinity: Value| -> anyhow::Result<DaemonSet> {
-            Ok(serde_json::from_value(json!({
-                "metadata": {"name": name},
-                "spec": {
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {
-                        "metadata": {"labels": {"app": name}},
-                        "spec": {
-                            "nodeSelector": {"pool": self.id},
-                            "affinity": affinity,
-                            "terminationGracePeriodSeconds": 1,
-                            "containers": [{"name": "plugin", "image": "registry.k8s.io/pause:3.10"}],
-                        }
-                    }
-                }
-            }))?)
-        };
         let dra_only = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": LABEL_GPU_BACKEND, "operator": "In", "values": ["dra"]}]}]}}});
         let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &self.system_ns);
-        api.create(&PostParams::default(), &ds(DEVICE_PLUGIN_DS, json!({}))?).await?;
-        api.create(&PostParams::default(), &ds(DRIVER_DS, dra_only)?).await?;
+        let on_pool = json!({"pool": self.id});
+        api.create(
+            &PostParams::default(),
+            &placeholder_daemon_set(DEVICE_PLUGIN_DS, on_pool.clone(), json!({}))?,
+        )
+        .await?;
+        api.create(&PostParams::default(), &placeholder_daemon_set(DRIVER_DS, on_pool, dra_only)?).await?;
         Ok(())
     }
 

@@ -49,6 +49,31 @@ pub const LABEL_INSTANCE: &str = "sim.switchyard.dev/instance";
 pub const ANNOTATION_LAYOUT: &str = "sim.switchyard.dev/gpu-layout";
 /// Field manager for the simulator's writes.
 const FIELD_MANAGER: &str = "switchyard-gpu-node-sim";
+
+/// A DaemonSet whose pods run nothing: the simulator plays the role of the device plugin or the
+/// DRA driver on the nodes where its pods land. `node_selector` and `affinity` decide where.
+pub fn placeholder_daemon_set(
+    name: &str,
+    node_selector: serde_json::Value,
+    affinity: serde_json::Value,
+) -> anyhow::Result<k8s_openapi::api::apps::v1::DaemonSet> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": node_selector,
+                    "affinity": affinity,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                }
+            }
+        }
+    }))?)
+}
+
 /// How often leases and node heartbeats are renewed: the kubelet's default lease renewal
 /// interval is 10s against a 40s grace period in the node lifecycle controller.
 const HEARTBEAT: Duration = Duration::from_secs(10);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
 };
@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use switchyard_e2e::cluster::{self, unique};
 use switchyard_e2e::sim::{
     AgentSettings, DaemonSetKey, GpuLayout, LABEL_INSTANCE, SimConfig, SimNode, Simulator,
+    placeholder_daemon_set,
 };
 use switchyard_e2e::wait;
 use switchyard_operator::well_known;
@@ -86,17 +87,7 @@ impl Fixture {
     /// Creates the namespace, `nodes` (name suffix, layout), the DaemonSet and the DeviceClass,
     /// and waits until every node's agent has published all its devices.
     async fn up(&self, nodes: Vec<(&str, GpuLayout)>) -> anyhow::Result<()> {
-        Api::<Namespace>::all(self.client.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": self.namespace}}))?,
-            )
-            .await?;
-        wait::until("the namespace's default ServiceAccount", SCHEDULING, || {
-            let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.namespace);
-            async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
-        })
-        .await?;
+        cluster::create_namespace(&self.client, &self.namespace).await?;
         let mut expected = Vec::new();
         for (suffix, layout) in nodes {
             let name = self.node(suffix);
@@ -126,20 +117,7 @@ impl Fixture {
     /// The DRA-driver DaemonSet, on this scenario's nodes only. Its pods run nothing (the
     /// simulator runs the agent process for them).
     async fn daemonset(&self) -> anyhow::Result<()> {
-        let ds: DaemonSet = serde_json::from_value(json!({
-            "metadata": {"name": DAEMONSET},
-            "spec": {
-                "selector": {"matchLabels": {"app": DAEMONSET}},
-                "template": {
-                    "metadata": {"labels": {"app": DAEMONSET}},
-                    "spec": {
-                        "nodeSelector": {LABEL_INSTANCE: self.id},
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                },
-            },
-        }))?;
+        let ds = placeholder_daemon_set(DAEMONSET, json!({LABEL_INSTANCE: self.id}), json!({}))?;
         Api::<DaemonSet>::namespaced(self.client.clone(), &self.namespace)
             .create(&PostParams::default(), &ds)
             .await?;

@@ -173,9 +173,7 @@ async fn scenario(client: &Client, sim: &Simulator, id: &str, agent: &mut Agent)
         }
     }))?;
     Api::<DeviceClass>::all(client.clone()).create(&PostParams::default(), &class).await?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": id}}))?)
-        .await?;
+    cluster::create_namespace(client, id).await?;
 
     // Our agent publishes the node's slices and serves the kubelet plugin.
     agent.start()?;
@@ -196,11 +194,6 @@ async fn scenario(client: &Client, sim: &Simulator, id: &str, agent: &mut Agent)
 
     // The real scheduler allocates a claim for a plain `limits: {<resource>: 1}` pod.
     let pods: Api<Pod> = Api::namespaced(client.clone(), id);
-    wait::until("the namespace's default ServiceAccount", SCHEDULING, || {
-        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), id);
-        async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
-    })
-    .await?;
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "cuda"},
         "spec": {

@@ -57,20 +57,7 @@ impl Scenario {
         let id = unique(prefix);
         let sim = Simulator::start(client.clone(), SimConfig::new(id.clone())).await?;
         let namespace = id.clone();
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(
-                    json!({"metadata": {"name": namespace, "labels": {"e2e.switchyard.dev/scenario": "true"}}}),
-                )?,
-            )
-            .await?;
-        wait::until("the namespace's default ServiceAccount", SCHEDULING, || {
-            let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-                Api::namespaced(client.clone(), &namespace);
-            async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
-        })
-        .await?;
+        cluster::create_namespace(&client, &namespace).await?;
         Ok(Self {
             driver: format!("gpu.{id}.example.com"),
             resource: format!("{id}.example.com/gpu"),

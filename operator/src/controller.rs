@@ -807,7 +807,11 @@ async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Node]) ->
         inventory_source::targets(&gpm.spec),
         Some(gpm.spec.node_selector.clone()),
         inventory_source::pool_nodes(nodes),
-        inventory_source::Scope { config_maps: false },
+        inventory_source::Scope {
+            config_maps: false,
+            // The watch's cache; empty where the kind is not served, which is also the truth.
+            device_classes: Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect()),
+        },
     )
     .await;
     match observed {

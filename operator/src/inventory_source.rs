@@ -18,13 +18,16 @@ use crate::inventory::{Observed, PoolNodeLabels, Target};
 /// Items per LIST page.
 const PAGE: u32 = 500;
 
-/// What to read beyond the always-read kinds.
-#[derive(Clone, Copy, Debug, Default)]
+/// What to read beyond the always-read kinds, and what the caller already holds.
+#[derive(Clone, Debug, Default)]
 pub struct Scope {
     /// Read ConfigMaps in every namespace, looking for dashboards and rule files. The CLI does by
     /// default (with the user's rights); the operator does not, so it needs no cluster-wide read
     /// of ConfigMaps.
     pub config_maps: bool,
+    /// Every DeviceClass, when the caller has them already (the operator's cache, the plan's
+    /// own LIST); `None` lists them.
+    pub device_classes: Option<Vec<DeviceClass>>,
 }
 
 /// The targets of a migration spec.
@@ -148,7 +151,10 @@ pub async fn observe(
     }
     core_list!(resource_quotas, ResourceQuota, "ResourceQuotas");
     core_list!(limit_ranges, LimitRange, "LimitRanges");
-    core_list!(device_classes, DeviceClass, "DeviceClasses");
+    match scope.device_classes {
+        Some(known) => o.device_classes = known,
+        None => core_list!(device_classes, DeviceClass, "DeviceClasses"),
+    }
     core_list!(hpas, HorizontalPodAutoscaler, "HorizontalPodAutoscalers");
     match list_or_skip(Api::<Deployment>::all(client.clone())).await? {
         Ok(v) => o.cluster_autoscalers = v.into_iter().filter(runs_cluster_autoscaler).collect(),

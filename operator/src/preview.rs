@@ -283,7 +283,8 @@ fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
         .iter()
         .filter(|p| !drain::is_finished(p) && !drain::is_daemonset_pod(p) && !drain::is_mirror_pod(p))
         .count() as u32;
-    (evict.clone(), movable.saturating_sub(evict.len() as u32))
+    let stay = movable.saturating_sub(evict.len() as u32);
+    (evict, stay)
 }
 
 fn gpus(inputs: &Inputs, node: &Node) -> u64 {

@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 use switchyard_e2e::cluster::{self, unique};
 use switchyard_e2e::sim::{
     AgentSettings, DaemonSetKey, GpuLayout, LABEL_INSTANCE, SimConfig, SimNode, Simulator,
+    placeholder_daemon_set,
 };
 use switchyard_e2e::wait;
 use switchyard_operator::well_known;
@@ -158,31 +159,11 @@ impl Bench {
 
     /// The namespace, the node, the DRA-driver DaemonSet, and the agent's first publication.
     async fn up(&self) -> anyhow::Result<()> {
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": self.id}}))?)
-            .await?;
-        wait::until("the namespace's default ServiceAccount", AGENT_UP, || {
-            let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.id);
-            async move { Ok(sas.get_opt("default").await?.map(|_| ())) }
-        })
-        .await?;
+        cluster::create_namespace(&self.client, &self.id).await?;
         let profiles = vec!["1g.10gb"; self.args.mig_per_gpu];
         let layout = GpuLayout::mig(self.args.gpus, &profiles);
         self.sim.add_node(SimNode { name: self.node.clone(), labels: BTreeMap::new(), layout }).await?;
-        let ds: DaemonSet = serde_json::from_value(json!({
-            "metadata": {"name": DAEMONSET},
-            "spec": {
-                "selector": {"matchLabels": {"app": DAEMONSET}},
-                "template": {
-                    "metadata": {"labels": {"app": DAEMONSET}},
-                    "spec": {
-                        "nodeSelector": {LABEL_INSTANCE: self.id},
-                        "terminationGracePeriodSeconds": 1,
-                        "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                },
-            },
-        }))?;
+        let ds = placeholder_daemon_set(DAEMONSET, json!({LABEL_INSTANCE: self.id}), json!({}))?;
         Api::<DaemonSet>::namespaced(self.client.clone(), &self.id)
             .create(&PostParams::default(), &ds)
             .await?;

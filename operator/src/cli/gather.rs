@@ -140,7 +140,7 @@ pub async fn plan_inputs(
         inventory_source::targets(spec),
         Some(spec.node_selector.clone()),
         inventory_source::pool_nodes(&nodes),
-        scope,
+        Scope { device_classes: Some(device_classes.clone()), ..scope },
     )
     .await
     .context("reading the inventory")?;

@@ -26,7 +26,7 @@ pub async fn run(client: Client, args: &InventoryArgs) -> anyhow::Result<u8> {
         args.migration.as_deref(),
         &args.resources,
         &args.device_class,
-        Scope { config_maps: args.scan_config_maps },
+        Scope { config_maps: args.scan_config_maps, ..Default::default() },
     )
     .await?;
     let findings = inventory::find(&observed);

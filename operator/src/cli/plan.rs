@@ -29,9 +29,13 @@ pub async fn run(client: Client, args: &PlanArgs) -> anyhow::Result<u8> {
         }
         (None, None) => anyhow::bail!("name a GpuPoolMigration or pass -f <manifest>"),
     };
-    let inputs =
-        super::gather::plan_inputs(&client, &gpm, exists, Scope { config_maps: args.scan_config_maps })
-            .await?;
+    let inputs = super::gather::plan_inputs(
+        &client,
+        &gpm,
+        exists,
+        Scope { config_maps: args.scan_config_maps, ..Default::default() },
+    )
+    .await?;
     let report = preview::build(&inputs).map_err(|m| anyhow::anyhow!("spec: {m}"))?;
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
