@@ -44,12 +44,16 @@ unit: ## Unit tests only (no cluster)
 controlplane: ## Build (or reuse) the cached upstream control-plane binaries
 	@bash e2e/hack/build-controlplane.sh >/dev/null
 
+.PHONY: images
+images: deps ## Build every image as an OCI archive in target/images (operator, agent, e2e images)
+	@bash e2e/hack/build-images.sh
+
 .PHONY: cluster-up
-cluster-up: deps ## Start a real v1.37 control plane on loopback (kubeconfig: e2e/.cluster/kubeconfig)
+cluster-up: deps images ## Start a real v1.37 control plane and 3 real nodes (kubeconfig: e2e/.cluster/kubeconfig)
 	@bash e2e/hack/cluster-up.sh
 
 .PHONY: cluster-down
-cluster-down: ## Stop exactly the processes cluster-up started
+cluster-down: ## Stop exactly what cluster-up started and undo its host changes
 	@bash e2e/hack/cluster-down.sh
 
 .PHONY: e2e

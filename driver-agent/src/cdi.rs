@@ -52,16 +52,65 @@ pub struct ContainerEdits {
     pub device_nodes: Vec<DeviceNode>,
 }
 
-/// A device node; the runtime reads type, major and minor from the host path.
+/// A device node. With a path alone the runtime reads type, major and minor from the host's node
+/// at that path; with all three given it creates the node in the container without looking at the
+/// host.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceNode {
     pub path: String,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub node_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
 }
+
+/// How a spec describes device nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceNodes {
+    /// Paths only: the runtime takes the rest from the host's `/dev`, where the NVIDIA driver made
+    /// the nodes (NVML discovery; the UVM and capability majors are assigned at driver load).
+    HostLookup,
+    /// Character devices with their numbers, for the simulated inventory on nodes without GPUs:
+    /// there is no host node to read, so the runtime creates each one inside the container.
+    Described,
+}
+
+/// The NVIDIA driver's fixed character major: `/dev/nvidia<N>` is 195/N, `/dev/nvidiactl` 195/255.
+const NVIDIA_MAJOR: u32 = 195;
+const NVIDIACTL_MINOR: u32 = 255;
+/// Majors the kernel assigns dynamically on a real node (nvidia-uvm, nvidia-caps); the simulated
+/// inventory describes its nodes with these values, in the range Linux hands out dynamically.
+const SIM_UVM_MAJOR: u32 = 508;
+const SIM_CAPS_MAJOR: u32 = 509;
 
 impl DeviceNode {
     fn new(path: impl Into<String>) -> Self {
-        DeviceNode { path: path.into() }
+        DeviceNode { path: path.into(), node_type: None, major: None, minor: None }
     }
+
+    fn char_device(path: impl Into<String>, major: u32, minor: u32, mode: DeviceNodes) -> Self {
+        match mode {
+            DeviceNodes::HostLookup => DeviceNode::new(path),
+            DeviceNodes::Described => DeviceNode {
+                path: path.into(),
+                node_type: Some("c".into()),
+                major: Some(major),
+                minor: Some(minor),
+            },
+        }
+    }
+}
+
+/// The nodes every CUDA container needs besides its GPUs (see [`CONTROL_DEVICE_NODES`]).
+fn control_device_nodes(mode: DeviceNodes) -> Vec<DeviceNode> {
+    let [ctl, uvm, uvm_tools] = CONTROL_DEVICE_NODES;
+    vec![
+        DeviceNode::char_device(ctl, NVIDIA_MAJOR, NVIDIACTL_MINOR, mode),
+        DeviceNode::char_device(uvm, SIM_UVM_MAJOR, 0, mode),
+        DeviceNode::char_device(uvm_tools, SIM_UVM_MAJOR, 1, mode),
+    ]
 }
 
 /// `<driver>/gpu`, e.g. `gpu.switchyard.dev/gpu`.
@@ -85,14 +134,17 @@ pub fn qualified_id(driver: &str, claim_uid: &str, device: &str) -> String {
 }
 
 /// The UUID that names `d` in `NVIDIA_VISIBLE_DEVICES`, and its own device nodes.
-fn device_nodes(d: &NamedDevice<'_>) -> (String, Vec<DeviceNode>) {
+fn device_nodes(d: &NamedDevice<'_>, mode: DeviceNodes) -> (String, Vec<DeviceNode>) {
+    let gpu_node =
+        |minor: u32| DeviceNode::char_device(format!("/dev/nvidia{minor}"), NVIDIA_MAJOR, minor, mode);
     match d {
-        NamedDevice::Gpu(g) => (g.uuid.clone(), vec![DeviceNode::new(format!("/dev/nvidia{}", g.minor))]),
+        NamedDevice::Gpu(g) => (g.uuid.clone(), vec![gpu_node(g.minor)]),
         NamedDevice::Mig { parent, mig } => {
-            let mut nodes = vec![DeviceNode::new(format!("/dev/nvidia{}", parent.minor))];
+            let mut nodes = vec![gpu_node(parent.minor)];
             // The capability devices gate access to the GPU instance and the compute instance.
             for minor in [mig.gi_cap_minor, mig.ci_cap_minor].into_iter().flatten() {
-                nodes.push(DeviceNode::new(format!("/dev/nvidia-caps/nvidia-cap{minor}")));
+                let path = format!("/dev/nvidia-caps/nvidia-cap{minor}");
+                nodes.push(DeviceNode::char_device(path, SIM_CAPS_MAJOR, minor, mode));
             }
             (mig.uuid.clone(), nodes)
         }
@@ -101,12 +153,17 @@ fn device_nodes(d: &NamedDevice<'_>) -> (String, Vec<DeviceNode>) {
 
 /// The spec for one claim, its devices given as (device name in our pool, device), in the order
 /// of the allocation results. Pure; the same input gives the same bytes.
-pub fn claim_spec(driver: &str, claim_uid: &str, devices: &[(String, NamedDevice<'_>)]) -> Spec {
+pub fn claim_spec(
+    driver: &str,
+    claim_uid: &str,
+    devices: &[(String, NamedDevice<'_>)],
+    mode: DeviceNodes,
+) -> Spec {
     let mut uuids = Vec::new();
     let devices = devices
         .iter()
         .map(|(name, d)| {
-            let (uuid, nodes) = device_nodes(d);
+            let (uuid, nodes) = device_nodes(d, mode);
             uuids.push(uuid);
             SpecDevice {
                 name: device_name(claim_uid, name),
@@ -120,7 +177,7 @@ pub fn claim_spec(driver: &str, claim_uid: &str, devices: &[(String, NamedDevice
         devices,
         container_edits: ContainerEdits {
             env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))],
-            device_nodes: CONTROL_DEVICE_NODES.iter().map(|p| DeviceNode::new(*p)).collect(),
+            device_nodes: control_device_nodes(mode),
         },
     }
 }
@@ -199,6 +256,7 @@ mod tests {
                 ("gpu-1-mig-1g10gb-0".into(), NamedDevice::Mig { parent: &parent, mig: &with_caps }),
                 ("gpu-1-mig-1g10gb-1".into(), NamedDevice::Mig { parent: &parent, mig: &without }),
             ],
+            DeviceNodes::HostLookup,
         );
         let paths = |i: usize| -> Vec<&str> {
             spec.devices[i].container_edits.device_nodes.iter().map(|n| n.path.as_str()).collect()
@@ -209,13 +267,61 @@ mod tests {
         );
         assert_eq!(paths(1), ["/dev/nvidia3"]);
         assert_eq!(spec.container_edits.env, ["NVIDIA_VISIBLE_DEVICES=MIG-a,MIG-b"]);
+        let all = spec.devices.iter().flat_map(|d| &d.container_edits.device_nodes);
+        let host_lookup = |n: &DeviceNode| n.node_type.is_none() && n.major.is_none() && n.minor.is_none();
+        assert!(all.chain(&spec.container_edits.device_nodes).all(host_lookup), "NVML: paths only");
+    }
+
+    #[test]
+    fn simulated_devices_are_fully_described_character_nodes() {
+        let gpu = Gpu { index: 2, minor: 5, uuid: "GPU-s".into(), ..Default::default() };
+        let mig = MigDevice { uuid: "MIG-s".into(), gi_cap_minor: Some(30), ..Default::default() };
+        let spec = claim_spec(
+            "d.example",
+            "u",
+            &[
+                ("gpu-2".into(), NamedDevice::Gpu(&gpu)),
+                ("gpu-2-mig-1g10gb-0".into(), NamedDevice::Mig { parent: &gpu, mig: &mig }),
+            ],
+            DeviceNodes::Described,
+        );
+        let described = |nodes: &[DeviceNode]| -> Vec<(String, Option<String>, Option<u32>, Option<u32>)> {
+            nodes.iter().map(|n| (n.path.clone(), n.node_type.clone(), n.major, n.minor)).collect()
+        };
+        let c = || Some("c".to_string());
+        assert_eq!(
+            described(&spec.devices[0].container_edits.device_nodes),
+            [("/dev/nvidia5".into(), c(), Some(195), Some(5))]
+        );
+        assert_eq!(
+            described(&spec.devices[1].container_edits.device_nodes),
+            [
+                ("/dev/nvidia5".into(), c(), Some(195), Some(5)),
+                ("/dev/nvidia-caps/nvidia-cap30".into(), c(), Some(509), Some(30))
+            ]
+        );
+        assert_eq!(
+            described(&spec.container_edits.device_nodes),
+            [
+                ("/dev/nvidiactl".into(), c(), Some(195), Some(255)),
+                ("/dev/nvidia-uvm".into(), c(), Some(508), Some(0)),
+                ("/dev/nvidia-uvm-tools".into(), c(), Some(508), Some(1)),
+            ]
+        );
+        // The CDI spec's own field names: `type`, `major`, `minor`.
+        let json: serde_json::Value = serde_json::from_slice(&render(&spec)).unwrap();
+        assert_eq!(
+            json["devices"][0]["containerEdits"]["deviceNodes"][0],
+            serde_json::json!({"path": "/dev/nvidia5", "type": "c", "major": 195, "minor": 5})
+        );
     }
 
     #[test]
     fn specs_are_written_atomically_and_removed_idempotently() {
         let dir = std::env::temp_dir().join(format!("sy-cdi-{}", std::process::id()));
         let gpu = Gpu { uuid: "GPU-x".into(), ..Default::default() };
-        let spec = claim_spec("d.example", "u", &[("gpu-0".into(), NamedDevice::Gpu(&gpu))]);
+        let spec =
+            claim_spec("d.example", "u", &[("gpu-0".into(), NamedDevice::Gpu(&gpu))], DeviceNodes::Described);
         let path = write_spec(&dir, "d.example", "u", &spec).unwrap();
         let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(back, spec);

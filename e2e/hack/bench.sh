@@ -20,7 +20,7 @@ if [ -f "$state/kubeconfig" ]; then
   echo "cluster start-up: skipped, a cluster is running (make cluster-down first)"
 else
   bash "$root/e2e/hack/cluster-up.sh" 2>/dev/null
-  echo "cluster start-up: $(cat "$state/startup-seconds")s"
+  echo "cluster start-up: $(cat "$state/startup-seconds")s (control plane), $(cat "$state/nodes-startup-seconds")s (3 real nodes after it)"
   # Kept for the agent benchmark below, stopped on exit.
   trap 'bash "$root/e2e/hack/cluster-down.sh" 2>/dev/null' EXIT
 fi
@@ -28,6 +28,10 @@ if ! "$bin_dir/kubectl" --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev
   echo "bench: the cluster in $state does not answer /readyz" >&2
   exit 1
 fi
+
+echo "== real nodes: start to Ready; kubelet, containerd, operator pod and agent pod memory" >&2
+bash "$root/e2e/hack/build-images.sh" 2>/dev/null
+bash "$root/e2e/hack/bench-real-nodes.sh"
 
 echo "== driver agent: event to taint, memory, idle CPU (8 GPUs x 7 MIG devices)" >&2
 cd "$root"

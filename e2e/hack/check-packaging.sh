@@ -8,7 +8,7 @@
 #   Helm chart      helm lint --strict, helm template (defaults, and every toggle on)
 #   alerts          promtool check rules, promtool test rules
 #   dashboard       JSON parses; every PromQL expression parses (promtool, as recording rules)
-#   kustomize       kubectl kustomize config/ and e2e/overlays/monitoring
+#   kustomize       kubectl kustomize config/, e2e/overlays/monitoring and e2e/overlays/real-nodes
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,6 +26,10 @@ lua5.4 config/argocd/run-health-tests.lua config/argocd
 step "kstatus (sigs.k8s.io/cli-utils) over the same fixtures"
 (cd e2e/kstatus && go vet ./... && go test -count=1 ./...)
 
+step "simulated NVIDIA device plugin (go vet, go test against an in-process fake kubelet)"
+(cd e2e/deviceplugin && go vet ./... && go test -count=1 ./...)
+(cd e2e/pause && go vet ./...)
+
 step "Helm chart"
 helm=$(bash e2e/hack/build-helm.sh)
 chart=config/helm/switchyard
@@ -37,6 +41,21 @@ all_on=(--set serviceMonitor.enabled=true,prometheusRule.enabled=true,dashboard.
 echo "helm template: $(grep -c '^kind:' "$tmp/helm-default.yaml") objects by default, $(grep -c '^kind:' "$tmp/helm-all.yaml") with every toggle on" >&2
 if "$helm" template switchyard "$chart" --set operator.replica=3 >/dev/null 2>&1; then
   echo "values.schema.json accepted an unknown key (operator.replica)" >&2; exit 1
+fi
+# The simulated inventory (clusters without GPUs): its ConfigMap, the flag and the mount, or a
+# clear error when the inventory itself is missing.
+"$helm" template switchyard "$chart" -n switchyard-system --set agent.inventory=simulated \
+  --set-file agent.simulatedInventory=driver-agent/examples/sim-inventory.yaml > "$tmp/helm-sim.yaml"
+for want in "--inventory=simulated" "--sim-config=/etc/switchyard/simulated-gpus/inventory.yaml" \
+            "name: switchyard-simulated-gpus" "driverVersion:"; do
+  grep -qF -- "$want" "$tmp/helm-sim.yaml" || { echo "helm template (simulated): no '$want'" >&2; exit 1; }
+done
+if err=$("$helm" template switchyard "$chart" --set agent.inventory=simulated 2>&1 >/dev/null); then
+  echo "helm template accepted agent.inventory=simulated without agent.simulatedInventory" >&2; exit 1
+fi
+grep -qF "agent.simulatedInventory is required" <<<"$err" || { echo "unexpected error: $err" >&2; exit 1; }
+if "$helm" template switchyard "$chart" --set agent.inventory=fake >/dev/null 2>&1; then
+  echo "values.schema.json accepted agent.inventory=fake" >&2; exit 1
 fi
 
 step "Prometheus rules (promtool)"
@@ -72,6 +91,12 @@ step "kustomize (cached kubectl)"
 kubectl="$(bash e2e/hack/build-controlplane.sh)/kubectl"
 "$kubectl" kustomize config/ > "$tmp/kustomize.yaml"
 "$kubectl" kustomize e2e/overlays/monitoring > "$tmp/kustomize-monitoring.yaml"
+"$kubectl" kustomize e2e/overlays/real-nodes > "$tmp/kustomize-real-nodes.yaml"
+for want in "--inventory=simulated" "--sim-config=/etc/switchyard/simulated-gpus/inventory.yaml" \
+            "name: switchyard-simulated-gpus"; do
+  grep -qF -- "$want" "$tmp/kustomize-real-nodes.yaml" || { echo "kustomize (simulated-gpus component): no '$want'" >&2; exit 1; }
+done
+grep -qF -- "--inventory=nvml" "$tmp/kustomize.yaml" || { echo "kustomize: config/ no longer defaults to --inventory=nvml" >&2; exit 1; }
 echo "kustomize: $(grep -c '^kind:' "$tmp/kustomize.yaml") objects in config/, $(grep -c '^kind:' "$tmp/kustomize-monitoring.yaml") with the monitoring component" >&2
 
 echo "check-packaging: all checks passed" >&2

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Stops exactly the processes cluster-up.sh started, by their recorded PIDs, and only when the PID
-# still belongs to the binary we launched (a recycled PID is left alone). Keeps pki/ and logs/.
+# still belongs to the binary we launched (a recycled PID is left alone): the real nodes first
+# (nodes-down.sh, which also undoes their host changes), then the control plane. Keeps pki/ and
+# logs/.
 set -euo pipefail
 
 state="$(cd "$(dirname "$0")/.." && pwd)/.cluster"
+bash "$(dirname "$0")/nodes-down.sh"
 [ -d "$state/pids" ] || { echo "cluster-down: nothing recorded in $state/pids" >&2; exit 0; }
 
 # Reverse start order: clients of the API server first, etcd last.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts a real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager
-# and kube-scheduler, built from the upstream modules by build-controlplane.sh. Only the kubelet is
-# missing; the GPU node simulator (e2e/src/sim) stands in for it.
+# and kube-scheduler, built from the upstream modules by build-controlplane.sh, and then
+# SWITCHYARD_NODES (default 3) real worker nodes, each a kubelet with its own containerd
+# (nodes-up.sh). The GPU node simulator (e2e/src/sim) adds simulated nodes for scale.
 #
 # State lives in e2e/.cluster (git-ignored): pki/, logs/, pids/, etcd data and the admin
 # kubeconfig. When a healthy cluster from this directory is already running, it is reused.
@@ -17,6 +18,8 @@ etcd_peer_port=$((etcd_port + 1))
 kcm_port=$((api_port + 1))
 sched_port=$((api_port + 2))
 kubeconfig="$state/kubeconfig"
+api_bind=127.0.0.1
+[ "${SWITCHYARD_NODES:-3}" -gt 0 ] && api_bind=0.0.0.0
 
 mkdir -p "$state"
 # Test binaries may call this concurrently; one starts the cluster, the others then reuse it.
@@ -30,6 +33,7 @@ healthy() { [ -f "$kubeconfig" ] && kubectl get --raw /readyz >/dev/null 2>&1; }
 
 if healthy; then
   echo "cluster-up: reusing the running control plane (KUBECONFIG=$kubeconfig)" >&2
+  bash "$here/hack/nodes-up.sh" || { bash "$here/hack/cluster-down.sh" >&2 || true; exit 1; }
   exit 0
 fi
 # A half-started or crashed cluster: stop whatever is left of it before starting afresh.
@@ -140,6 +144,10 @@ launch etcd "$bin/etcd" --name e2e --data-dir "$state/etcd" \
   --initial-cluster "e2e=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --quota-backend-bytes 4294967296
 wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 
+# --bind-address: loopback, and this machine's own address too when real nodes run, because their
+# pods reach the API server there (nodes-up.sh sends the kubernetes Service's address to it).
+# --kubelet-preferred-address-types: node names do not resolve here; `kubectl logs` and `exec` go
+# to the node's InternalIP.
 # --allow-privileged: as on every real cluster (kubeadm sets it), so privileged pod specs such as the
 # driver agent's pass validation; without it the API server refuses them before Pod Security runs.
 # --endpoint-reconciler-type=none: the loopback advertise address is valid for serving but may not
@@ -147,7 +155,7 @@ wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 # other address to advertise.
 launch kube-apiserver "$bin/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
-  --bind-address 127.0.0.1 --secure-port "$api_port" --advertise-address 127.0.0.1 \
+  --bind-address "$api_bind" --secure-port "$api_port" --advertise-address 127.0.0.1 \
   --endpoint-reconciler-type none \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
@@ -156,6 +164,7 @@ launch kube-apiserver "$bin/kube-apiserver" \
   --service-cluster-ip-range 10.96.0.0/16 \
   --authorization-mode Node,RBAC \
   --allow-privileged=true \
+  --kubelet-preferred-address-types InternalIP,Hostname \
   --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/logs/audit.log" \
   --audit-log-maxsize 200 --audit-log-maxbackup 1
 wait_for kube-apiserver 120 kubectl get --raw /readyz
@@ -183,5 +192,7 @@ wait_for kube-controller-manager 60 kubectl -n default get serviceaccount defaul
 
 elapsed=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}")
 echo "$elapsed" > "$state/startup-seconds"
+# A node that cannot start stops the whole cluster: nothing is left running half-made.
+bash "$here/hack/nodes-up.sh" || { bash "$here/hack/cluster-down.sh" >&2 || true; exit 1; }
 echo "cluster-up: control plane $(kubectl version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -n1) ready in ${elapsed}s" >&2
 echo "cluster-up: export KUBECONFIG=$kubeconfig" >&2

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Writes e2e/controlplane/go.mod for a Kubernetes version, or, given a second argument, the go.mod
-# of another e2e module that builds against k8s.io/kubernetes (e2e/kubeletplugin): same require
-# and staging replaces, its own module name, no control-plane tool block.
+# of another e2e module that builds against k8s.io/kubernetes: same require and staging replaces,
+# its own module name. e2e/controlplane gets a tool block with the control-plane commands,
+# e2e/kubelet one with the kubelet (kept apart so that the control plane's cache key does not
+# change with the node's), any other module (e2e/kubeletplugin) none.
 #
 #   gen-controlplane-gomod.sh v1.37.2                  # e2e/controlplane/go.mod
+#   gen-controlplane-gomod.sh v1.37.2 e2e/kubelet
 #   gen-controlplane-gomod.sh v1.37.2 e2e/kubeletplugin
 #
 # k8s.io/kubernetes pins its ~30 staging modules (k8s.io/api, k8s.io/client-go, ...) at v0.0.0
@@ -21,6 +24,11 @@ if [ -n "${2:-}" ]; then
 fi
 controlplane=0
 [ "$mod_dir" = "$here/controlplane" ] && controlplane=1
+case "$(basename "$mod_dir")" in
+  controlplane) tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl) ;;
+  kubelet) tools=(kubelet) ;;
+  *) tools=() ;;
+esac
 mod_name="switchyard.dev/e2e/$(basename "$mod_dir")"
 staging_version="v0.${version#v1.}"
 
@@ -44,9 +52,9 @@ mapfile -t staging < <(sed -n 's#^\s*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*
   echo
   echo "go 1.26.0"
   echo
-  if [ "$controlplane" = 1 ]; then
+  if [ "${#tools[@]}" -gt 0 ]; then
     echo "tool ("
-    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    for cmd in "${tools[@]}"; do
       echo "	k8s.io/kubernetes/cmd/$cmd"
     done
     echo ")"

@@ -11,6 +11,15 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v lua5.4 >/dev/null || need_apt+=(lua5.4)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v jq >/dev/null || need_apt+=(jq)
+# Real e2e nodes (nodes-up.sh): runc and the CNI plugins beside the kubelet and containerd that
+# build-node.sh builds; iptables for the pod network's fence; busybox-static and umoci for the
+# images (build-images.sh).
+command -v runc >/dev/null || need_apt+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+command -v iptables >/dev/null || need_apt+=(iptables)
+dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
+command -v umoci >/dev/null || need_apt+=(umoci)
+command -v unshare >/dev/null && command -v nsenter >/dev/null || need_apt+=(util-linux)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "install-deps: apt-get install ${need_apt[*]}" >&2
   apt-get update -qq

@@ -7,10 +7,18 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 state="$root/e2e/.cluster"
 started=0
+# The real nodes run the images built from this checkout; nodes-up.sh imports them (again, into
+# nodes that already run).
+if [ "${SWITCHYARD_NODES:-3}" -gt 0 ]; then
+  bash "$root/e2e/hack/build-images.sh"
+  bash "$root/e2e/hack/check-images.sh"
+fi
 if ! { [ -f "$state/kubeconfig" ] && "$(bash "$root/e2e/hack/build-controlplane.sh")/kubectl" \
         --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev/null 2>&1; }; then
   bash "$root/e2e/hack/cluster-up.sh"
   started=1
+else
+  bash "$root/e2e/hack/nodes-up.sh"
 fi
 if [ "$started" = 1 ] && [ "${SWITCHYARD_KEEP_CLUSTER:-0}" != 1 ]; then
   trap 'bash "$root/e2e/hack/cluster-down.sh"' EXIT

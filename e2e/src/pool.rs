@@ -299,7 +299,7 @@ impl Pool {
 
     /// Starts the invariant sampler for this pool.
     pub fn sample(&self) -> Sampler {
-        Sampler::start(self.client.clone(), self.id.clone(), self.driver.clone(), self.apps_ns.clone())
+        Sampler::watch(self.client.clone(), self.id.clone(), self.driver.clone(), self.apps_ns.clone())
     }
 
     /// Runs `scenario` on this pool and then cleans the pool up whatever the outcome, a failed
@@ -462,7 +462,9 @@ enum Update {
 }
 
 impl Sampler {
-    fn start(client: Client, pool: String, driver: String, apps_ns: String) -> Self {
+    /// Starts sampling the nodes labelled `pool=<pool>`, the slices of `driver`, every pod (with
+    /// the PDB and deletion bookkeeping for pods in `apps_ns`) and every DeviceTaintRule.
+    pub fn watch(client: Client, pool: String, driver: String, apps_ns: String) -> Self {
         let samples = Arc::new(Mutex::new(Samples::default()));
         let out = samples.clone();
         let task = tokio::spawn(async move {

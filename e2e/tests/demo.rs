@@ -1,5 +1,7 @@
-//! `make demo` completes: the script runs end to end on the shared e2e cluster (it reuses a
-//! running control plane and removes what it created), and its summary reports a full migration.
+//! `make demo` completes: the script runs end to end on the shared e2e cluster (it reuses the
+//! running control plane and its real nodes, and removes what it created), and its summary reports
+//! a full migration of the three real nodes, with the trainer's logs showing its GPU from the
+//! device plugin before and from our CDI spec, through a generated claim, after.
 
 use std::process::Stdio;
 
@@ -10,7 +12,7 @@ async fn make_demo_completes_on_the_shared_cluster() -> anyhow::Result<()> {
     // Starts (or reuses) the cluster the demo will find at e2e/.cluster/kubeconfig.
     let _ = cluster::client().await?;
     let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-node-sim")).parent().expect("a target dir");
-    for needed in ["switchyard", "switchyard-operator", "switchyard-driver-agent"] {
+    for needed in ["switchyard"] {
         assert!(
             bin_dir.join(needed).is_file(),
             "{needed} is missing in {}: run `make e2e` (it builds the binaries first)",
@@ -30,12 +32,28 @@ async fn make_demo_completes_on_the_shared_cluster() -> anyhow::Result<()> {
     for want in [
         "READY: nothing blocks this migration.",
         "WARNING   ResourceQuota ml/gpus",
-        "migration a100-pool Completed: 6/6",
-        "nodes moved:            6 of 6",
-        "GPUs after:             48 DRA devices in ResourceSlices, 0 through the device plugin",
+        "migration a100-pool Completed: 3/3",
+        "nodes moved:            3 of 3 real nodes",
+        "GPU pods evicted:       3 (each came back with a generated ResourceClaim: 3 of 3)",
+        "GPUs before:            6 through the device plugin",
+        "GPUs after:             6 DRA devices in ResourceSlices, 0 through the device plugin",
         "non-GPU pods evicted:   0",
     ] {
         assert!(stdout.contains(want), "the demo output lacks {want:?}:\n{stdout}");
     }
+    // The trainer's own logs, before and after: the same GPU UUIDs of the inventory, first with no
+    // claim (device plugin), then with a generated one (DRA, CDI).
+    let claims: Vec<&str> =
+        stdout.lines().filter_map(|l| l.trim().strip_prefix("generated claim: ")).collect();
+    assert_eq!(claims.len(), 2, "the demo shows the trainer's claim before and after:\n{stdout}");
+    assert_eq!(claims[0], "(none)", "before the move the pod has no claim");
+    assert!(
+        claims[1].contains("-extended-resources-"),
+        "after the move the scheduler generated one: {}",
+        claims[1]
+    );
+    let visible =
+        stdout.lines().filter(|l| l.trim().starts_with("workload: NVIDIA_VISIBLE_DEVICES=GPU-")).count();
+    assert_eq!(visible, 2, "the trainer's logs show a GPU UUID before and after:\n{stdout}");
     Ok(())
 }

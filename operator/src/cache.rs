@@ -83,9 +83,32 @@ where
     K: Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, store.wait_until_ready()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) | Err(_) => Err(Error::CacheNotSynced { kind }),
+    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, ready(store)).await {
+        Ok(true) => Ok(()),
+        Ok(false) | Err(_) => Err(Error::CacheNotSynced { kind }),
+    }
+}
+
+/// How often [`ready`] looks at a store again.
+const READY_POLL: Duration = Duration::from_millis(250);
+
+/// Waits until `store` has synced; false when its writer went away first.
+///
+/// Not `Store::wait_until_ready` alone: in kube-runtime 5.0 it waits on a oneshot receiver shared
+/// by every clone of the store, and that receiver keeps only the waker of the task that polled it
+/// last. The controller's runner waits on the migration store too, so a second waiter (the
+/// readiness task, or concurrent reconciles) can sleep forever after the store became ready: the
+/// operator then never reported Ready. Polling again every [`READY_POLL`] registers this task's
+/// waker anew and sees the value once it is there.
+pub async fn ready<K>(store: &Store<K>) -> bool
+where
+    K: Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        if let Ok(result) = tokio::time::timeout(READY_POLL, store.wait_until_ready()).await {
+            return result.is_ok();
+        }
     }
 }
 
@@ -315,6 +338,36 @@ mod tests {
 
     fn names<K: Resource>(objs: &[K]) -> Vec<&str> {
         objs.iter().map(|o| o.meta().name.as_deref().unwrap_or("")).collect()
+    }
+
+    /// Two tasks wait for one store, as the controller's runner and the readiness task do. With
+    /// `Store::wait_until_ready` alone the one that polled first is never woken; `ready` is.
+    #[tokio::test]
+    async fn every_waiter_sees_the_store_become_ready() {
+        let (reader, mut writer) = reflector::store::<Node>();
+        let first = tokio::spawn({
+            let reader = reader.clone();
+            async move { ready(&reader).await }
+        });
+        let starved = tokio::spawn({
+            let reader = reader.clone();
+            async move { reader.wait_until_ready().await.is_ok() }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The last poller holds the receiver's only waker.
+        let last = tokio::spawn({
+            let reader = reader.clone();
+            async move { reader.wait_until_ready().await.is_ok() }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let within = Duration::from_secs(2);
+        assert!(tokio::time::timeout(within, last).await.expect("the last poller is woken").unwrap());
+        assert!(tokio::time::timeout(within, first).await.expect("ready() sees it too").unwrap());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), starved).await.is_err(),
+            "kube-runtime's wait_until_ready woke an earlier waiter: cache::ready may no longer be needed"
+        );
     }
 
     #[test]

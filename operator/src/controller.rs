@@ -1362,9 +1362,11 @@ pub async fn run(
     let ready_store = store.clone();
     let ready_client = client.clone();
     tokio::spawn(async move {
-        if ready_store.wait_until_ready().await.is_err()
-            || node_reader.wait_until_ready().await.is_err()
-            || ds_reader.wait_until_ready().await.is_err()
+        // cache::ready, not Store::wait_until_ready: the controller's runner waits on the
+        // migration store too, and only one waiter is woken (see cache::ready).
+        if !cache::ready(&ready_store).await
+            || !cache::ready(&node_reader).await
+            || !cache::ready(&ds_reader).await
         {
             return;
         }
@@ -1380,10 +1382,10 @@ pub async fn run(
                 }
             }
         };
-        if served.device_classes && dc_reader.wait_until_ready().await.is_err() {
+        if served.device_classes && !cache::ready(&dc_reader).await {
             return;
         }
-        if served.resource_slices && slice_reader.wait_until_ready().await.is_err() {
+        if served.resource_slices && !cache::ready(&slice_reader).await {
             return;
         }
         ready.store(true, std::sync::atomic::Ordering::SeqCst);

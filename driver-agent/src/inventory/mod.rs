@@ -161,6 +161,12 @@ pub fn profile_slug(profile: &str) -> String {
 pub trait Inventory: Send + Sync {
     /// Read what the node has now.
     fn discover(&self) -> BoxFuture<'_, Result<NodeInventory, Error>>;
+
+    /// How the CDI specs of this inventory's devices name their device nodes: by host path where
+    /// the driver made real nodes (the default), fully described where there are none.
+    fn cdi_device_nodes(&self) -> crate::cdi::DeviceNodes {
+        crate::cdi::DeviceNodes::HostLookup
+    }
 }
 
 /// Turn NVML's `00000000:18:00.0` into the sysfs form `0000:18:00.0`.

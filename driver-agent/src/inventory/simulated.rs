@@ -134,6 +134,11 @@ impl Inventory for Arc<SimulatedInventory> {
         }
         .boxed()
     }
+
+    /// Simulated GPUs have no device nodes on the host; the runtime creates them in the container.
+    fn cdi_device_nodes(&self) -> crate::cdi::DeviceNodes {
+        crate::cdi::DeviceNodes::Described
+    }
 }
 
 /// Faults arrive over HTTP ([`serve_faults`]), not from the inventory.

@@ -223,7 +223,8 @@ impl DraService {
             allocated_devices(&self.config.driver, &self.config.node_name, &rc).map_err(invalid)?;
         let inv = self.inventory.discover().await?;
         let devices = resolve(&inv, &allocated).map_err(invalid)?;
-        let spec = cdi::claim_spec(&self.config.driver, &claim.uid, &devices);
+        let spec =
+            cdi::claim_spec(&self.config.driver, &claim.uid, &devices, self.inventory.cdi_device_nodes());
         let prepared = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),

@@ -322,13 +322,15 @@ impl Default for VerifySpec {
 #[x_kube(validation = Rule::new("has(self.image) && size(self.image) > 0")
     .message("spec.strategy.verify.canary.image is required when canary is set"))]
 pub struct CanarySpec {
-    /// Container image of the canary, for example `registry.k8s.io/pause:3.10`. Required.
+    /// Container image of the canary, for example `registry.k8s.io/pause:3.10` with `command:
+    /// [/pause, -v]`. Required. The canary must exit by itself: pause without `-v` runs until it
+    /// is stopped, so the node would end in VerifyTimeout.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 512))]
     pub image: String,
 
     /// Command of the canary container. Empty: the image's entrypoint. The canary passes when
-    /// the command exits 0.
+    /// the command exits 0 and the scheduler served it through a generated ResourceClaim.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
 }

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The one recipe for every Switchyard image, run by `make images`. No container engine is needed:
+# each image is a root filesystem staged in a directory, packed into one layer with GNU tar's
+# reproducible flags, and assembled into an OCI image layout with umoci (Debian's `umoci`, a
+# maintained OCI image tool). Each image is written as an OCI archive (a tar of the layout) that
+# `ctr images import`, `skopeo copy oci-archive:...` and `podman load` all read.
+#
+#   build-images.sh [IMAGE...]    default: every image below
+#
+# Images (the chart and config/ name the first two):
+#   switchyard-operator       ghcr.io/switchyard-dev/switchyard-operator:$VERSION
+#   switchyard-driver-agent   ghcr.io/switchyard-dev/switchyard-driver-agent:$VERSION
+#   pause                     registry.k8s.io/pause:3.10 (the e2e nodes' sandbox image and the
+#                             migration canary's image in the samples)
+#   workload                  switchyard.dev/e2e/gpu-workload:$VERSION (prints its env and /dev)
+#   sim-device-plugin         switchyard.dev/e2e/sim-device-plugin:$VERSION
+#
+# Reproducible: every file has mtime 0 and uid/gid 0 in the layer, the config and history carry the
+# epoch as their date, the Rust binaries are built with their build paths remapped, and the Go ones
+# with -trimpath and no VCS stamp. The same commit gives the same manifest digest twice; the e2e
+# suite checks it (e2e/tests/images.rs).
+#
+#   SWITCHYARD_IMAGE_DIR   where the archives go (default: target/images)
+#   IMAGE_REGISTRY         registry/owner of the product images (default: ghcr.io/switchyard-dev)
+#
+# To push: `skopeo copy oci-archive:target/images/switchyard-operator.tar docker://REGISTRY/...`.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${SWITCHYARD_IMAGE_DIR:-$root/target/images}
+registry=${IMAGE_REGISTRY:-ghcr.io/switchyard-dev}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
+[ -n "$version" ] || { echo "build-images: no workspace version in Cargo.toml" >&2; exit 1; }
+epoch=1970-01-01T00:00:00Z
+
+for tool in umoci tar jq sha256sum ldd; do
+  command -v "$tool" >/dev/null || { echo "build-images: $tool is missing (make deps installs it)" >&2; exit 1; }
+done
+
+mkdir -p "$out"
+work=$(mktemp -d "${TMPDIR:-/tmp}/switchyard-images.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# --- binaries -------------------------------------------------------------------------------
+rust_bins() { # the workspace binaries, release profile "image", build paths remapped
+  local flags="--remap-path-prefix=$root=/src --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo"
+  CARGO_ENCODED_RUSTFLAGS=$(printf '%s' "$flags" | tr ' ' '\037') \
+    cargo build --locked --profile image -p switchyard-operator --bin switchyard-operator \
+    -p switchyard-driver-agent --bin switchyard-driver-agent >&2
+  echo "$root/target/image"
+}
+
+go_bin() { # module dir, output: a static binary
+  (cd "$root/$1" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$2" .)
+}
+
+# --- root filesystems -------------------------------------------------------------------------
+# A glibc binary with the shared libraries it links, as distroless/cc carries them: ldd names them
+# (the dynamic loader included) and each lands at the same path in the image.
+stage_dynamic() { # rootfs binary dest
+  local rootfs=$1 bin=$2 dest=$3 lib
+  install -D -m 0755 "$bin" "$rootfs$dest"
+  while read -r lib; do
+    install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
+  done < <(ldd "$bin" | grep -o '/[^ ]*' | sort -u)
+}
+
+stage_base() { # rootfs: users, CA certificates, /tmp; what distroless adds besides the binary
+  local rootfs=$1
+  mkdir -p "$rootfs/etc/ssl/certs" "$rootfs/tmp"
+  chmod 1777 "$rootfs/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' \
+    > "$rootfs/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' > "$rootfs/etc/group"
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/"
+  fi
+}
+
+# --- assembly -------------------------------------------------------------------------------
+# pack NAME REF ROOTFS CONFIG-FLAGS...: one layer, the given config, an OCI archive in $out.
+pack() {
+  local name=$1 ref=$2 rootfs=$3; shift 3
+  local layout="$work/$name-layout" layer="$work/$name-layer.tar"
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=posix \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    -C "$rootfs" -cf "$layer" .
+  umoci init --layout "$layout"
+  umoci new --image "$layout:img"
+  umoci raw add-layer --image "$layout:img" --history.created "$epoch" \
+    --history.created_by "e2e/hack/build-images.sh $name" "$layer"
+  umoci config --image "$layout:img" --no-history --created "$epoch" --os linux --architecture amd64 \
+    --config.label "org.opencontainers.image.source=https://github.com/switchyard-dev/switchyard" \
+    --config.label "org.opencontainers.image.version=$version" "$@"
+  umoci gc --layout "$layout"
+  # containerd's importer names the image after this annotation; the tag umoci used is internal.
+  jq --arg ref "$ref" '.manifests[0].annotations = {"io.containerd.image.name": $ref, "org.opencontainers.image.ref.name": $ref}' \
+    "$layout/index.json" > "$layout/index.json.new"
+  mv "$layout/index.json.new" "$layout/index.json"
+  find "$layout" -exec touch -h -d @0 {} +
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=posix \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    -C "$layout" -cf "$out/$name.tar" .
+  local digest
+  digest=$(jq -r '.manifests[0].digest' "$layout/index.json")
+  printf '%s %s %s\n' "$name" "$ref" "$digest" >> "$work/digests"
+  echo "build-images: $ref $digest ($(du -h "$out/$name.tar" | cut -f1))" >&2
+}
+
+image_switchyard_operator() {
+  local rootfs="$work/operator" bins; bins=$(rust_bins)
+  stage_base "$rootfs"
+  stage_dynamic "$rootfs" "$bins/switchyard-operator" /switchyard-operator
+  pack switchyard-operator "$registry/switchyard-operator:$version" "$rootfs" \
+    --config.user 65532:65532 --config.exposedports 8080/tcp --config.entrypoint /switchyard-operator
+}
+
+# The agent stays a glibc binary: NVML (libnvidia-ml.so.1, from the node's driver) is loaded with
+# dlopen, which a static musl binary cannot do for a glibc library.
+image_switchyard_driver_agent() {
+  local rootfs="$work/agent" bins; bins=$(rust_bins)
+  stage_base "$rootfs"
+  stage_dynamic "$rootfs" "$bins/switchyard-driver-agent" /switchyard-driver-agent
+  pack switchyard-driver-agent "$registry/switchyard-driver-agent:$version" "$rootfs" \
+    --config.exposedports 8081/tcp --config.entrypoint /switchyard-driver-agent
+}
+
+image_pause() {
+  local rootfs="$work/pause"
+  mkdir -p "$rootfs"
+  go_bin e2e/pause "$rootfs/pause"
+  pack pause registry.k8s.io/pause:3.10 "$rootfs" --config.user 65535:65535 --config.entrypoint /pause
+}
+
+# Prints what a container sees of its GPUs: NVIDIA_* variables and the nvidia device nodes, then
+# waits for SIGTERM. busybox-static (Debian) gives sh, env, ls and sleep in one static binary.
+image_workload() {
+  local rootfs="$work/workload" applet busybox=/bin/busybox
+  if ldd "$busybox" >/dev/null 2>&1; then
+    echo "build-images: $busybox is dynamically linked; install Debian's busybox-static (make deps)" >&2
+    exit 1
+  fi
+  install -D -m 0755 "$busybox" "$rootfs/bin/busybox"
+  for applet in sh env ls sleep cat grep sort; do ln -s busybox "$rootfs/bin/$applet"; done
+  cat > "$rootfs/workload.sh" <<'EOF'
+#!/bin/sh
+# What the container was given: the device plugin sets NVIDIA_VISIBLE_DEVICES through Allocate, the
+# DRA driver through its CDI spec; either way the GPUs arrive as /dev/nvidia<N> nodes.
+echo "workload: NVIDIA_VISIBLE_DEVICES=${NVIDIA_VISIBLE_DEVICES:-<unset>}"
+env | sort | grep -E '^(NVIDIA_|SWITCHYARD_)' | sed 's/^/workload: env /'
+for d in /dev/nvidia*; do [ -e "$d" ] && ls -l "$d" | sed 's/^/workload: dev /'; done
+echo "workload: ready"
+trap 'exit 0' TERM INT
+while :; do sleep 3600 & wait $!; done
+EOF
+  chmod 0755 "$rootfs/workload.sh"
+  pack workload "switchyard.dev/e2e/gpu-workload:$version" "$rootfs" --config.entrypoint /workload.sh
+}
+
+image_sim_device_plugin() {
+  local rootfs="$work/sim-device-plugin"
+  mkdir -p "$rootfs"
+  go_bin e2e/deviceplugin "$rootfs/sim-device-plugin"
+  pack sim-device-plugin "switchyard.dev/e2e/sim-device-plugin:$version" "$rootfs" \
+    --config.entrypoint /sim-device-plugin
+}
+
+images=("$@")
+[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload sim-device-plugin)
+: > "$work/digests"
+for image in "${images[@]}"; do
+  fn="image_${image//-/_}"
+  declare -F "$fn" >/dev/null || { echo "build-images: no image named $image" >&2; exit 1; }
+  "$fn"
+done
+# digests.txt: NAME REF DIGEST per image, merged with images built earlier.
+touch "$out/digests.txt"
+awk '!seen[$1]++' "$work/digests" "$out/digests.txt" | sort > "$work/digests.all"
+mv "$work/digests.all" "$out/digests.txt"

@@ -1,0 +1,235 @@
+//! Real nodes: the kubelets and containerds that `e2e/hack/nodes-up.sh` starts beside the control
+//! plane, and Switchyard installed on them the way a cluster admin installs it: `config/` applied
+//! with kubectl (through `e2e/overlays/real-nodes`, which adds only the simulated-GPU inventory),
+//! the operator as its two-replica Deployment and the agent as its DaemonSet, each with its own
+//! ServiceAccount and RBAC, from the images that `e2e/hack/build-images.sh` built.
+//!
+//! The GPUs are simulated: the device plugin (`e2e/deviceplugin`) and the agent
+//! (`--inventory simulated`) read the same inventory. Everything between them and the workload
+//! is real: the kubelet's device manager, its DRA manager calling NodePrepareResources,
+//! containerd's CDI injection, runc.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::{cluster, wait};
+
+/// Label nodes-up.sh gives every real node.
+pub const LABEL_REAL_NODE: &str = "e2e.switchyard.dev/real-node";
+/// Where config/ installs Switchyard.
+pub const SYSTEM_NS: &str = "switchyard-system";
+/// The operator's Deployment and leader-election Lease.
+pub const OPERATOR: &str = "switchyard-operator";
+/// The GPUs of every real node, for the device plugin and the agent alike.
+pub const INVENTORY: &str = include_str!("../overlays/real-nodes/inventory.yaml");
+/// The label the device-plugin DaemonSet selects GPU nodes by.
+pub const LABEL_GPU_PRESENT: &str = "nvidia.com/gpu.present";
+/// The image that prints what the container was given (`NVIDIA_VISIBLE_DEVICES`, /dev/nvidia*).
+pub const WORKLOAD_IMAGE: &str = concat!("switchyard.dev/e2e/gpu-workload:", env!("CARGO_PKG_VERSION"));
+/// The ConfigMap the device plugin reads its inventory from.
+const DEVICE_PLUGIN_INVENTORY: &str = "sim-gpu-inventory";
+
+/// The real nodes, Ready. Fails, never skips, when there are none: the scenarios on real nodes do
+/// not fall back to the simulator.
+pub async fn nodes(client: &Client) -> anyhow::Result<Vec<Node>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let nodes = api.list(&ListParams::default().labels(&format!("{LABEL_REAL_NODE}=true"))).await?.items;
+    let ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    anyhow::ensure!(
+        !nodes.is_empty() && nodes.iter().all(ready),
+        "no Ready real nodes (found {}): `make cluster-up` starts them (SWITCHYARD_NODES, default 3); \
+         see e2e/.cluster/logs/real-node-*.log",
+        nodes.len()
+    );
+    Ok(nodes)
+}
+
+/// The per-node state directory of a real node (`real-node-<N>` → `e2e/.cluster/nodes/node<N>`).
+pub fn node_dir(node: &str) -> PathBuf {
+    let index = node.rsplit('-').next().unwrap_or_default();
+    cluster::repo_root().join("e2e/.cluster/nodes").join(format!("node{index}"))
+}
+
+/// Runs the cached kubectl against the shared cluster and returns its stdout.
+pub fn kubectl(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(cluster::bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(cluster::kubeconfig())
+        .args(args)
+        .current_dir(cluster::repo_root())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Sets (Some) or removes (None) labels on a node.
+pub async fn label(client: &Client, node: &str, labels: serde_json::Value) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    api.patch(node, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": labels}}))).await?;
+    Ok(())
+}
+
+/// Installs Switchyard as a user does: `kubectl apply --server-side -k` of config/ (through the
+/// real-nodes overlay), then waits until the operator Deployment has a Ready replica and the
+/// leader holds its Lease.
+pub async fn install_switchyard(client: &Client) -> anyhow::Result<()> {
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-k", "e2e/overlays/real-nodes"])?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
+    wait::until("the operator Deployment to have a Ready replica", Duration::from_secs(120), || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get(OPERATOR).await?;
+            Ok(d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1).then_some(()))
+        }
+    })
+    .await?;
+    leader(client, Duration::from_secs(60)).await.map(|_| ())
+}
+
+/// The operator pod holding the leader-election Lease, once one does.
+pub async fn leader(client: &Client, timeout: Duration) -> anyhow::Result<Pod> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    wait::until("an operator pod to hold the leader Lease", timeout, || {
+        let (leases, pods) = (leases.clone(), pods.clone());
+        async move {
+            let Some(holder) = leases.get_opt(OPERATOR).await?.and_then(|l| l.spec?.holder_identity) else {
+                return Ok(None);
+            };
+            Ok(pods.get_opt(&holder).await?.filter(|p| p.metadata.deletion_timestamp.is_none()))
+        }
+    })
+    .await
+}
+
+/// Removes what [`install_switchyard`] applied. Migrations must be gone first (the operator
+/// releases their finalizers).
+pub fn uninstall_switchyard() -> anyhow::Result<()> {
+    kubectl(&[
+        "delete",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+        "-k",
+        "e2e/overlays/real-nodes",
+    ])
+    .map(|_| ())
+}
+
+/// The simulated device plugin as the cluster's device-plugin DaemonSet, with its inventory.
+pub async fn install_device_plugin(client: &Client) -> anyhow::Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": DEVICE_PLUGIN_INVENTORY},
+        "data": {"inventory.yaml": INVENTORY},
+    }))?;
+    api.patch(DEVICE_PLUGIN_INVENTORY, &PatchParams::apply("switchyard-e2e").force(), &Patch::Apply(&cm))
+        .await?;
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", "e2e/manifests/sim-device-plugin.yaml"])
+        .map(|_| ())
+}
+
+/// Removes the device plugin DaemonSet and its inventory.
+pub async fn uninstall_device_plugin(client: &Client) -> anyhow::Result<()> {
+    kubectl(&[
+        "delete",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=60s",
+        "-f",
+        "e2e/manifests/sim-device-plugin.yaml",
+    ])?;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let _ = api.delete(DEVICE_PLUGIN_INVENTORY, &DeleteParams::default()).await;
+    Ok(())
+}
+
+/// A Deployment of `replicas` workload pods, each with a plain `nvidia.com/gpu: 1` limit and
+/// nothing else GPU-specific: the same spec before and after the move.
+pub async fn gpu_workload(client: &Client, ns: &str, name: &str, replicas: i32) -> anyhow::Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }))?;
+    api.create(&PostParams::default(), &d).await?;
+    Ok(())
+}
+
+/// `kubectl logs` of a pod: through the API server to the kubelet on its node.
+pub fn logs(ns: &str, pod: &str) -> anyhow::Result<String> {
+    kubectl(&["-n", ns, "logs", pod])
+}
+
+/// Waits until `count` pods of `app` in `ns` run Ready, not terminating, and their logs say the
+/// workload started; returns them.
+pub async fn wait_workload(
+    client: &Client,
+    ns: &str,
+    app: &str,
+    count: usize,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Pod>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app={app}"));
+    wait::until(&format!("{count} Ready {app} pods in {ns}"), timeout, || {
+        let (api, lp) = (api.clone(), lp.clone());
+        async move {
+            let pods: Vec<Pod> = api
+                .list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .collect();
+            if pods.len() != count {
+                return Ok(None);
+            }
+            for p in &pods {
+                if !logs(ns, &p.name_any()).is_ok_and(|l| l.contains("workload: ready")) {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(pods))
+        }
+    })
+    .await
+}

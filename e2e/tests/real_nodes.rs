@@ -1,0 +1,337 @@
+//! A pool of real nodes (kubelet v1.37.2 and containerd 2.4 each, `e2e/hack/nodes-up.sh`) moves
+//! from the simulated NVIDIA device plugin to Switchyard's DRA driver, with Switchyard installed
+//! from config/ as a cluster admin installs it: the operator as its two-replica Deployment with its
+//! own ServiceAccount, the agent as its DaemonSet, both from the images built by
+//! `e2e/hack/build-images.sh`. A verb missing from a ClusterRole fails this scenario.
+//!
+//! What it shows, all through the real kubelet, device manager, DRA manager, containerd and runc:
+//! - before: GPU pods get their devices from the device plugin (`NVIDIA_VISIBLE_DEVICES` from its
+//!   Allocate, /dev/nvidia<N> from its device specs), no claim;
+//! - the leader pod is deleted mid-migration and the standby finishes the work;
+//! - after: the same pod spec runs with a claim that the scheduler generated; the kubelet called
+//!   NodePrepareResources (our CDI spec is on the node while the pod runs) and the container got
+//!   the UUIDs and device nodes of that spec; allocatable nvidia.com/gpu fell to 0 through the
+//!   kubelet's device manager;
+//! - no instant, sampled on every watch event, where a node was served by both backends.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use switchyard_e2e::pool::{Sampler, allocatable};
+use switchyard_e2e::real::{self, LABEL_GPU_PRESENT, SYSTEM_NS};
+use switchyard_e2e::{cluster, wait};
+use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
+
+const DRIVER: &str = "gpu.switchyard.dev";
+const GPU: &str = "nvidia.com/gpu";
+const APP: &str = "trainer";
+
+fn uuids_in_inventory() -> BTreeSet<String> {
+    real::INVENTORY.lines().filter_map(|l| l.trim().strip_prefix("uuid: ")).map(str::to_owned).collect()
+}
+
+/// `NVIDIA_VISIBLE_DEVICES` and the /dev/nvidia<N> GPU nodes (not nvidiactl or uvm) the workload
+/// printed.
+fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
+    let visible = logs
+        .lines()
+        .find_map(|l| l.strip_prefix("workload: NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_default()
+        .to_owned();
+    let gpus = logs
+        .lines()
+        .filter_map(|l| l.strip_prefix("workload: dev "))
+        .filter(|l| {
+            l.split_whitespace()
+                .last()
+                .is_some_and(|p| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok())
+        })
+        .map(str::to_owned)
+        .collect();
+    (visible, gpus)
+}
+
+#[tokio::test]
+async fn real_pool_moves_from_the_device_plugin_to_dra_with_the_packaged_operator() -> anyhow::Result<()> {
+    let client = cluster::client().await?;
+    let nodes = real::nodes(&client).await?;
+    let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let id = cluster::unique("real");
+    // Cleaned up whatever the outcome, a failed assertion (a panic) included: the packaged
+    // operator watches every migration, so it must not outlive this scenario on the shared cluster.
+    let outcome = std::panic::AssertUnwindSafe(scenario(&client, &id, &names)).catch_unwind().await;
+    if !matches!(outcome, Ok(Ok(()))) {
+        eprintln!("{}", diagnostics(&id));
+    }
+    let cleaned = cleanup(&client, &id, &names).await;
+    match outcome {
+        Err(panic) => std::panic::resume_unwind(panic),
+        Ok(result) => result.and(cleaned),
+    }
+}
+
+/// What a failed run leaves to read: the migration, the pods and the operator's and agents' logs.
+fn diagnostics(id: &str) -> String {
+    let run = |args: &[&str]| real::kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
+    [
+        run(&["get", "gpm", id, "-o", "yaml"]),
+        run(&["get", "pods", "-A", "-o", "wide"]),
+        run(&[
+            "-n",
+            SYSTEM_NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=switchyard-operator",
+            "--tail=60",
+            "--prefix",
+        ]),
+        run(&[
+            "-n",
+            SYSTEM_NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=switchyard-driver-agent",
+            "--tail=30",
+            "--prefix",
+        ]),
+    ]
+    .join("\n")
+}
+
+async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let gpus_per_node = uuids_in_inventory().len() as i64;
+    for n in names {
+        real::label(client, n, json!({"pool": id, LABEL_GPU_PRESENT: "true"})).await?;
+    }
+    real::install_device_plugin(client).await?;
+    real::install_switchyard(client).await?;
+
+    // The kubelet's device manager, not the test, turns the plugin's devices into allocatable.
+    let node_api: Api<Node> = Api::all(client.clone());
+    wait::until("the device plugin to serve every real node", Duration::from_secs(120), || {
+        let node_api = node_api.clone();
+        async move {
+            for n in names {
+                if allocatable(&node_api.get(n).await?, GPU) != gpus_per_node {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        }
+    })
+    .await?;
+
+    cluster::create_namespace(client, id).await?;
+    real::gpu_workload(client, id, APP, names.len() as i32).await?;
+    let before = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(120)).await?;
+    let inventory = uuids_in_inventory();
+    for p in &before {
+        let logs = real::logs(id, &p.name_any())?;
+        let (visible, gpus) = what_the_container_saw(&logs);
+        assert!(
+            inventory.contains(&visible),
+            "{}: the device plugin's Allocate sets one inventory UUID, got {visible:?}\n{logs}",
+            p.name_any()
+        );
+        assert_eq!(
+            gpus.len(),
+            1,
+            "{}: one GPU device node from the plugin's device specs\n{logs}",
+            p.name_any()
+        );
+        assert!(
+            p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none(),
+            "{}: a device-plugin pod has no generated claim",
+            p.name_any()
+        );
+    }
+
+    let sampler = Sampler::watch(client.clone(), id.to_owned(), DRIVER.to_owned(), id.to_owned());
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let gpm: GpuPoolMigration = serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+        "metadata": {"name": id},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": id}},
+            "resources": [{"extendedResourceName": GPU, "deviceClassName": DRIVER,
+                           "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'")}],
+            "driver": {"name": DRIVER, "daemonSet": {"namespace": SYSTEM_NS, "name": "switchyard-driver-agent"}},
+            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
+            "placement": "Managed",
+            "strategy": {
+                "maxUnavailable": 1,
+                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
+                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
+            },
+        },
+    }))?;
+    migrations.create(&PostParams::default(), &gpm).await?;
+
+    // Leader loss mid-migration: once the first node has moved, delete the leader's pod (a normal,
+    // graceful delete, as a rollout or a node drain does). The standby must take the Lease and
+    // finish; everything it needs is in the API.
+    let status = |g: &GpuPoolMigration| g.status.clone().unwrap_or_default();
+    wait::until("the first node to be migrated", Duration::from_secs(300), || {
+        let migrations = migrations.clone();
+        async move { Ok((status(&migrations.get(id).await?).nodes.migrated >= 1).then_some(())) }
+    })
+    .await?;
+    let old_leader = real::leader(client, Duration::from_secs(30)).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    pods.delete(&old_leader.name_any(), &DeleteParams::default()).await?;
+    let new_leader = real::leader(client, Duration::from_secs(90)).await?;
+    assert_ne!(new_leader.name_any(), old_leader.name_any(), "another replica holds the Lease");
+
+    let done = wait::until("the migration to complete", Duration::from_secs(420), || {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(id).await?;
+            let s = status(&g);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {:?}", s);
+            Ok((s.phase == Some(Phase::Completed)).then_some(g))
+        }
+    })
+    .await?;
+    assert_eq!(status(&done).nodes.migrated, names.len() as i32);
+
+    // Allocatable through the kubelet's own device manager: the plugin pod left each node.
+    wait::until("allocatable nvidia.com/gpu 0 on every real node", Duration::from_secs(60), || {
+        let node_api = node_api.clone();
+        async move {
+            for n in names {
+                if allocatable(&node_api.get(n).await?, GPU) != 0 {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        }
+    })
+    .await?;
+
+    let after = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    for p in &after {
+        let name = p.name_any();
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let claim_name = p
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone())
+            .unwrap_or_else(|| {
+                panic!("{name}: the scheduler generated no claim for the plain nvidia.com/gpu limit")
+            });
+        let claim = claims.get(&claim_name).await?;
+        let uid = claim.uid().unwrap_or_default();
+        let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).expect("allocated claim");
+        let results = allocation.devices.as_ref().and_then(|d| d.results.clone()).unwrap_or_default();
+        assert_eq!(results.len(), 1, "{name}: one device");
+        assert_eq!(results[0].driver, DRIVER);
+        assert_eq!(results[0].pool, node, "{name}: the device comes from its own node's slice");
+        // NodePrepareResources ran on that node's kubelet: the agent wrote the claim's CDI spec
+        // into the node's CDI directory, where containerd read it.
+        let spec_path = real::node_dir(&node).join("cdi").join(format!("gpu-switchyard-dev-{uid}.json"));
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec_path).map_err(|e| {
+            anyhow::anyhow!(
+                "{name}: no CDI spec at {} ({e}): NodePrepareResources did not run",
+                spec_path.display()
+            )
+        })?)?;
+        let logs = real::logs(id, &name)?;
+        let (visible, gpus) = what_the_container_saw(&logs);
+        let spec_env = spec["containerEdits"]["env"][0].as_str().unwrap_or_default().to_owned();
+        assert_eq!(
+            format!("NVIDIA_VISIBLE_DEVICES={visible}"),
+            spec_env,
+            "{name}: the env comes from our CDI spec\n{logs}"
+        );
+        assert!(inventory.contains(&visible), "{name}: {visible:?} is a GPU of the inventory");
+        let spec_node = &spec["devices"][0]["containerEdits"]["deviceNodes"][0];
+        let path = spec_node["path"].as_str().unwrap_or_default();
+        assert_eq!(gpus.len(), 1, "{name}: one GPU device node\n{logs}");
+        assert!(gpus[0].ends_with(path), "{name}: the container has {path} from the spec\n{logs}");
+        // runc created it from the spec's type, major and minor: a character device, major 195.
+        assert!(gpus[0].starts_with('c') && gpus[0].contains("195,"), "{name}: {:?} is char 195:N", gpus[0]);
+    }
+
+    let samples = sampler.stop();
+    assert!(samples.events > 0, "the sampler saw the migration");
+    assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
+    assert!(
+        samples.orphaned_claim_holders.is_empty(),
+        "claims outlived their driver: {:?}",
+        samples.orphaned_claim_holders
+    );
+    assert!(
+        samples.deleted_pods.iter().all(|(_, gpu)| *gpu),
+        "only GPU pods were evicted: {:?}",
+        samples.deleted_pods
+    );
+    Ok(())
+}
+
+/// Leaves the shared cluster as it found it, whatever the outcome: the migration deleted while the
+/// operator still runs (it releases the finalizer), Switchyard and the device plugin removed, the
+/// nodes unlabelled and uncordoned.
+async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    if migrations.get_opt(id).await?.is_some() {
+        migrations.delete(id, &DeleteParams::default()).await?;
+        wait::until("the migration to be deleted", Duration::from_secs(120), || {
+            let migrations = migrations.clone();
+            async move { Ok(migrations.get_opt(id).await?.is_none().then_some(())) }
+        })
+        .await?;
+    }
+    // The workload goes before the driver: a DRA plugin must outlive the pods whose claims it
+    // prepared, or they hang in Terminating.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(id).await?.is_some() {
+        let _ = namespaces.delete(id, &DeleteParams::default()).await;
+        wait::until("the scenario namespace to be deleted", Duration::from_secs(120), || {
+            let namespaces = namespaces.clone();
+            async move { Ok(namespaces.get_opt(id).await?.is_none().then_some(())) }
+        })
+        .await?;
+    }
+    real::uninstall_switchyard()?;
+    real::uninstall_device_plugin(client).await?;
+    let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
+    let _ = classes.delete(DRIVER, &DeleteParams::default()).await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    for n in names {
+        real::label(
+            client,
+            n,
+            json!({"pool": null, LABEL_GPU_PRESENT: null, "switchyard.dev/gpu-backend": null}),
+        )
+        .await?;
+        node_api
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"unschedulable": null}})),
+            )
+            .await?;
+    }
+    let left: Vec<String> = node_api
+        .list(&ListParams::default().labels(&format!("{}=true", real::LABEL_REAL_NODE)))
+        .await?
+        .items
+        .iter()
+        .flat_map(|n| {
+            n.annotations()
+                .keys()
+                .filter(|k| k.starts_with("switchyard.dev/"))
+                .map(|k| format!("{}: {k}", n.name_any()))
+        })
+        .collect();
+    anyhow::ensure!(left.is_empty(), "migration state left on real nodes: {left:?}");
+    Ok(())
+}
