@@ -285,7 +285,8 @@ mod tests {
             ],
             DeviceNodes::Described,
         );
-        let described = |nodes: &[DeviceNode]| -> Vec<(String, Option<String>, Option<u32>, Option<u32>)> {
+        type Described = (String, Option<String>, Option<u32>, Option<u32>);
+        let described = |nodes: &[DeviceNode]| -> Vec<Described> {
             nodes.iter().map(|n| (n.path.clone(), n.node_type.clone(), n.major, n.minor)).collect()
         };
         let c = || Some("c".to_string());

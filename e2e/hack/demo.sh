@@ -95,7 +95,7 @@ k -n kube-system create configmap sim-gpu-inventory --from-file=inventory.yaml=e
   --dry-run=client -o yaml | k apply -f - >/dev/null
 k apply --server-side --force-conflicts -f e2e/manifests/sim-device-plugin.yaml >/dev/null
 until [ "$(k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' 2>/dev/null | grep -c '^2$')" = 3 ]; do sleep 1; done
-k get nodes -l pool=a100 -o custom-columns='NODE:.metadata.name,GPUS (device plugin, from the kubelet):.status.allocatable.nvidia\.com/gpu' | sed 's/^/   /'
+k get nodes -l pool=a100 -o custom-columns='NODE:.metadata.name,ALLOCATABLE_NVIDIA_GPU:.status.allocatable.nvidia\.com/gpu' | sed 's/^/   /'
 
 say "3. Switchyard as a cluster admin installs it: kubectl apply -k config/ (plus the simulated-GPU inventory)"
 k apply --server-side --force-conflicts -k e2e/overlays/real-nodes >/dev/null
