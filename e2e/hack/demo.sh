@@ -39,11 +39,12 @@ cleanup() {
 trap cleanup EXIT
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 trainer_logs() { # the first trainer pod's name and what it printed about its GPUs
-  local pod
+  local pod claim
   pod=$(k -n ml get pods -l app=trainer --field-selector status.phase=Running -o jsonpath='{.items[0].metadata.name}')
   echo "   kubectl -n ml logs $pod   (on $(k -n ml get pod "$pod" -o jsonpath='{.spec.nodeName}'))"
   k -n ml logs "$pod" | grep -E 'NVIDIA_VISIBLE_DEVICES=|dev ' | sed 's/^/     /'
-  echo "     generated claim: $(k -n ml get pod "$pod" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}' | sed 's/^$/(none)/')"
+  claim=$(k -n ml get pod "$pod" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}')
+  echo "     generated claim: ${claim:-(none)}"
 }
 
 say "1. A real Kubernetes v1.37.2 control plane and three real nodes (first run builds them from the Go module proxy)"

@@ -255,9 +255,10 @@ async fn scenario(client: &Client, sim: &Simulator, id: &str, agent: &mut Agent)
         .find(|g| g.device_name() == device)
         .expect("allocated device is in the inventory");
     assert_eq!(spec["containerEdits"]["env"], json!([format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)]));
+    // Simulated GPUs have no host nodes: the spec describes each one (NVIDIA's char major 195).
     assert_eq!(
         spec["devices"][0]["containerEdits"]["deviceNodes"],
-        json!([{"path": format!("/dev/nvidia{}", gpu.minor)}])
+        json!([{"path": format!("/dev/nvidia{}", gpu.minor), "type": "c", "major": 195, "minor": gpu.minor}])
     );
 
     // The agent crashes (sockets left behind) and comes back. A kubelet without its own state

@@ -8,6 +8,8 @@
 //! - before: GPU pods get their devices from the device plugin (`NVIDIA_VISIBLE_DEVICES` from its
 //!   Allocate, /dev/nvidia<N> from its device specs), no claim;
 //! - the leader pod is deleted mid-migration and the standby finishes the work;
+//! - afterwards `kubectl drain` of the leader's node completes (the Ready standby lets the
+//!   operator's PodDisruptionBudget allow it) and the standby takes over;
 //! - after: the same pod spec runs with a claim that the scheduler generated; the kubelet called
 //!   NodePrepareResources (our CDI spec is on the node while the pod runs) and the container got
 //!   the UUIDs and device nodes of that spec; allocatable nvidia.com/gpu fell to 0 through the
@@ -18,6 +20,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -259,6 +262,36 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         // runc created it from the spec's type, major and minor: a character device, major 195.
         assert!(gpus[0].starts_with('c') && gpus[0].contains("195,"), "{name}: {:?} is char 195:N", gpus[0]);
     }
+
+    // `kubectl drain` of the leader's node, as an admin drains a node for maintenance. The
+    // operator's PodDisruptionBudget (maxUnavailable 1) lets the leader go only because the
+    // standby is Ready; the standby takes the Lease, and the GPU pods on that node come back
+    // elsewhere through DRA.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
+    wait::until("both operator replicas to be Ready (the standby too)", Duration::from_secs(90), || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get(real::OPERATOR).await?;
+            Ok((d.status.and_then(|s| s.ready_replicas) == Some(2)).then_some(()))
+        }
+    })
+    .await?;
+    let leader = real::leader(client, Duration::from_secs(30)).await?;
+    let leader_node = leader.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    real::kubectl(&[
+        "drain",
+        &leader_node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=180s",
+    ])?;
+    let next = real::leader(client, Duration::from_secs(90)).await?;
+    assert_ne!(next.name_any(), leader.name_any(), "the standby took over from the drained leader");
+    assert_ne!(next.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(leader_node.as_str()));
+    real::kubectl(&["uncordon", &leader_node])?;
+    real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
+    let g = migrations.get(id).await?;
+    assert_eq!(status(&g).phase, Some(Phase::Completed), "the new leader keeps the migration Completed");
 
     let samples = sampler.stop();
     assert!(samples.events > 0, "the sampler saw the migration");

@@ -1,4 +1,5 @@
-//! The operator process: leader election, the controller, `/metrics`, `/readyz` (caches synced),
+//! The operator process: leader election, the controller, `/metrics`, `/readyz` (the leader: its
+//! caches synced; a standby: it reads the Lease, so it can take over),
 //! `/livez`, and a graceful stop on SIGTERM (stop being ready, finish in-flight reconciles, give
 //! the lease back, return).
 
@@ -48,7 +49,10 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     if h.ready.load(Ordering::SeqCst) {
         (StatusCode::OK, "ok")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready (leader: caches not synced; standby: the Lease cannot be read)",
+        )
     }
 }
 
@@ -141,12 +145,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                 }
                 r = elector.try_acquire() => match r {
                     Ok(true) => break,
-                    Ok(false) => {}
-                    Err(e) => warn!(error = %e, "leader election round failed"),
+                    // Standing by: the API server answers and another replica leads. Ready, as a
+                    // standby that can take over is what the operator's PodDisruptionBudget
+                    // (maxUnavailable 1) counts on: with it unready, `kubectl drain` of the
+                    // leader's node could never evict the leader.
+                    Ok(false) => ready.store(true, Ordering::SeqCst),
+                    Err(e) => {
+                        ready.store(false, Ordering::SeqCst);
+                        warn!(error = %e, "leader election round failed");
+                    }
                 }
             }
             tokio::time::sleep(RENEW_INTERVAL).await;
         }
+        // Leading: ready again once the controller's caches have synced.
+        ready.store(false, Ordering::SeqCst);
         info!("leading");
     }
 
