@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
-use switchyard_operator::well_known::{LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
+use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
 use tokio::task::JoinHandle;
 
 use crate::cluster::{self, unique};
@@ -417,6 +417,9 @@ pub struct Samples {
     pub deleted_pods: Vec<(String, bool)>,
     /// Per PDB-protected app: the fewest Ready pods seen while at least one existed.
     pub min_ready: BTreeMap<String, usize>,
+    /// The most pool nodes seen mid-move at one instant (state Cordoned, Draining, Switching,
+    /// Verifying or RollingBack), with their names then: what `maxUnavailable` bounds.
+    pub max_in_flight: (usize, Vec<String>),
 }
 
 #[derive(Default)]
@@ -604,6 +607,20 @@ impl View {
                 samples.overlaps.push((name.clone(), alloc, devices));
             }
         }
+        let mut in_flight: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.annotations().get(ANNOTATION_MIGRATION_STATE).is_some_and(|s| {
+                    ["Cordoned", "Draining", "Switching", "Verifying", "RollingBack"].contains(&s.as_str())
+                })
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        if in_flight.len() > samples.max_in_flight.0 {
+            in_flight.sort();
+            samples.max_in_flight = (in_flight.len(), in_flight);
+        }
         let driver_nodes: BTreeSet<&String> = self.driver_pods.values().collect();
         for (pod, node) in self.claim_holders.values() {
             let in_pool = self
@@ -625,10 +642,7 @@ pub fn backend(node: &Node) -> String {
 /// The `switchyard.dev/migration-state` annotation of one node ("" when absent).
 pub async fn node_state(client: &Client, node: &str) -> anyhow::Result<String> {
     let n = Api::<Node>::all(client.clone()).get(node).await?;
-    Ok(n.annotations()
-        .get(switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE)
-        .cloned()
-        .unwrap_or_default())
+    Ok(n.annotations().get(ANNOTATION_MIGRATION_STATE).cloned().unwrap_or_default())
 }
 
 /// The `switchyard.dev/migration-state` annotation of each pool node.
@@ -637,11 +651,7 @@ pub async fn node_states(client: &Client, pool: &Pool) -> anyhow::Result<BTreeMa
     let mut out = BTreeMap::new();
     for name in &pool.nodes {
         let n = nodes.get(name).await?;
-        let state = n
-            .annotations()
-            .get(switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE)
-            .cloned()
-            .unwrap_or_default();
+        let state = n.annotations().get(ANNOTATION_MIGRATION_STATE).cloned().unwrap_or_default();
         out.insert(name.clone(), state);
     }
     Ok(out)

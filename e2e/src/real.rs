@@ -165,8 +165,16 @@ pub async fn uninstall_device_plugin(client: &Client) -> anyhow::Result<()> {
 
 /// A Deployment of `replicas` workload pods, each with a plain `nvidia.com/gpu: 1` limit and
 /// nothing else GPU-specific: the same spec before and after the move.
-pub async fn gpu_workload(client: &Client, ns: &str, name: &str, replicas: i32) -> anyhow::Result<()> {
+/// A Deployment of the workload image asking for one `nvidia.com/gpu`, on `node` when given.
+pub async fn gpu_workload(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    node: Option<&str>,
+) -> anyhow::Result<()> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let node_selector = node.map(|n| json!({"kubernetes.io/hostname": n})).unwrap_or(json!({}));
     let d: Deployment = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -176,6 +184,7 @@ pub async fn gpu_workload(client: &Client, ns: &str, name: &str, replicas: i32) 
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "terminationGracePeriodSeconds": 5,
+                    "nodeSelector": node_selector,
                     "containers": [{
                         "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
                         "resources": {"limits": {"nvidia.com/gpu": "1"}},

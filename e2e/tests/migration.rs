@@ -5,11 +5,14 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{self, Pool, backend, node_states, patch_spec};
@@ -135,6 +138,11 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
         samples.deleted_pods
     );
     assert!(samples.deleted_pods.len() >= 5, "every GPU pod was moved: {:?}", samples.deleted_pods);
+    assert!(
+        samples.max_in_flight.0 <= 2,
+        "more nodes in flight than maxUnavailable 2: {:?}",
+        samples.max_in_flight
+    );
     assert_eq!(
         samples.min_ready.get("trainer"),
         Some(&1),
@@ -163,8 +171,8 @@ fn record_state(name: &str, gpm: &GpuPoolMigration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The events about one GpuPoolMigration, by reason and note. Events with the same reason on
-/// the same object are one series, so per-node notes are read from the Nodes.
+/// The events about one GpuPoolMigration, by reason and note. A node's events on the migration
+/// name the node as the related object, so each node has its own series.
 async fn event_reasons(pool: &Pool, migration: &str) -> anyhow::Result<Vec<(String, String)>> {
     object_events(pool, "GpuPoolMigration", migration).await
 }
@@ -265,6 +273,178 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
             }
         }
         record_state("rolledback", &done)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn admin_cordoned_nodes_stay_cordoned_take_budget_only_while_moving_and_never_stop_the_pool()
+-> anyhow::Result<()> {
+    with_pool("cordon", 4, 2, async |pool| {
+        let name = pool.id.clone();
+        // An admin cordoned two nodes before the migration (maintenance, a bad GPU, ...).
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let admin = [pool.nodes[0].clone(), pool.nodes[2].clone()];
+        for n in &admin {
+            nodes
+                .patch(n, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}})))
+                .await?;
+        }
+        let sampler = pool.sample();
+        // maxUnavailable 1: the cordoned nodes go first, one at a time, and once migrated they
+        // stay cordoned without holding the budget, so the other two follow.
+        let done = migrate_forward(pool, &name, json!({"strategy": {"maxUnavailable": 1}})).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.migrated, 4);
+        for n in &pool.nodes {
+            let node = nodes.get(n).await?;
+            let cordoned = node.spec.as_ref().unwrap().unschedulable == Some(true);
+            assert_eq!(cordoned, admin.contains(n), "{n}: the admin's cordon, and only it, stays");
+            assert_eq!(backend(&node), "dra", "{n}");
+        }
+        let samples = sampler.stop();
+        assert_eq!(samples.max_in_flight.0, 1, "maxUnavailable 1 was exceeded: {:?}", samples.max_in_flight);
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_eviction() -> anyhow::Result<()> {
+    with_pool("bare", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        // A GPU pod no controller manages, as `kubectl run` makes: an eviction would lose it.
+        let bare: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "notebook", "labels": {"app": "notebook"}},
+            "spec": {"nodeSelector": {"pool": pool.id}, "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }))?;
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        pods.create(&PostParams::default(), &bare).await?;
+        let running = pool.wait_running(1).await?;
+        let bare_uid = running[0].uid().unwrap();
+        let bare_node = running[0].spec.as_ref().unwrap().node_name.clone().unwrap();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        // The other node moves; this one waits in Draining, naming the pod, and says so once in
+        // an event.
+        let waiting = pool
+            .wait_status(&name, "the bare pod's node waiting, the other migrated", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.nodes.migrated == 1
+                        && s.in_progress.iter().any(|p| {
+                            p.name == bare_node
+                                && p.message.starts_with("UnmanagedPodsBlockDrain:")
+                                && p.message.contains(&format!("{}/notebook", pool.apps_ns))
+                        })
+                })
+            })
+            .await?;
+        assert!(waiting.status.unwrap().in_progress[0].message.contains("spec.strategy.drain.force"));
+        assert_eq!(pool::node_state(&pool.client, &bare_node).await?, "Draining");
+        let events = object_events(pool, "Node", &bare_node).await?;
+        assert!(
+            events.iter().any(|(r, n)| r == "UnmanagedPodsBlockDrain" && n.contains("notebook")),
+            "{events:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let still = pods.get("notebook").await?;
+        assert_eq!(still.uid().as_deref(), Some(bare_uid.as_str()), "the bare pod was evicted");
+        assert!(still.metadata.deletion_timestamp.is_none(), "the bare pod is terminating");
+
+        // The user accepts the loss: the pod goes, the node moves.
+        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_api_error_on_one_node_stays_on_that_node_and_the_others_move() -> anyhow::Result<()> {
+    with_pool("apierr", 3, 2, async |pool| {
+        let name = pool.id.clone();
+        let broken = pool.nodes[0].clone();
+        // A real API error on one node: an admission policy denies recording Draining on it.
+        let policy = format!("{}-deny-draining", pool.id);
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(pool.client.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(pool.client.clone());
+        policies
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": policy},
+                    "spec": {
+                        "failurePolicy": "Fail",
+                        "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                            "operations": ["UPDATE"], "resources": ["nodes"]}]},
+                        "matchConditions": [{"name": "the-broken-node", "expression": format!("object.metadata.name == '{broken}'")}],
+                        "validations": [{
+                            "expression": "!has(object.metadata.annotations) || object.metadata.annotations[?'switchyard.dev/migration-state'].orValue('') != 'Draining'",
+                            "message": "e2e: this node refuses Draining"}]
+                    }
+                }))?,
+            )
+            .await?;
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": policy},
+                    "spec": {"policyName": policy, "validationActions": ["Deny"]}
+                }))?,
+            )
+            .await?;
+        // The policy takes effect once the API server has compiled it: wait until a dry run of
+        // the very write is denied.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let draining = json!({"metadata": {"annotations": {"switchyard.dev/migration-state": "Draining"}}});
+        switchyard_e2e::wait::until("the admission policy to deny Draining on one node", MIGRATION, || async {
+            let dry = PatchParams { dry_run: true, ..Default::default() };
+            Ok(nodes.patch(&broken, &dry, &Patch::Merge(&draining)).await.is_err().then_some(()))
+        })
+        .await?;
+        let lift = async || -> anyhow::Result<()> {
+            bindings.delete(&policy, &DeleteParams::default()).await?;
+            policies.delete(&policy, &DeleteParams::default()).await?;
+            Ok(())
+        };
+
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 3}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let outcome = pool
+            .wait_status(&name, "two nodes migrated, the broken one reporting its error", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.nodes.migrated == 2
+                        && s.in_progress
+                            .iter()
+                            .any(|p| p.name == broken && p.message.contains("this node refuses Draining"))
+                })
+            })
+            .await;
+        let outcome = match outcome {
+            Ok(g) => g,
+            Err(e) => {
+                lift().await?;
+                return Err(e);
+            }
+        };
+        let entry = outcome.status.unwrap().in_progress.into_iter().find(|p| p.name == broken).unwrap();
+        assert!(entry.message.starts_with("StepError: patching node"), "{}", entry.message);
+        assert_eq!(pool::node_state(&pool.client, &broken).await?, "Cordoned");
+        let events = object_events(pool, "Node", &broken).await?;
+        assert!(events.iter().any(|(r, _)| r == "NodeStepFailed"), "{events:?}");
+
+        // Once the API accepts the write again, the node catches up.
+        lift().await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.unwrap().nodes.migrated, 3);
+        Ok(())
     })
     .await
 }

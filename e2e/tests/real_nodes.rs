@@ -8,19 +8,21 @@
 //! - before: GPU pods get their devices from the device plugin (`NVIDIA_VISIBLE_DEVICES` from its
 //!   Allocate, /dev/nvidia<N> from its device specs), no claim;
 //! - the leader pod is deleted mid-migration and the standby finishes the work;
-//! - afterwards `kubectl drain` of the leader's node completes (the Ready standby lets the
-//!   operator's PodDisruptionBudget allow it) and the standby takes over;
+//! - then, still mid-migration, `kubectl drain` of the new leader's node completes (the Ready
+//!   standby lets the operator's PodDisruptionBudget allow it), the standby takes over, and the
+//!   migration completes with the admin's cordon kept and not counted against maxUnavailable;
 //! - after: the same pod spec runs with a claim that the scheduler generated; the kubelet called
 //!   NodePrepareResources (our CDI spec is on the node while the pod runs) and the container got
 //!   the UUIDs and device nodes of that spec; allocatable nvidia.com/gpu fell to 0 through the
 //!   kubelet's device manager;
+//! - a rollback of one node (a one-node migration with `direction: Rollback`) returns it to the
+//!   device plugin: allocatable comes back, and a GPU pod there runs without a claim;
 //! - no instant, sampled on every watch event, where a node was served by both backends.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::FutureExt;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -131,7 +133,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     .await?;
 
     cluster::create_namespace(client, id).await?;
-    real::gpu_workload(client, id, APP, names.len() as i32).await?;
+    real::gpu_workload(client, id, APP, names.len() as i32, None).await?;
     let before = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(120)).await?;
     let inventory = uuids_in_inventory();
     for p in &before {
@@ -191,6 +193,25 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     let new_leader = real::leader(client, Duration::from_secs(90)).await?;
     assert_ne!(new_leader.name_any(), old_leader.name_any(), "another replica holds the Lease");
 
+    // `kubectl drain` of the new leader's node, mid-migration, as an admin drains a node for
+    // maintenance. The operator's PodDisruptionBudget (maxUnavailable 1) lets the leader go only
+    // once the replacement of the deleted pod is Ready as a standby; kubectl retries until then.
+    // The standby takes the Lease; the migration goes on with the node cordoned by the admin.
+    let leader_node = new_leader.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    real::kubectl(&["cordon", &leader_node])?;
+    let phase_at_cordon = status(&migrations.get(id).await?).phase;
+    assert_ne!(phase_at_cordon, Some(Phase::Completed), "the drain must land mid-migration");
+    real::kubectl(&[
+        "drain",
+        &leader_node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=240s",
+    ])?;
+    let next = real::leader(client, Duration::from_secs(90)).await?;
+    assert_ne!(next.name_any(), new_leader.name_any(), "the standby took over from the drained leader");
+    assert_ne!(next.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(leader_node.as_str()));
+
     let done = wait::until("the migration to complete", Duration::from_secs(420), || {
         let migrations = migrations.clone();
         async move {
@@ -202,6 +223,10 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     })
     .await?;
     assert_eq!(status(&done).nodes.migrated, names.len() as i32);
+    // The admin's cordon outlives the migration, and did not hold the budget: the pool finished.
+    let drained = node_api.get(&leader_node).await?;
+    assert_eq!(drained.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "the admin's cordon stays");
+    real::kubectl(&["uncordon", &leader_node])?;
 
     // Allocatable through the kubelet's own device manager: the plugin pod left each node.
     wait::until("allocatable nvidia.com/gpu 0 on every real node", Duration::from_secs(60), || {
@@ -263,35 +288,59 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         assert!(gpus[0].starts_with('c') && gpus[0].contains("195,"), "{name}: {:?} is char 195:N", gpus[0]);
     }
 
-    // `kubectl drain` of the leader's node, as an admin drains a node for maintenance. The
-    // operator's PodDisruptionBudget (maxUnavailable 1) lets the leader go only because the
-    // standby is Ready; the standby takes the Lease, and the GPU pods on that node come back
-    // elsewhere through DRA.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
-    wait::until("both operator replicas to be Ready (the standby too)", Duration::from_secs(90), || {
-        let deployments = deployments.clone();
+    // Rollback of one node: the admin hands the pool migration back (deleting it keeps the nodes
+    // on DRA) and moves one node back to the device plugin with a migration of its own. Its
+    // claim holders are evicted while its driver still runs; the device plugin serves it again.
+    migrations.delete(id, &DeleteParams::default()).await?;
+    wait::until("the pool migration to be deleted", Duration::from_secs(120), || {
+        let migrations = migrations.clone();
+        async move { Ok(migrations.get_opt(id).await?.is_none().then_some(())) }
+    })
+    .await?;
+    let back = names[0].clone();
+    let back_id = format!("{id}-back");
+    let mut one: serde_json::Value = serde_json::to_value(&gpm)?;
+    one["metadata"] = json!({"name": back_id});
+    one["spec"]["nodeSelector"] = json!({"matchLabels": {"pool": id, "kubernetes.io/hostname": back}});
+    one["spec"]["direction"] = json!("Rollback");
+    migrations.create(&PostParams::default(), &serde_json::from_value(one)?).await?;
+    let rolled = wait::until("the one-node rollback to finish", Duration::from_secs(300), || {
+        let migrations = migrations.clone();
+        let back_id = back_id.clone();
         async move {
-            let d = deployments.get(real::OPERATOR).await?;
-            Ok((d.status.and_then(|s| s.ready_replicas) == Some(2)).then_some(()))
+            let g = migrations.get(&back_id).await?;
+            let s = status(&g);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "rollback failed: {:?}", s);
+            Ok((s.phase == Some(Phase::RolledBack)).then_some(g))
         }
     })
     .await?;
-    let leader = real::leader(client, Duration::from_secs(30)).await?;
-    let leader_node = leader.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-    real::kubectl(&[
-        "drain",
-        &leader_node,
-        "--ignore-daemonsets",
-        "--delete-emptydir-data",
-        "--timeout=180s",
-    ])?;
-    let next = real::leader(client, Duration::from_secs(90)).await?;
-    assert_ne!(next.name_any(), leader.name_any(), "the standby took over from the drained leader");
-    assert_ne!(next.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(leader_node.as_str()));
-    real::kubectl(&["uncordon", &leader_node])?;
+    assert_eq!(status(&rolled).nodes.total, 1, "only {back} is selected");
+    wait::until(&format!("the device plugin to serve {back} again"), Duration::from_secs(120), || {
+        let node_api = node_api.clone();
+        let back = back.clone();
+        async move { Ok((allocatable(&node_api.get(&back).await?, GPU) == gpus_per_node).then_some(())) }
+    })
+    .await?;
+    let n = node_api.get(&back).await?;
+    assert_eq!(n.labels().get("switchyard.dev/gpu-backend").map(String::as_str), Some("device-plugin"));
+    assert_ne!(n.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{back} is left cordoned");
+    for other in names.iter().filter(|n| **n != back) {
+        assert_eq!(allocatable(&node_api.get(other).await?, GPU), 0, "{other} stays on DRA");
+    }
+    // A GPU pod on the rolled-back node gets its device from the device plugin, with no claim.
+    real::gpu_workload(client, id, "pinned", 1, Some(&back)).await?;
+    let pinned = real::wait_workload(client, id, "pinned", 1, Duration::from_secs(120)).await?;
+    let logs = real::logs(id, &pinned[0].name_any())?;
+    let (visible, gpus) = what_the_container_saw(&logs);
+    assert!(inventory.contains(&visible), "the device plugin's Allocate set {visible:?}\n{logs}");
+    assert_eq!(gpus.len(), 1, "one GPU device node from the plugin\n{logs}");
+    assert!(
+        pinned[0].status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none(),
+        "a pod on the rolled-back node has no generated claim"
+    );
+    // Every trainer runs again, on whichever backend its node has.
     real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
-    let g = migrations.get(id).await?;
-    assert_eq!(status(&g).phase, Some(Phase::Completed), "the new leader keeps the migration Completed");
 
     let samples = sampler.stop();
     assert!(samples.events > 0, "the sampler saw the migration");
@@ -314,13 +363,15 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 /// nodes unlabelled and uncordoned.
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
-    if migrations.get_opt(id).await?.is_some() {
-        migrations.delete(id, &DeleteParams::default()).await?;
-        wait::until("the migration to be deleted", Duration::from_secs(120), || {
-            let migrations = migrations.clone();
-            async move { Ok(migrations.get_opt(id).await?.is_none().then_some(())) }
-        })
-        .await?;
+    for name in [id.to_owned(), format!("{id}-back")] {
+        if migrations.get_opt(&name).await?.is_some() {
+            migrations.delete(&name, &DeleteParams::default()).await?;
+            wait::until(&format!("migration {name} to be deleted"), Duration::from_secs(120), || {
+                let (migrations, name) = (migrations.clone(), name.clone());
+                async move { Ok(migrations.get_opt(&name).await?.is_none().then_some(())) }
+            })
+            .await?;
+        }
     }
     // The workload goes before the driver: a DRA plugin must outlive the pods whose claims it
     // prepared, or they hang in Terminating.

@@ -23,7 +23,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::v1alpha1::{
     Direction, FailedNode, GpuPoolMigration, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeProgress,
@@ -48,6 +48,11 @@ use crate::well_known::*;
 const REQUEUE_ACTIVE: Duration = Duration::from_secs(10);
 /// Requeue when idle: a safety net; watches trigger real work.
 const REQUEUE_IDLE: Duration = Duration::from_secs(300);
+/// When a node's step failed: sooner than the backoff of a failed reconcile, since only that
+/// node waits.
+const REQUEUE_ERROR: Duration = Duration::from_secs(5);
+/// How often a deletion re-checks the nodes it waits for.
+const CLEANUP_POLL: Duration = Duration::from_secs(5);
 /// How long discovery results are reused: versions and served kinds change only on upgrades.
 const FACTS_TTL: Duration = Duration::from_secs(300);
 /// How long an inventory is reused: it LISTs quotas, LimitRanges, HPAs and Deployments
@@ -157,6 +162,10 @@ pub async fn reconcile(gpm: Arc<GpuPoolMigration>, ctx: Arc<Context>) -> Result<
 /// Backoff: transient errors retry after 5 s, doubling per consecutive failure up to 5 min;
 /// permanent ones wait for a spec change (the watch) or 10 min.
 pub fn error_policy(gpm: Arc<GpuPoolMigration>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    if err.is_routine_wait() {
+        debug!(migration = %gpm.name_any(), "{err}");
+        return Requeue::requeue(CLEANUP_POLL);
+    }
     ctx.metrics
         .reconcile_errors
         .get_or_create(&crate::metrics::ErrorLabels { category: err.category() })
@@ -437,7 +446,11 @@ pub fn node_patch(
             p.state(NodeState::Failed, now);
         }
         Action::StartRollback => {
+            // A rollback may start on a node this migration never moved (an earlier migration,
+            // or a hand-labelled node): it takes ownership here, so the finalizer finds it and no
+            // other migration moves it meanwhile.
             p.cordon(node);
+            p.label(LABEL_MIGRATION, Some(migration.to_string()));
             p.state(NodeState::RollingBack, now);
         }
         Action::SwitchToDevicePlugin => p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string())),
@@ -469,15 +482,20 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    let ev = Event {
+    // On the migration the node is the related object: the recorder folds repeats of one
+    // (reason, regarding, related) into a series, and without it every node's event would fold
+    // into the first node's.
+    let node_ref = node.object_ref(&());
+    let event = |secondary| Event {
         type_,
         reason: reason.to_string(),
-        note: Some(note),
+        note: Some(note.clone()),
         action: "MigrateNode".into(),
-        secondary: None,
+        secondary,
     };
-    for r in [gpm.object_ref(&()), node.object_ref(&())] {
-        if let Err(e) = ctx.recorder.publish(&ev, &r).await {
+    let (on_migration, on_node) = (event(Some(node_ref.clone())), event(None));
+    for (ev, r) in [(&on_migration, gpm.object_ref(&())), (&on_node, node_ref)] {
+        if let Err(e) = ctx.recorder.publish(ev, &r).await {
             warn!(error = %e, reason, "publishing event failed");
         }
     }
@@ -489,6 +507,9 @@ struct PoolView<'a> {
     slices: &'a [ResourceSlice],
     hold: bool,
     now: Timestamp,
+    /// Each in-progress node's message in the status as last written: a warning event goes out
+    /// when the message changes, not on every reconcile.
+    last_messages: HashMap<&'a str, &'a str>,
 }
 
 /// What one node step did, for status.
@@ -588,30 +609,55 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         Action::Nothing => {}
         Action::Wait { reason, message: m } => {
             message = format!("{reason}: {m}");
-            if *reason == "EmptyDirBlocksDrain" {
-                let names: Vec<String> =
-                    selection.blocked_by_empty_dir.iter().take(5).map(ToString::to_string).collect();
-                message = format!("{message} ({})", names.join(", "));
+            let named = match *reason {
+                "EmptyDirBlocksDrain" => Some(&selection.blocked_by_empty_dir),
+                "UnmanagedPodsBlockDrain" => Some(&selection.unmanaged),
+                _ => None,
+            };
+            if let Some(pods) = named {
+                message = format!("{message} ({})", drain::names(pods, 5));
+                // Only a person can unblock these: say so once per change, not per reconcile.
+                if view.last_messages.get(name.as_str()) != Some(&message.as_str()) {
+                    publish(ctx, gpm, node, EventType::Warning, reason, message.clone()).await;
+                }
             }
         }
         Action::Evict => {
-            let mut blocked = Vec::new();
+            // Every pod gets its eviction; the first error is returned after the rest were tried.
+            let (mut blocked, mut throttled, mut first_error) = (Vec::new(), 0, None);
             for p in &selection.evict {
-                let r = drain::evict(client.clone(), p, spec.strategy.drain.grace_period_seconds).await?;
+                let r = drain::evict(client.clone(), p, spec.strategy.drain.grace_period_seconds).await;
                 let label = match &r {
-                    drain::Evicted::Yes => "evicted",
-                    drain::Evicted::Gone => "gone",
-                    drain::Evicted::Blocked(_) => "blocked",
+                    Ok(drain::Evicted::Yes) => "evicted",
+                    Ok(drain::Evicted::Gone) => "gone",
+                    Ok(drain::Evicted::Blocked(_)) => "blocked",
+                    Ok(drain::Evicted::Throttled(_)) => "throttled",
+                    Err(_) => "error",
                 };
                 ctx.metrics.evictions.get_or_create(&crate::metrics::EvictionLabels { result: label }).inc();
-                if let drain::Evicted::Blocked(m) = r {
-                    blocked.push(format!("{p}: {m}"));
+                match r {
+                    Ok(drain::Evicted::Blocked(m)) => blocked.push(format!("{p}: {m}")),
+                    Ok(drain::Evicted::Throttled(_)) => throttled += 1,
+                    Ok(_) => {}
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
             message = format!("evicting {} pod(s)", selection.evict.len());
+            if throttled > 0 {
+                message = format!(
+                    "{message}; the API server throttled {throttled} eviction(s) (429 without a disruption budget cause); retrying"
+                );
+            }
             if !blocked.is_empty() {
                 message = format!("eviction blocked by a PodDisruptionBudget: {}", blocked.join("; "));
-                publish(ctx, gpm, node, EventType::Warning, "EvictionBlocked", message.clone()).await;
+                if view.last_messages.get(name.as_str()) != Some(&message.as_str()) {
+                    publish(ctx, gpm, node, EventType::Warning, "EvictionBlocked", message.clone()).await;
+                }
             }
         }
         Action::CreateCanary => {
@@ -978,15 +1024,45 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     }
 
     // Steps.
-    let view = PoolView { gpm, slices: &slices, hold: p.halt.is_some(), now };
+    let last_messages = gpm
+        .status
+        .iter()
+        .flat_map(|s| &s.in_progress)
+        .map(|p| (p.name.as_str(), p.message.as_str()))
+        .collect();
+    let view = PoolView { gpm, slices: &slices, hold: p.halt.is_some(), now, last_messages };
     let mut progress = Vec::new();
+    let mut step_errors = 0;
     let by_name: HashMap<&str, &Node> =
         nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
     for (node_name, start) in
         p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true)))
     {
         let Some(node) = by_name.get(node_name.as_str()) else { continue };
-        let out = step_node(ctx, &view, node, start).await?;
+        // One node's error stays that node's: it goes into its message and an event, and the
+        // other nodes get their step.
+        let out = match step_node(ctx, &view, node, start).await {
+            Ok(out) => out,
+            Err(e) if matches!(e, Error::PatchNode { .. }) && e.is_not_found() => {
+                // Deleted mid-step: the cache drops it, and with it its status entry.
+                info!(node = %node_name, migration = %name, "node deleted mid-step");
+                continue;
+            }
+            Err(e) => {
+                step_errors += 1;
+                ctx.metrics
+                    .reconcile_errors
+                    .get_or_create(&crate::metrics::ErrorLabels { category: e.category() })
+                    .inc();
+                warn!(node = %node_name, migration = %name, category = e.category(), error = %e, "node step failed");
+                let message = format!("StepError: {e}; retrying");
+                if view.last_messages.get(node_name.as_str()) != Some(&message.as_str()) {
+                    publish(ctx, gpm, node, EventType::Warning, "NodeStepFailed", e.to_string()).await;
+                }
+                let pn = PoolNode::from_node(node);
+                NodeOutcome { state: pn.state(), since: parse_since(&pn), message }
+            }
+        };
         if out.state != NodeState::Migrated
             && out.state != NodeState::RolledBack
             && out.state != NodeState::Pending
@@ -1054,7 +1130,11 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
             )
         }),
         needs_human: needs_human.clone(),
-        waiting: spec.paused.then(|| ("Paused".to_string(), "spec.paused is true".to_string())),
+        waiting: if spec.paused {
+            Some(("Paused".to_string(), "spec.paused is true".to_string()))
+        } else {
+            queued_message(&p, gate_open, moving).map(|m| ("WaitingForNodes".to_string(), m))
+        },
         done: p.done() && !p.owned.is_empty(),
     };
     let mut desired: Vec<Desired> = conditions::kstatus(&kp).into();
@@ -1180,7 +1260,41 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         .get_or_create(&crate::metrics::PoolLabels { pool: name.clone() })
         .set(overlaps.len() as i64);
 
+    if step_errors > 0 {
+        // Retry the failed steps soon, with the status written and the other nodes stepped.
+        return Ok(Requeue::requeue(REQUEUE_ERROR));
+    }
     Ok(Requeue::requeue(if moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
+}
+
+/// Why queued nodes do not start, when nothing else says so: the budget is used by nodes the
+/// migration did not make unavailable (NotReady, failed), or the queued nodes are NotReady.
+pub fn queued_message(p: &plan::Plan, gate_open: bool, moving: usize) -> Option<String> {
+    if p.queued.is_empty() || p.halt.is_some() || !gate_open || moving > 0 {
+        return None;
+    }
+    let names = |v: &[String]| {
+        let mut s = v.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        if v.len() > 5 {
+            s.push_str(&format!(" and {} more", v.len() - 5));
+        }
+        s
+    };
+    Some(if p.unavailable >= p.max_unavailable {
+        format!(
+            "{} node(s) queued: maxUnavailable is {} and {} pool node(s) are unavailable ({}); a node counts while it is NotReady or failed and cordoned",
+            p.queued.len(),
+            p.max_unavailable,
+            p.unavailable,
+            names(&p.unavailable_nodes)
+        )
+    } else {
+        format!(
+            "{} node(s) queued and NotReady ({}); each starts when its kubelet reports Ready",
+            p.queued.len(),
+            names(&p.queued)
+        )
+    })
 }
 
 /// The phase from the plan. Pure.
@@ -1212,7 +1326,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         .await
         .map_err(|source| Error::ListNodes { source })?
         .items;
-    let view = PoolView { gpm, slices: &[], hold: true, now: Timestamp::now() };
+    let now = Timestamp::now();
     let mut busy = 0;
     for node in &nodes {
         let pn = PoolNode::from_node(node);
@@ -1231,7 +1345,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                             source,
                         })?
                         .items;
-                let view = PoolView { slices: &slices, ..view };
+                let view = PoolView { gpm, slices: &slices, hold: true, now, last_messages: HashMap::new() };
                 step_node(ctx, &view, node, false).await?;
                 busy += 1;
             }
@@ -1480,6 +1594,15 @@ mod tests {
                 json!({"metadata": {"annotations": {"switchyard.dev/failure": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "Migrated", "switchyard.dev/state-since": NOW}}, "spec": {"unschedulable": true}}),
             ),
             (
+                "a rollback takes ownership too, on a node another migration moved",
+                Action::StartRollback,
+                fresh.clone(),
+                json!({"metadata": {
+                    "labels": {"switchyard.dev/migration": "pool-a"},
+                    "annotations": {"switchyard.dev/initially-unschedulable": "false", "switchyard.dev/migration-state": "RollingBack", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": true}}),
+            ),
+            (
                 "back to the device plugin",
                 Action::SwitchToDevicePlugin,
                 ours.clone(),
@@ -1532,6 +1655,25 @@ mod tests {
     fn backoff_doubles_and_caps() {
         let got: Vec<u64> = [1, 2, 3, 4, 7, 40].iter().map(|n| backoff(*n).as_secs()).collect();
         assert_eq!(got, [5, 10, 20, 40, 300, 300]);
+    }
+
+    #[test]
+    fn queued_message_names_what_holds_the_budget() {
+        let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let held = plan::Plan {
+            queued: v(&["b", "c"]),
+            max_unavailable: 1,
+            unavailable: 1,
+            unavailable_nodes: v(&["a"]),
+            ..Default::default()
+        };
+        let m = queued_message(&held, true, 0).expect("a message");
+        assert!(m.contains("maxUnavailable is 1") && m.contains("(a)"), "{m}");
+        assert_eq!(queued_message(&held, true, 1), None, "nodes moving say it themselves");
+        assert_eq!(queued_message(&held, false, 0), None, "a closed gate has its own condition");
+        let not_ready = plan::Plan { queued: v(&["b"]), max_unavailable: 2, unavailable: 1, ..held.clone() };
+        let m = queued_message(&not_ready, true, 0).expect("a message");
+        assert!(m.contains("NotReady (b)"), "{m}");
     }
 
     #[test]

@@ -30,6 +30,15 @@ impl std::fmt::Display for PodRef {
     }
 }
 
+/// Up to `max` pods as `ns/name, ...`, with the count of the rest.
+pub fn names(pods: &[PodRef], max: usize) -> String {
+    let mut s = pods.iter().take(max).map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    if pods.len() > max {
+        s.push_str(&format!(" and {} more", pods.len() - max));
+    }
+    s
+}
+
 fn pod_ref(p: &Pod) -> PodRef {
     PodRef {
         namespace: p.metadata.namespace.clone().unwrap_or_default(),
@@ -43,6 +52,8 @@ pub struct Selection {
     pub evict: Vec<PodRef>,
     /// Would be evicted, but use emptyDir and `deleteEmptyDirData` is false.
     pub blocked_by_empty_dir: Vec<PodRef>,
+    /// Would be evicted, but no controller manages them and `force` is false.
+    pub unmanaged: Vec<PodRef>,
     /// Selected and already terminating: the drain waits for them.
     pub terminating: Vec<PodRef>,
 }
@@ -53,6 +64,7 @@ impl Selection {
             to_evict: self.evict.len(),
             blocked: self.blocked_by_empty_dir.len(),
             terminating: self.terminating.len(),
+            unmanaged: self.unmanaged.len(),
         }
     }
 }
@@ -79,6 +91,12 @@ pub fn is_daemonset_pod(pod: &Pod) -> bool {
         .iter()
         .flatten()
         .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+}
+
+/// True when no controller manages the pod (no ownerReference with `controller: true`): an
+/// eviction deletes it for good.
+pub fn is_unmanaged(pod: &Pod) -> bool {
+    !pod.metadata.owner_references.iter().flatten().any(|o| o.controller == Some(true))
 }
 
 /// True for mirror pods of static pods, which the API cannot evict.
@@ -112,6 +130,8 @@ pub fn select(pods: &[Pod], resources: &[&str], drain: &DrainSpec) -> Selection 
         }
         if p.metadata.deletion_timestamp.is_some() {
             s.terminating.push(pod_ref(p));
+        } else if is_unmanaged(p) && !drain.force {
+            s.unmanaged.push(pod_ref(p));
         } else if uses_empty_dir(p) && !drain.delete_empty_dir_data {
             s.blocked_by_empty_dir.push(pod_ref(p));
         } else {
@@ -120,6 +140,7 @@ pub fn select(pods: &[Pod], resources: &[&str], drain: &DrainSpec) -> Selection 
     }
     s.evict.sort();
     s.blocked_by_empty_dir.sort();
+    s.unmanaged.sort();
     s.terminating.sort();
     s
 }
@@ -158,6 +179,21 @@ pub enum Evicted {
     /// Refused with 429: a PodDisruptionBudget does not allow it now. The message is the
     /// server's, which names the budget.
     Blocked(String),
+    /// Refused with 429 for another reason: API priority and fairness throttled the request.
+    Throttled(String),
+}
+
+/// The eviction API marks a budget refusal with a `DisruptionBudget` cause; a 429 without it is
+/// throttling (API priority and fairness, a rate limit in front of the server).
+fn refused(s: &kube::core::Status) -> Evicted {
+    let causes = s.details.as_ref().map(|d| d.causes.as_slice()).unwrap_or_default();
+    let budget = causes.iter().find(|c| c.reason == "DisruptionBudget");
+    match budget {
+        Some(c) if !c.message.is_empty() => Evicted::Blocked(format!("{} ({})", s.message, c.message)),
+        Some(_) => Evicted::Blocked(s.message.clone()),
+        None if s.message.contains("disruption budget") => Evicted::Blocked(s.message.clone()),
+        None => Evicted::Throttled(s.message.clone()),
+    }
 }
 
 /// Sends one eviction. 429 is not an error: the caller backs off and reports the budget.
@@ -170,18 +206,7 @@ pub async fn evict(client: kube::Client, pod: &PodRef, grace_period_seconds: Opt
     {
         Ok(_) => Ok(Evicted::Yes),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Evicted::Gone),
-        Err(kube::Error::Api(s)) if s.code == 429 => {
-            let detail = s
-                .details
-                .as_ref()
-                .and_then(|d| d.causes.first())
-                .map(|c| c.message.clone())
-                .filter(|m| !m.is_empty());
-            Ok(Evicted::Blocked(match detail {
-                Some(d) => format!("{} ({d})", s.message),
-                None => s.message.clone(),
-            }))
-        }
+        Err(kube::Error::Api(s)) if s.code == 429 => Ok(refused(&s)),
         Err(source) => {
             Err(Error::EvictPod { namespace: pod.namespace.clone(), name: pod.name.clone(), source })
         }
@@ -194,13 +219,34 @@ mod tests {
     use serde_json::json;
 
     fn pod(name: &str, extra: serde_json::Value) -> Pod {
+        // A ReplicaSet's pod unless `extra` says otherwise.
         let mut v = json!({
-            "metadata": {"name": name, "namespace": "ml"},
+            "metadata": {"name": name, "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]},
             "spec": {"containers": [{"name": "c", "image": "i"}]},
             "status": {"phase": "Running"}
         });
         crate::testing::merge_patch(&mut v, &extra);
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_429_is_a_budget_only_with_the_budget_cause() {
+        let status = |causes: serde_json::Value, message: &str| -> kube::core::Status {
+            serde_json::from_value(json!({"code": 429, "reason": "TooManyRequests", "message": message,
+                                          "details": {"causes": causes}}))
+            .unwrap()
+        };
+        let pdb = status(
+            json!([{"reason": "DisruptionBudget", "message": "The disruption budget web needs 2 healthy pods and has 2 currently"}]),
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+        );
+        match refused(&pdb) {
+            Evicted::Blocked(m) => assert!(m.contains("budget web needs 2"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let apf = status(json!([]), "Too many requests, please try again later.");
+        assert!(matches!(refused(&apf), Evicted::Throttled(_)));
     }
 
     fn gpu_limits() -> serde_json::Value {
@@ -266,6 +312,11 @@ mod tests {
                 );
                 v
             }),
+            {
+                let mut bare = pod("gpu-bare", gpu_limits());
+                bare.metadata.owner_references = None;
+                bare
+            },
             pod("gpu-leaving", {
                 let mut v = gpu_limits();
                 crate::testing::merge_patch(
@@ -276,23 +327,29 @@ mod tests {
             }),
         ];
         let names = |v: &[PodRef]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
-        // (selection, deleteEmptyDirData, evict, blocked, terminating)
+        // (selection, deleteEmptyDirData, force, evict, blocked, unmanaged, terminating)
+        let rc = PodSelection::ResourceConsumers;
         let cases = [
-            (PodSelection::ResourceConsumers, false, vec!["gpu-a"], vec!["gpu-scratch"], vec!["gpu-leaving"]),
+            (rc, false, false, vec!["gpu-a"], vec!["gpu-scratch"], vec!["gpu-bare"], vec!["gpu-leaving"]),
+            (rc, true, false, vec!["gpu-a", "gpu-scratch"], vec![], vec!["gpu-bare"], vec!["gpu-leaving"]),
+            (rc, false, true, vec!["gpu-a", "gpu-bare"], vec!["gpu-scratch"], vec![], vec!["gpu-leaving"]),
             (
-                PodSelection::ResourceConsumers,
-                true,
-                vec!["gpu-a", "gpu-scratch"],
-                vec![],
+                PodSelection::All,
+                false,
+                false,
+                vec!["cpu-b", "gpu-a"],
+                vec!["gpu-scratch"],
+                vec!["gpu-bare"],
                 vec!["gpu-leaving"],
             ),
-            (PodSelection::All, false, vec!["cpu-b", "gpu-a"], vec!["gpu-scratch"], vec!["gpu-leaving"]),
         ];
-        for (sel, ed, evict, blocked, terminating) in cases {
-            let s = select(&pods, &["nvidia.com/gpu"], &drain(sel, ed));
-            assert_eq!(names(&s.evict), evict, "{sel:?} {ed}");
-            assert_eq!(names(&s.blocked_by_empty_dir), blocked, "{sel:?} {ed}");
-            assert_eq!(names(&s.terminating), terminating, "{sel:?} {ed}");
+        for (sel, ed, force, evict, blocked, unmanaged, terminating) in cases {
+            let spec = DrainSpec { force, ..drain(sel, ed) };
+            let s = select(&pods, &["nvidia.com/gpu"], &spec);
+            assert_eq!(names(&s.evict), evict, "{sel:?} {ed} {force}");
+            assert_eq!(names(&s.blocked_by_empty_dir), blocked, "{sel:?} {ed} {force}");
+            assert_eq!(names(&s.unmanaged), unmanaged, "{sel:?} {ed} {force}");
+            assert_eq!(names(&s.terminating), terminating, "{sel:?} {ed} {force}");
         }
     }
 

@@ -140,7 +140,37 @@ impl Error {
             Error::CacheNotSynced { .. } => "CacheNotSynced",
             Error::InvalidSpec { .. } => "InvalidSpec",
             Error::CleanupWaiting { .. } => "CleanupWaiting",
-            Error::Finalizer { .. } => "Finalizer",
+            // The finalizer helper wraps every apply and cleanup error: the cause is the category.
+            Error::Finalizer { source } => match source.as_ref() {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
+                _ => "Finalizer",
+            },
+        }
+    }
+
+    /// The cleanup waiting for nodes to finish their step: routine, not a failure. It is an
+    /// `Err` only because the finalizer helper removes the finalizer on `Ok`.
+    pub fn is_routine_wait(&self) -> bool {
+        match self {
+            Error::CleanupWaiting { .. } => true,
+            Error::Finalizer { source } => {
+                matches!(source.as_ref(), finalizer::Error::CleanupFailed(e) if e.is_routine_wait())
+            }
+            _ => false,
+        }
+    }
+
+    /// The server answered 404: the object the request named is gone.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Error::EvictPod { source, .. }
+            | Error::ListPods { source, .. }
+            | Error::GetNode { source, .. }
+            | Error::PatchNode { source, .. }
+            | Error::CreateDeviceTaintRule { source, .. }
+            | Error::DeleteDeviceTaintRule { source, .. }
+            | Error::CreateCanary { source, .. } => api_status_code(source) == Some(404),
+            _ => false,
         }
     }
 
@@ -249,9 +279,22 @@ mod tests {
         let inner = Error::EvictPod { namespace: "ml".into(), name: "p".into(), source: api_error(503) };
         let e: Error = finalizer::Error::ApplyFailed(inner).into();
         assert!(e.is_transient());
-        assert_eq!(e.category(), "Finalizer");
+        assert_eq!(e.category(), "EvictPod", "the metric names the cause, not the wrapper");
+        assert!(!e.is_routine_wait());
+        let e: Error = finalizer::Error::CleanupFailed(Error::CleanupWaiting { nodes: 2 }).into();
+        assert!(e.is_routine_wait());
+        assert_eq!(e.category(), "CleanupWaiting");
         let e: Error = finalizer::Error::<Error>::InvalidFinalizer.into();
         assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn not_found_means_the_object_is_gone() {
+        let gone = Error::PatchNode { node: "n1".into(), source: api_error(404) };
+        assert!(gone.is_not_found());
+        let other = Error::PatchNode { node: "n1".into(), source: api_error(500) };
+        assert!(!other.is_not_found());
+        assert!(!Error::InvalidSpec { message: "x".into() }.is_not_found());
     }
 
     #[test]

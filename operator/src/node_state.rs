@@ -24,6 +24,8 @@ pub struct DrainCounts {
     pub blocked: usize,
     /// Selected pods already terminating; they still hold devices.
     pub terminating: usize,
+    /// Pods no controller manages, kept because `force` is false: evicting one loses it.
+    pub unmanaged: usize,
 }
 
 /// Where the optional canary pod stands.
@@ -191,7 +193,10 @@ pub fn next_step(o: &Observed) -> Action {
         }
         Draining => {
             // A finished drain is never late: the timeout is for the drain, not for a pause.
-            let drained = o.drain.to_evict == 0 && o.drain.blocked == 0 && o.drain.terminating == 0;
+            let drained = o.drain.to_evict == 0
+                && o.drain.blocked == 0
+                && o.drain.terminating == 0
+                && o.drain.unmanaged == 0;
             if drained {
                 return if o.hold {
                     wait("Paused", "drained; the migration is paused before the switch")
@@ -203,13 +208,25 @@ pub fn next_step(o: &Observed) -> Action {
                 return Action::Fail {
                     reason: "DrainTimeout",
                     message: format!(
-                        "drain did not finish within {}s: {} pod(s) left to evict, {} blocked by emptyDir, {} terminating",
-                        o.drain_timeout_seconds, o.drain.to_evict, o.drain.blocked, o.drain.terminating
+                        "drain did not finish within {}s: {} pod(s) left to evict, {} without a controller, {} blocked by emptyDir, {} terminating",
+                        o.drain_timeout_seconds,
+                        o.drain.to_evict,
+                        o.drain.unmanaged,
+                        o.drain.blocked,
+                        o.drain.terminating
                     ),
                 };
             }
             if o.drain.to_evict > 0 {
                 Action::Evict
+            } else if o.drain.unmanaged > 0 {
+                wait(
+                    "UnmanagedPodsBlockDrain",
+                    format!(
+                        "{} pod(s) have no controller, so nothing would re-create them after an eviction; re-create them under a controller, delete them, or set spec.strategy.drain.force: true",
+                        o.drain.unmanaged
+                    ),
+                )
             } else if o.drain.blocked > 0 {
                 wait(
                     "EmptyDirBlocksDrain",
@@ -399,6 +416,16 @@ mod tests {
             ("cordoned while paused", Cordoned, |o| o.hold = true, "Wait:Paused"),
             ("draining with pods", Draining, |o| o.drain.to_evict = 2, "Evict"),
             ("draining emptyDir", Draining, |o| o.drain.blocked = 1, "Wait:EmptyDirBlocksDrain"),
+            ("draining a bare pod", Draining, |o| o.drain.unmanaged = 1, "Wait:UnmanagedPodsBlockDrain"),
+            (
+                "draining a bare pod evicts the others first",
+                Draining,
+                |o| {
+                    o.drain.unmanaged = 1;
+                    o.drain.to_evict = 1
+                },
+                "Evict",
+            ),
             ("draining terminating", Draining, |o| o.drain.terminating = 1, "Wait:PodsTerminating"),
             ("drained", Draining, |_| {}, "SwitchToDra"),
             ("drained but paused", Draining, |o| o.hold = true, "Wait:Paused"),

@@ -144,8 +144,13 @@ pub struct Plan {
     /// Nodes that failed and need a human.
     pub failed: Vec<String>,
     pub max_unavailable: u32,
-    /// Pool nodes unavailable before this reconcile starts anything.
+    /// Pool nodes unavailable before this reconcile starts anything: nodes in flight, NotReady
+    /// nodes, and failed nodes left cordoned. A node an admin keeps cordoned after it moved, or
+    /// cordoned before it started, is not counted: the migration did not take it away, and
+    /// counting it would stop the pool for good.
     pub unavailable: u32,
+    /// The nodes counted in `unavailable`, for the status message when nothing can start.
+    pub unavailable_nodes: Vec<String>,
     pub halt: Option<Halt>,
     pub counts: NodeCounts,
 }
@@ -263,9 +268,14 @@ pub fn plan(
             Standing::Candidate => candidates.push(*n),
             Standing::Failed => p.failed.push(n.name.clone()),
         }
-        let unavailable = st == Standing::InFlight || n.unschedulable || !n.ready;
+        let unavailable = match st {
+            Standing::InFlight => true,
+            Standing::Failed => n.unschedulable || !n.ready,
+            Standing::Done | Standing::Candidate => !n.ready,
+        };
         if unavailable {
             p.unavailable += 1;
+            p.unavailable_nodes.push(n.name.clone());
         }
         p.counts.total += 1;
         match n.state() {
@@ -285,15 +295,19 @@ pub fn plan(
         p.halt = Some(Halt::NodeFailed(f.clone()));
     }
 
-    candidates.sort_by(|a, b| a.consuming_pods.cmp(&b.consuming_pods).then_with(|| a.name.cmp(&b.name)));
+    // Nodes already cordoned first: they take no capacity that is not gone already. Then the
+    // cheapest.
+    candidates.sort_by(|a, b| {
+        (!a.unschedulable, a.consuming_pods, &a.name).cmp(&(!b.unschedulable, b.consuming_pods, &b.name))
+    });
     let mut unavailable = p.unavailable;
     for c in candidates {
-        // A NotReady node cannot drain or switch; it waits until its kubelet is back.
-        let may_start = p.halt.is_none() && c.ready && (c.unschedulable || unavailable < p.max_unavailable);
+        // A NotReady node cannot drain or switch; it waits until its kubelet is back. Every
+        // start takes budget, a node cordoned beforehand too: otherwise a pool an admin cordoned
+        // would all start at once.
+        let may_start = p.halt.is_none() && c.ready && unavailable < p.max_unavailable;
         if may_start {
-            if !c.unschedulable {
-                unavailable += 1;
-            }
+            unavailable += 1;
             p.to_start.push(c.name.clone());
         } else {
             p.queued.push(c.name.clone());
@@ -327,10 +341,11 @@ mod tests {
         unschedulable: bool,
         ready: bool,
         pods: u32,
+        failed_in: Option<&'static str>,
     }
 
     const fn n(name: &'static str, pods: u32) -> N {
-        N { name, state: None, owner: None, unschedulable: false, ready: true, pods }
+        N { name, state: None, owner: None, unschedulable: false, ready: true, pods, failed_in: None }
     }
 
     impl N {
@@ -347,6 +362,10 @@ mod tests {
             self.unschedulable = true;
             self
         }
+        fn failed_in_rollback(mut self) -> Self {
+            self.failed_in = Some("RollingBack");
+            self
+        }
         fn not_ready(mut self) -> Self {
             self.ready = false;
             self
@@ -359,6 +378,10 @@ mod tests {
             let mut annotations = BTreeMap::new();
             if let Some(s) = self.state {
                 annotations.insert(ANNOTATION_MIGRATION_STATE.to_string(), s.to_string());
+            }
+            if let Some(state) = self.failed_in {
+                let f = format!(r#"{{"state":"{state}","reason":"SwitchTimeout","message":"m"}}"#);
+                annotations.insert(ANNOTATION_FAILURE.to_string(), f);
             }
             PoolNode {
                 name: self.name.into(),
@@ -439,14 +462,36 @@ mod tests {
                 vec![],
             ),
             (
-                "admin-cordoned node counts as unavailable",
+                "a migrated node the admin keeps cordoned takes no budget",
                 IntOrString::Int(1),
                 Direction::Forward,
                 false,
                 vec![n("a", 0).state("Migrated").cordoned(), n("b", 0), n("c", 1)],
+                vec!["b"],
+                vec![],
+                vec!["c"],
+                vec![],
+            ),
+            (
+                "a rolled-back node the admin keeps cordoned takes no budget",
+                IntOrString::Int(1),
+                Direction::Rollback,
+                false,
+                vec![n("a", 0).state("RolledBack").cordoned(), n("b", 0).state("Migrated")],
+                vec!["b"],
                 vec![],
                 vec![],
-                vec!["b", "c"],
+                vec![],
+            ),
+            (
+                "a failed node left cordoned takes budget",
+                IntOrString::Int(1),
+                Direction::Rollback,
+                false,
+                vec![n("a", 0).state("Failed").failed_in_rollback().cordoned(), n("b", 0).state("Migrated")],
+                vec![],
+                vec![],
+                vec!["b"],
                 vec![],
             ),
             (
@@ -461,7 +506,7 @@ mod tests {
                 vec![],
             ),
             (
-                "already cordoned candidate starts for free",
+                "an already cordoned candidate goes first",
                 IntOrString::Int(1),
                 Direction::Forward,
                 false,
@@ -469,6 +514,17 @@ mod tests {
                 vec!["a"],
                 vec![],
                 vec!["b"],
+                vec![],
+            ),
+            (
+                "cordoned candidates start within the budget, not all at once",
+                IntOrString::Int(2),
+                Direction::Forward,
+                false,
+                vec![n("a", 3).cordoned(), n("b", 0).cordoned(), n("c", 1).cordoned(), n("d", 0)],
+                vec!["b", "c"],
+                vec![],
+                vec!["a", "d"],
                 vec![],
             ),
             (

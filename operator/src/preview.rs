@@ -225,16 +225,12 @@ fn pdb_blocking(pdbs: &[PodDisruptionBudget], pod: &Pod) -> Option<String> {
         .map(|p| format!("{ns}/{}", p.name_any()))
 }
 
-fn has_controller(pod: &Pod) -> bool {
-    pod.owner_references().iter().any(|o| o.controller == Some(true))
-}
-
 fn pod_plan(pod: &Pod, uses_gpu: bool, pdbs: &[PodDisruptionBudget], delete_empty_dir: bool) -> PodPlan {
     let mut flags = Vec::new();
     if let Some(pdb) = pdb_blocking(pdbs, pod) {
         flags.push(PodFlag::PdbBlocks { pdb });
     }
-    if !has_controller(pod) {
+    if drain::is_unmanaged(pod) {
         flags.push(PodFlag::NoController);
     }
     if drain::uses_empty_dir(pod) {
@@ -259,6 +255,7 @@ fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
             for p in pods {
                 let key = drain::PodRef { namespace: p.namespace().unwrap_or_default(), name: p.name_any() };
                 if sel.evict.contains(&key)
+                    || sel.unmanaged.contains(&key)
                     || sel.blocked_by_empty_dir.contains(&key)
                     || sel.terminating.contains(&key)
                 {
@@ -378,6 +375,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
 
     let mut nodes = Vec::new();
     let mut summary = Summary { nodes_selected: inputs.nodes.len() as u32, ..Default::default() };
+    let mut bare = Vec::new();
     let max = p.max_unavailable.max(1);
     // Wave 0: in flight. Wave 1: what may start now, next to the nodes in flight. Then the queue
     // in groups of maxUnavailable.
@@ -402,7 +400,10 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             for f in &e.flags {
                 match f {
                     PodFlag::PdbBlocks { .. } => summary.pods_blocked_by_pdb += 1,
-                    PodFlag::NoController => summary.bare_pods += 1,
+                    PodFlag::NoController => {
+                        summary.bare_pods += 1;
+                        bare.push(format!("{}/{}", e.namespace, e.name));
+                    }
                     PodFlag::EmptyDir { .. } => summary.empty_dir_pods += 1,
                     PodFlag::Terminating => {}
                 }
@@ -490,6 +491,15 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     if spec.paused {
         blockers.push("spec.paused is true".into());
     }
+    // The operator's drain keeps these (drain::select): their nodes would wait for a person.
+    if !bare.is_empty() && spec.direction == Direction::Forward && !spec.strategy.drain.force {
+        let shown = bare.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        let more = if bare.len() > 5 { format!(" and {} more", bare.len() - 5) } else { String::new() };
+        blockers.push(format!(
+            "{} pod(s) have no controller and would be lost by an eviction ({shown}{more}): re-create them under a controller, delete them, or set spec.strategy.drain.force: true",
+            bare.len()
+        ));
+    }
     if p.owned.is_empty() {
         blockers.push("spec.nodeSelector selects no node this migration may move".into());
     }
@@ -545,7 +555,8 @@ mod tests {
             "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
             "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "switchyard", "name": "driver"}},
             "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "plugin"}},
-            "strategy": {"maxUnavailable": 2}
+            // The fixture's bare pod may go, unless a test says otherwise.
+            "strategy": {"maxUnavailable": 2, "drain": {"force": true}}
         });
         if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
             for (k, v) in e {
@@ -667,6 +678,20 @@ mod tests {
             ),
             (4, 1, 1, 1)
         );
+    }
+
+    #[test]
+    fn bare_pods_block_unless_forced() {
+        let r = build(&inputs(spec(json!({"strategy": {"maxUnavailable": 2}})))).expect("report");
+        assert_eq!(r.blockers.len(), 1, "{:?}", r.blockers);
+        assert!(
+            r.blockers[0].contains("ml/bare") && r.blockers[0].contains("drain.force"),
+            "{:?}",
+            r.blockers
+        );
+        let forced = build(&inputs(spec(json!({})))).expect("report");
+        assert!(forced.blockers.is_empty(), "{:?}", forced.blockers);
+        assert_eq!(forced.summary.bare_pods, 1, "still flagged when forced");
     }
 
     #[test]

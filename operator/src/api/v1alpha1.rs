@@ -254,6 +254,13 @@ pub struct DrainSpec {
     /// block the drain and are named in the node's status message.
     #[serde(default)]
     pub delete_empty_dir_data: bool,
+
+    /// Evict pods that no controller manages (no ownerReference with `controller: true`).
+    /// Nothing re-creates such a pod: its eviction deletes it for good. When false (default),
+    /// such pods block the drain, are named in the node's status message and in an event, as
+    /// `kubectl drain` refuses them without `--force`.
+    #[serde(default)]
+    pub force: bool,
 }
 
 impl Default for DrainSpec {
@@ -263,6 +270,7 @@ impl Default for DrainSpec {
             timeout_seconds: default_timeout_seconds(),
             grace_period_seconds: None,
             delete_empty_dir_data: false,
+            force: false,
         }
     }
 }
