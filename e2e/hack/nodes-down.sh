@@ -9,7 +9,7 @@
 # network-namespace files) go too.
 set -euo pipefail
 
-state="$(cd "$(dirname "$0")/.." && pwd)/.cluster"
+state="${SWITCHYARD_CLUSTER_STATE:-$(cd "$(dirname "$0")/.." && pwd)/.cluster}"
 nodes_dir="$state/nodes"
 changes="$nodes_dir/host-changes"
 

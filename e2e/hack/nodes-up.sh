@@ -17,32 +17,56 @@
 # Service) and drops everything else. cluster-down.sh undoes every host change recorded in
 # $state/nodes/host-changes.
 #
-#   SWITCHYARD_NODES   how many real nodes (default 3; 0 starts none)
+#   SWITCHYARD_NODES          how many real nodes (default 3; 0 starts none)
+#   SWITCHYARD_NODE_FIRST     the index of the first node (default 1): ports, cgroup and bridge
+#                             follow it, so a second set of nodes does not touch the first
+#   SWITCHYARD_CLUSTER_STATE  the state directory (default e2e/.cluster); it holds the kubeconfig
+#                             and the pki of the control plane
+#   SWITCHYARD_RUNC           the runc binary (default: runc on PATH)
+#   SWITCHYARD_CGROUP_FS      where the cgroup v1 hierarchies are mounted (default /sys/fs/cgroup)
+#   SWITCHYARD_CONTAINERD_CONFIG_EXTRA  appended to each node's containerd config
+# The last four exist for e2e/hack/test-node-faults.sh, which starts nodes on a broken machine.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-state="$here/.cluster"
+state="${SWITCHYARD_CLUSTER_STATE:-$here/.cluster}"
 nodes_dir="$state/nodes"
 count=${SWITCHYARD_NODES:-3}
+first=${SWITCHYARD_NODE_FIRST:-1}
+runc_bin=${SWITCHYARD_RUNC:-runc}
+cgroup_fs=${SWITCHYARD_CGROUP_FS:-/sys/fs/cgroup}
 api_port=${SWITCHYARD_APISERVER_PORT:-16443}
 pki="$state/pki"
 [ "$count" -gt 0 ] || exit 0
 
+stop_started() { SWITCHYARD_CLUSTER_STATE="$state" bash "$here/hack/nodes-down.sh" >&2 || true; }
 fail() { # message: stop what this run started, then exit non-zero
+  failing=1
   echo "nodes-up: $*" >&2
-  bash "$here/hack/nodes-down.sh" >&2 || true
+  stop_started
   exit 1
 }
+# Any other failing command (set -e) stops what was started too.
+on_exit() {
+  local rc=$?
+  if [ "$rc" != 0 ] && [ "${failing:-0}" != 1 ]; then
+    echo "nodes-up: stopped by an unexpected error (exit $rc); stopping what it started" >&2
+    stop_started
+  fi
+}
+trap on_exit EXIT
 
 # --- prerequisites, each failure naming the missing piece and its fix ------------------------
-for tool in runc unshare nsenter iptables ip; do
-  command -v "$tool" >/dev/null || fail "$tool is missing: run 'make deps' (Debian packages runc, util-linux, iptables, iproute2)"
+command -v "$runc_bin" >/dev/null || fail "runc is missing ($runc_bin): run 'make deps' (Debian package runc)"
+runc_bin=$(command -v "$runc_bin")
+for tool in unshare nsenter iptables ip; do
+  command -v "$tool" >/dev/null || fail "$tool is missing: run 'make deps' (Debian packages util-linux, iptables, iproute2)"
 done
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] \
   || fail "the CNI plugins are missing from /usr/lib/cni: run 'make deps' (Debian package containernetworking-plugins)"
 for ctrl in cpu cpuacct cpuset memory pids devices freezer; do
-  [ -d "/sys/fs/cgroup/$ctrl" ] && [ -w "/sys/fs/cgroup/$ctrl" ] \
-    || fail "no writable cgroup v1 hierarchy for '$ctrl' under /sys/fs/cgroup: the nodes need the hybrid cgroup layout of this machine kind, as root"
+  [ -d "$cgroup_fs/$ctrl" ] && [ -w "$cgroup_fs/$ctrl" ] \
+    || fail "no writable cgroup v1 hierarchy for '$ctrl' under $cgroup_fs: the nodes need the hybrid cgroup layout of this machine kind, as root"
 done
 # The address of the interface the default route uses, else the first global one.
 dev=$(ip -4 route show default 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i+1); exit}}')
@@ -57,7 +81,7 @@ for image in pause workload sim-device-plugin switchyard-operator switchyard-dri
 done
 kubectl() { "$bin/kubectl" --kubeconfig "$state/kubeconfig" "$@"; }
 
-mkdir -p "$nodes_dir"
+mkdir -p "$nodes_dir" "$state/pids" "$state/logs"
 changes="$nodes_dir/host-changes"
 touch "$changes"
 record() { grep -qxF "$*" "$changes" || echo "$*" >> "$changes"; }
@@ -190,7 +214,9 @@ state = "$n/containerd/state"
     runtime_type = "io.containerd.runc.v2"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       SystemdCgroup = false
+      BinaryName = "$runc_bin"
       Root = "$n/containerd/state/runc"
+${SWITCHYARD_CONTAINERD_CONFIG_EXTRA:-}
 EOF
 
   cat > "$n/kubelet.yaml" <<EOF
@@ -267,12 +293,13 @@ EOF
 }
 
 start=$(date +%s.%N)
-for i in $(seq 1 "$count"); do start_node "$i"; done
+last=$((first + count - 1))
+for i in $(seq "$first" "$last"); do start_node "$i"; done
 
 # Ready: registered, Ready=True, and the node's CNI config was read (the kubelet says
 # NetworkReady through the runtime before it reports Ready).
 deadline=$(( $(date +%s) + 120 ))
-for i in $(seq 1 "$count"); do
+for i in $(seq "$first" "$last"); do
   name="real-node-$i"
   until [ "$(kubectl get node "$name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; do
     if ! kill -0 "$(cat "$state/pids/$name-kubelet.pid")" 2>/dev/null || [ "$(date +%s)" -ge "$deadline" ]; then

@@ -26,6 +26,10 @@ fi
 
 export SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig"
 cd "$root"
+# A node that cannot start stops nodes-up.sh with a message and leaves nothing behind.
+if [ "${SWITCHYARD_NODES:-3}" -gt 0 ]; then
+  bash "$root/e2e/hack/test-node-faults.sh"
+fi
 bash "$root/e2e/hack/sweep.sh"
 # The scenarios run the real operator and agent binaries as processes (they SIGKILL and SIGTERM
 # them), so build those first and tell the tests where they are.

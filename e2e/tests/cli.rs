@@ -330,6 +330,12 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
             .any(|b| b.as_str().unwrap().contains("critical inventory finding"))
     );
 
+    let blockers: Vec<&str> = plan["blockers"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
+    assert!(
+        blockers.iter().any(|b| b.contains(&format!("{ns}/notebook")) && b.contains("drain.force")),
+        "the bare notebook blocks its node's drain, as in the operator: {blockers:?}"
+    );
+
     // plan -f, for people.
     let human = switchyard(&["plan", "-f", &manifest_arg]).await?;
     assert_eq!(human.code, 2);
@@ -398,11 +404,12 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
     assert!(rejected.stderr.contains("spec.strategy.maxUnavailable"), "{}", rejected.stderr);
     assert!(pool.migrations().get_opt(&name).await?.is_none(), "plan never creates the migration");
 
-    // The migration itself: let the drain through (the PDB allows one, the notebook's scratch
-    // data may go), then follow it with `status`.
+    // The migration itself: let the drain through (the PDB allows one, the bare notebook and its
+    // scratch data may go), then follow it with `status`.
     pdbs.patch("trainer", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"minAvailable": 1}})))
         .await?;
-    let gpm = pool.migration(&name, json!({"strategy": {"drain": {"deleteEmptyDirData": true}}}))?;
+    let gpm =
+        pool.migration(&name, json!({"strategy": {"drain": {"deleteEmptyDirData": true, "force": true}}}))?;
     pool.start_operator()?;
     pool.migrations().create(&PostParams::default(), &gpm).await?;
     let status = switchyard(&["status", &name, "--view", "lines", "--timeout", "300"]).await?;
