@@ -3,7 +3,8 @@
 //!
 //! What it fakes, exactly:
 //! - **Nodes.** It creates Node objects with the given labels and fills their status as a kubelet
-//!   would: `Ready=True`, capacity and allocatable for cpu, memory and pods, `nodeInfo` with
+//!   would: `Ready=True` (`Ready=False`, `KubeletNotReady`, after `set_ready(node, false)`),
+//!   capacity and allocatable for cpu, memory and pods, `nodeInfo` with
 //!   kubelet v1.37.2 and containerd 2.1. It renews each node's Lease in `kube-node-lease` and
 //!   removes the `node.kubernetes.io/not-ready` taint that admission puts on new nodes.
 //! - **Pods.** A pod bound to one of its nodes is marked `Running` and `Ready` (no container runs).
@@ -255,6 +256,14 @@ struct State {
     plugins: HashMap<String, (String, Role)>,
     /// Nodes whose agent a test stopped on purpose; it is not restarted until started again.
     held_agents: std::collections::HashSet<String>,
+    /// Nodes whose kubelet a test made report NotReady.
+    not_ready: std::collections::HashSet<String>,
+}
+
+impl State {
+    fn ready(&self, node: &str) -> bool {
+        !self.not_ready.contains(node)
+    }
 }
 
 type Agents = Arc<tokio::sync::Mutex<HashMap<String, AgentProcess>>>;
@@ -337,7 +346,7 @@ impl Simulator {
         };
         let created = nodes.create(&PostParams::default(), &node).await?;
         self.state.lock().unwrap().nodes.insert(spec.name.clone(), spec.layout.clone());
-        heartbeat(&self.client, &spec.name, None).await?;
+        heartbeat(&self.client, &spec.name, None, true).await?;
         self.changed.notify_one();
         Ok(created)
     }
@@ -367,6 +376,29 @@ impl Simulator {
         self.changed.notify_one();
     }
 
+    /// Makes a node's kubelet report Ready=False (`KubeletNotReady`), as a kubelet whose runtime
+    /// or network is down does, or Ready again. The status is written at once and on every
+    /// heartbeat after.
+    pub async fn set_ready(&self, node: &str, ready: bool) -> anyhow::Result<()> {
+        {
+            let mut st = self.state.lock().unwrap();
+            if ready {
+                st.not_ready.remove(node);
+            } else {
+                st.not_ready.insert(node.to_owned());
+            }
+        }
+        heartbeat(&self.client, node, None, ready).await
+    }
+
+    /// Deletes a node as an admin or a cloud controller does when the machine goes away; the
+    /// simulator stops writing its status.
+    pub async fn delete_node(&self, node: &str) -> anyhow::Result<()> {
+        self.state.lock().unwrap().nodes.remove(node);
+        Api::<Node>::all(self.client.clone()).delete(node, &DeleteParams::default()).await?;
+        Ok(())
+    }
+
     /// Stops the loops and deletes every node this simulator created (pods on them go with the
     /// garbage collector; slices go by their owner reference to the node).
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
@@ -390,6 +422,7 @@ async fn heartbeat(
     client: &Client,
     name: &str,
     gpu_resources: Option<&BTreeMap<String, u32>>,
+    ready: bool,
 ) -> anyhow::Result<()> {
     let now = Utc::now();
     let mut resources = serde_json::Map::new();
@@ -401,7 +434,7 @@ async fn heartbeat(
             resources.insert(res.clone(), json!(n.to_string()));
         }
     }
-    let ready = |t: &str, s: &str, reason: &str| {
+    let condition = |t: &str, s: &str, reason: &str| {
         json!({"type": t, "status": s, "reason": reason, "lastHeartbeatTime": now, "lastTransitionTime": now,
                "message": "simulated by switchyard gpu-node-sim"})
     };
@@ -409,10 +442,14 @@ async fn heartbeat(
         "status": {
             "capacity": resources, "allocatable": resources,
             "conditions": [
-                ready("Ready", "True", "KubeletReady"),
-                ready("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                ready("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                ready("PIDPressure", "False", "KubeletHasSufficientPID"),
+                if ready {
+                    condition("Ready", "True", "KubeletReady")
+                } else {
+                    condition("Ready", "False", "KubeletNotReady")
+                },
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
             ],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
             "nodeInfo": {
@@ -465,7 +502,8 @@ async fn heartbeat_loop(client: Client, state: Arc<Mutex<State>>) {
         tokio::time::sleep(HEARTBEAT).await;
         let nodes: Vec<String> = state.lock().unwrap().nodes.keys().cloned().collect();
         for name in nodes {
-            if let Err(e) = heartbeat(&client, &name, None).await {
+            let ready = state.lock().unwrap().ready(&name);
+            if let Err(e) = heartbeat(&client, &name, None, ready).await {
                 tracing::warn!(node = %name, error = %e, "heartbeat failed");
             }
         }
@@ -664,7 +702,8 @@ async fn plugin_loop(
                 let zeroed: BTreeMap<String, u32> =
                     layout.device_plugin_resources().into_keys().map(|k| (k, 0)).collect();
                 let gpus = if dp { layout.device_plugin_resources() } else { zeroed };
-                ok &= heartbeat(&client, &node, Some(&gpus)).await.is_ok();
+                let ready = state.lock().unwrap().ready(&node);
+                ok &= heartbeat(&client, &node, Some(&gpus), ready).await.is_ok();
             }
             if before.is_none() || was_dra != dra {
                 let result = match (dra, config.agent.is_some()) {

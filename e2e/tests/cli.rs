@@ -330,7 +330,8 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
             .any(|b| b.as_str().unwrap().contains("critical inventory finding"))
     );
 
-    let blockers: Vec<&str> = plan["blockers"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
+    let blockers: Vec<&str> =
+        plan["blockers"].as_array().unwrap().iter().map(|b| b.as_str().unwrap()).collect();
     assert!(
         blockers.iter().any(|b| b.contains(&format!("{ns}/notebook")) && b.contains("drain.force")),
         "the bare notebook blocks its node's drain, as in the operator: {blockers:?}"

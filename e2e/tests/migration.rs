@@ -350,6 +350,23 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
             events.iter().any(|(r, n)| r == "UnmanagedPodsBlockDrain" && n.contains("notebook")),
             "{events:?}"
         );
+        // Someone uncordons the waiting node: the operator cordons it again, with an event.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        nodes
+            .patch(
+                &bare_node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+            )
+            .await?;
+        switchyard_e2e::wait::until("the node cordoned again", MIGRATION, || async {
+            let n = nodes.get(&bare_node).await?;
+            Ok((n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)).then_some(()))
+        })
+        .await?;
+        let events = object_events(pool, "Node", &bare_node).await?;
+        assert!(events.iter().any(|(r, _)| r == "Recordoned"), "{events:?}");
+        assert_eq!(pool::node_state(&pool.client, &bare_node).await?, "Draining");
         tokio::time::sleep(Duration::from_secs(12)).await;
         let still = pods.get("notebook").await?;
         assert_eq!(still.uid().as_deref(), Some(bare_uid.as_str()), "the bare pod was evicted");
@@ -444,6 +461,59 @@ async fn an_api_error_on_one_node_stays_on_that_node_and_the_others_move() -> an
         lift().await?;
         let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert_eq!(done.status.unwrap().nodes.migrated, 3);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn nodes_that_go_not_ready_or_are_deleted_mid_step_wait_or_leave_the_status() -> anyhow::Result<()> {
+    let _serial = pool::SERIAL.lock().await;
+    // The device plugin's capacity lingers 8 s after its pod leaves, holding nodes in Switching.
+    let pool = Pool::with_unregister_delay("flaky", 3, 2, Duration::from_secs(8)).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let (sick, doomed) = (pool.nodes[0].clone(), pool.nodes[1].clone());
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 3}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let client = pool.client.clone();
+        switchyard_e2e::wait::until("both nodes in Switching", MIGRATION, || async {
+            let (a, b) = (pool::node_state(&client, &sick).await?, pool::node_state(&client, &doomed).await?);
+            Ok((a == "Switching" && b == "Switching").then_some(()))
+        })
+        .await?;
+        pool.sim().set_ready(&sick, false).await?;
+        pool.sim().delete_node(&doomed).await?;
+
+        // The NotReady node waits in Switching with the reason, the deleted one leaves the status
+        // with an event, the third completes.
+        let held = pool
+            .wait_status(&name, "the NotReady node waiting, the deleted one gone", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.nodes.total == 2
+                        && s.nodes.migrated == 1
+                        && s.in_progress.iter().all(|p| p.name != doomed)
+                        && s.in_progress
+                            .iter()
+                            .any(|p| p.name == sick && p.message.starts_with("NodeNotReady:"))
+                })
+            })
+            .await?;
+        assert_eq!(held.status.unwrap().nodes.failed, 0);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            pool::node_state(&client, &sick).await?,
+            "Switching",
+            "NotReady is waited out, not failed"
+        );
+        let events = event_reasons(pool, &name).await?;
+        assert!(events.iter().any(|(r, n)| r == "NodeRemoved" && n.contains(&doomed)), "{events:?}");
+
+        // Ready again: the step resumes and the pool completes without the deleted node.
+        pool.sim().set_ready(&sick, true).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.unwrap().nodes.migrated, 2);
         Ok(())
     })
     .await

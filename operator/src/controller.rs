@@ -2,7 +2,7 @@
 //! due, applies DeviceClasses and placement, writes status and events. Every decision is made in
 //! `plan`, `node_state`, `drain`, `placement`, `device_classes`, `prerequisites` and `overlap`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -410,7 +410,7 @@ pub fn node_patch(
     node: &PoolNode,
     migration: &str,
     now: Timestamp,
-    allocatable: &BTreeMap<String, u64>,
+    gpus: &BTreeMap<String, u64>,
 ) -> Option<NodePatch> {
     let mut p = NodePatch::default();
     match action {
@@ -426,8 +426,9 @@ pub fn node_patch(
             p.label(LABEL_MIGRATION, Some(migration.to_string()));
             p.state(NodeState::Cordoned, now);
         }
+        Action::Recordon => p.spec = Some(NodeSpecPatch { unschedulable: true }),
         Action::StartDrain => {
-            p.annotate(ANNOTATION_GPUS_BEFORE, serde_json::to_string(allocatable).ok());
+            p.annotate(ANNOTATION_GPUS_BEFORE, serde_json::to_string(gpus).ok());
             p.state(NodeState::Draining, now);
         }
         Action::SwitchToDra => {
@@ -579,6 +580,7 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
     };
 
     let alloc = overlap::allocatable(node, &res);
+    let dp_gpus = overlap::device_plugin_gpus(node, &res);
     let observed = Observed {
         state,
         since: parse_since(&pn),
@@ -589,9 +591,11 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         on_failure: spec.strategy.on_failure,
         failed_during_rollback: failure.as_ref().is_some_and(Failure::during_rollback),
         unschedulable: pn.unschedulable,
+        ready: pn.ready,
         backend: pn.backend(),
         drain: DrainCounts { ..selection.counts() },
         allocatable: alloc.values().sum(),
+        device_plugin_gpus: dp_gpus.values().sum(),
         gpus_before: gpus_before(&pn),
         // Only devices the scheduler can allocate count: the agent keeps them tainted until the
         // device plugin's capacity is gone.
@@ -707,7 +711,7 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
             .get_or_create(&crate::metrics::PoolLabels { pool: migration.clone() })
             .observe(seconds);
     }
-    if let Some(patch) = node_patch(&action, &pn, &migration, view.now, &alloc) {
+    if let Some(patch) = node_patch(&action, &pn, &migration, view.now, &dp_gpus) {
         patch_node(ctx, &name, &patch).await?;
         if action == Action::Complete && spec.strategy.verify.canary.is_some() {
             // Best effort: the canary is finished; a leftover one is harmless.
@@ -721,6 +725,13 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
                 EventType::Normal,
                 "BackendDevicePlugin",
                 format!("node {name} labelled back to the device plugin"),
+            ),
+            Action::Recordon => (
+                EventType::Warning,
+                "Recordoned",
+                format!(
+                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; pause the migration to keep it still)"
+                ),
             ),
             Action::RecordSince => (
                 EventType::Normal,
@@ -1073,6 +1084,29 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                 since: out.since.map(Time),
                 message: out.message,
             });
+        }
+    }
+
+    // A node that was mid-move at the last status and is no longer in the pool was deleted (or
+    // relabelled out of the selector): say so once, on the migration.
+    let present: BTreeSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+    for gone in view.last_messages.keys().filter(|n| !present.contains(*n)) {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "NodeRemoved".into(),
+            note: Some(format!(
+                "node {gone} left the pool mid-move (deleted, or no longer selected); it is dropped from the status"
+            )),
+            action: "MigrateNode".into(),
+            secondary: Some(k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(gone.to_string()),
+                ..Default::default()
+            }),
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+            warn!(error = %e, "publishing the NodeRemoved event failed");
         }
     }
 

@@ -62,11 +62,17 @@ pub struct Observed {
     /// The node's recorded failure happened while rolling back.
     pub failed_during_rollback: bool,
     pub unschedulable: bool,
+    /// The node's Ready condition is True.
+    pub ready: bool,
     pub backend: Backend,
     /// Only observed while Draining.
     pub drain: DrainCounts,
     /// Sum of the pool resources in `status.allocatable`: what the device plugin advertises.
     pub allocatable: u64,
+    /// The device plugin's GPUs on the node, from capacity as well as allocatable: allocatable
+    /// drops to 0 for the seconds a plugin pod restarts (a Managed placement rolls the plugin
+    /// DaemonSet), capacity stays. Recorded as `gpus-before` when the drain starts.
+    pub device_plugin_gpus: u64,
     /// Device-plugin GPUs recorded before the switch (`switchyard.dev/gpus-before`).
     pub gpus_before: Option<u64>,
     /// Devices our driver publishes for the node in ResourceSlices.
@@ -91,6 +97,8 @@ pub enum Action {
     RecordSince,
     /// Cordon, remember whether it was already unschedulable, take ownership; → Cordoned.
     Cordon,
+    /// Someone uncordoned a node mid-move: cordon it again, state unchanged.
+    Recordon,
     /// Record the device-plugin GPU count; → Draining.
     StartDrain,
     /// Evict the selected pods.
@@ -159,9 +167,9 @@ fn wait(reason: &'static str, message: impl Into<String>) -> Action {
 }
 
 /// Enough DRA devices for the node to count as switched: at least as many as the device plugin
-/// advertised before, or at least one when that was not recorded.
+/// had before. Unknown is never enough.
 fn slices_ready(o: &Observed) -> bool {
-    o.dra_devices > 0 && o.gpus_before.is_none_or(|b| o.dra_devices >= b)
+    o.gpus_before.is_some_and(|b| o.dra_devices > 0 && o.dra_devices >= b)
 }
 
 /// The next step for one node.
@@ -171,6 +179,20 @@ pub fn next_step(o: &Observed) -> Action {
         return Action::RecordSince;
     }
     let rollback = o.direction == Direction::Rollback;
+    // Uncordoned by someone mid-move: new pods would land on a node that is about to lose its
+    // backend. Cordon again first, whatever else is due. (A rollback re-cordons through
+    // StartRollback.)
+    if matches!(o.state, Draining | Switching | Verifying) && !o.unschedulable && !rollback {
+        return Action::Recordon;
+    }
+    // A NotReady kubelet can neither finish evictions nor start a plugin: a timeout now would
+    // blame the drain or the switch. Wait for it; the step's clock keeps running.
+    if matches!(o.state, Draining | Switching | Verifying | RollingBack) && !o.ready {
+        return wait(
+            "NodeNotReady",
+            format!("the kubelet reports NotReady; the {:?} step resumes when it is Ready", o.state),
+        );
+    }
     match o.state {
         Pending | RolledBack if rollback => Action::Nothing,
         Pending | RolledBack => {
@@ -187,6 +209,13 @@ pub fn next_step(o: &Observed) -> Action {
                 wait("Paused", "cordoned; the migration is paused")
             } else if !o.unschedulable {
                 Action::Cordon
+            } else if o.device_plugin_gpus == 0 {
+                // The switch is verified against this count; a guess would let a node with one
+                // DRA device out of eight pass.
+                wait(
+                    "GpuCountUnknown",
+                    "the device plugin reports no GPUs in this node's capacity or allocatable; waiting until it does, since the switch is verified against that count",
+                )
             } else {
                 Action::StartDrain
             }
@@ -249,7 +278,8 @@ pub fn next_step(o: &Observed) -> Action {
                         o.verify_timeout_seconds,
                         o.allocatable,
                         o.dra_devices,
-                        o.gpus_before.unwrap_or(1)
+                        o.gpus_before
+                            .map_or("the count in switchyard.dev/gpus-before".to_string(), |b| b.to_string())
                     ),
                 }
             } else if o.backend != Backend::Dra {
@@ -259,13 +289,18 @@ pub fn next_step(o: &Observed) -> Action {
                     "DevicePluginStillAdvertising",
                     format!("allocatable is still {}; waiting for the device plugin to leave", o.allocatable),
                 )
+            } else if o.gpus_before.is_none() {
+                wait(
+                    "GpuCountUnknown",
+                    "switchyard.dev/gpus-before is missing or 0, so the switch cannot be verified; set it to the node's GPU count as JSON, for example {\"nvidia.com/gpu\":8}",
+                )
             } else if !slices_ready(o) {
                 wait(
                     "WaitingForResourceSlices",
                     format!(
                         "driver publishes {} device(s), need {}",
                         o.dra_devices,
-                        o.gpus_before.unwrap_or(1)
+                        o.gpus_before.unwrap_or(0)
                     ),
                 )
             } else {
@@ -372,9 +407,11 @@ mod tests {
             on_failure: FailurePolicy::Pause,
             failed_during_rollback: false,
             unschedulable: true,
+            ready: true,
             backend: Backend::DevicePlugin,
             drain: DrainCounts::default(),
             allocatable: 0,
+            device_plugin_gpus: 8,
             gpus_before: Some(8),
             dra_devices: 0,
             claim_holders: 0,
@@ -415,6 +452,27 @@ mod tests {
             ("cordoned, uncordoned by someone", Cordoned, |o| o.unschedulable = false, "Cordon"),
             ("cordoned while paused", Cordoned, |o| o.hold = true, "Wait:Paused"),
             ("draining with pods", Draining, |o| o.drain.to_evict = 2, "Evict"),
+            ("draining, uncordoned by someone", Draining, |o| o.unschedulable = false, "Recordon"),
+            (
+                "switching, uncordoned by someone",
+                Switching,
+                |o| {
+                    o.unschedulable = false;
+                    o.backend = Backend::Dra
+                },
+                "Recordon",
+            ),
+            ("verifying, uncordoned by someone", Verifying, |o| o.unschedulable = false, "Recordon"),
+            ("draining on a NotReady node", Draining, |o| o.ready = false, "Wait:NodeNotReady"),
+            (
+                "switching on a NotReady node, past the timeout: no misleading failure",
+                Switching,
+                |o| {
+                    o.ready = false;
+                    o.since = Some(Timestamp::from_second(0).unwrap())
+                },
+                "Wait:NodeNotReady",
+            ),
             ("draining emptyDir", Draining, |o| o.drain.blocked = 1, "Wait:EmptyDirBlocksDrain"),
             ("draining a bare pod", Draining, |o| o.drain.unmanaged = 1, "Wait:UnmanagedPodsBlockDrain"),
             (
@@ -492,14 +550,20 @@ mod tests {
                 "StartVerify",
             ),
             (
-                "switched, count unknown",
+                "switched, count unknown: never a guess",
                 Switching,
                 |o| {
                     o.backend = Backend::Dra;
                     o.dra_devices = 1;
                     o.gpus_before = None
                 },
-                "StartVerify",
+                "Wait:GpuCountUnknown",
+            ),
+            (
+                "cordoned while the plugin reports no GPUs",
+                Cordoned,
+                |o| o.device_plugin_gpus = 0,
+                "Wait:GpuCountUnknown",
             ),
             (
                 "switched while paused still finishes",

@@ -23,6 +23,19 @@ pub fn allocatable(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Per pool resource, the larger of capacity and allocatable: the device plugin's GPUs on the
+/// node even while its pod restarts (allocatable drops within seconds, the kubelet keeps capacity
+/// for minutes after a plugin leaves).
+pub fn device_plugin_gpus(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
+    let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+    let mut counts = allocatable(node, resources);
+    for (r, n) in counts.iter_mut() {
+        let cap = capacity.and_then(|c| c.get(r)).and_then(|q| q.0.trim().parse::<u64>().ok()).unwrap_or(0);
+        *n = (*n).max(cap);
+    }
+    counts
+}
+
 /// The sum of [`allocatable`].
 pub fn allocatable_total(node: &Node, resources: &[&str]) -> u64 {
     allocatable(node, resources).values().sum()
@@ -118,6 +131,20 @@ mod tests {
             ]);
         }
         s
+    }
+
+    #[test]
+    fn device_plugin_gpus_keep_the_capacity_while_allocatable_drops() {
+        // The plugin pod restarts: the kubelet drops allocatable at once and keeps capacity.
+        let restarting: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
+            "capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "0"}}}))
+        .unwrap();
+        let res = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
+        assert_eq!(allocatable_total(&restarting, &res), 0);
+        let counts = device_plugin_gpus(&restarting, &res);
+        assert_eq!(counts["nvidia.com/gpu"], 8);
+        assert_eq!(counts["nvidia.com/mig-1g.10gb"], 0);
+        assert_eq!(device_plugin_gpus(&node("m", json!({"nvidia.com/gpu": "4"})), &res)["nvidia.com/gpu"], 4);
     }
 
     #[test]

@@ -169,7 +169,9 @@ pub fn render(r: &Report) -> String {
     for pl in &r.placement {
         let what = match pl.action {
             PlacementAction::AlreadyPlaced => "keeps to its backend already",
-            PlacementAction::AddNodeAffinity => "the operator adds this node affinity (placement: Managed)",
+            PlacementAction::AddNodeAffinity => {
+                "the operator adds this node affinity (placement: Managed); the template change restarts the DaemonSet's pod on every node once"
+            }
             PlacementAction::AddByHand => "ADD this node affinity yourself (placement: Verify)",
             PlacementAction::Missing => "MISSING: the DaemonSet does not exist",
         };
