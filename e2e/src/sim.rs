@@ -67,6 +67,9 @@ pub fn placeholder_daemon_set(
                 "spec": {
                     "nodeSelector": node_selector,
                     "affinity": affinity,
+                    // As the GPU Operator's device plugin and config/agent do: GPU nodes are
+                    // often tainted.
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": 1,
                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
                 }

@@ -520,6 +520,46 @@ async fn nodes_that_go_not_ready_or_are_deleted_mid_step_wait_or_leave_the_statu
 }
 
 #[tokio::test]
+async fn the_canary_passes_on_tainted_gpu_nodes_and_a_leftover_canary_does_not_decide() -> anyhow::Result<()>
+{
+    with_pool("canary", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        // GPU nodes tainted as many clusters taint them; the canary must still land there.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        for n in &pool.nodes {
+            let taint = json!({"spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}});
+            nodes.patch(n, &PatchParams::default(), &Patch::Merge(taint)).await?;
+        }
+        // A canary left by an earlier attempt on the first node: it finished without a claim,
+        // which would fail the node if it were taken for this attempt's.
+        let leftover: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("switchyard-canary-{}", pool.nodes[0]),
+                         "labels": {"switchyard.dev/canary-attempt": "1", "switchyard.dev/canary-node": pool.nodes[0]}},
+            "spec": {"nodeName": pool.nodes[0], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "canary", "image": "registry.k8s.io/pause:3.10"}]}
+        }))?;
+        let canaries: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        canaries.create(&PostParams::default(), &leftover).await?;
+        switchyard_e2e::wait::until("the leftover canary to finish", MIGRATION, || async {
+            let p = canaries.get(&leftover.name_any()).await?;
+            Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Succeeded")).then_some(()))
+        })
+        .await?;
+
+        let canary = json!({"image": "registry.k8s.io/pause:3.10"});
+        let overrides = json!({"strategy": {"maxUnavailable": 2, "verify": {"timeoutSeconds": 120, "canary": canary}}});
+        let done = migrate_forward(pool, &name, overrides).await?;
+        let status = done.status.unwrap();
+        assert_eq!((status.nodes.migrated, status.nodes.failed), (2, 0), "{:?}", status.failed);
+        let left = canaries.list(&ListParams::default().labels("switchyard.dev/canary-node")).await?;
+        assert!(left.items.is_empty(), "canaries are deleted once their node passed: {:?}", left.items);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
 async fn paused_migration_stops_at_a_safe_point_and_resumes() -> anyhow::Result<()> {
     with_pool("pause", 5, 2, async |pool| {
         let name = pool.id.clone();

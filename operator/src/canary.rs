@@ -5,14 +5,16 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
-    ResourceRequirements, Toleration,
+    ResourceRequirements, Taint, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::api::v1alpha1::CanarySpec;
 use crate::node_state::Canary;
-use crate::well_known::{LABEL_CANARY_NODE, LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER};
+use crate::well_known::{
+    LABEL_CANARY_ATTEMPT, LABEL_CANARY_NODE, LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER,
+};
 
 /// The taint a cordoned node carries; the canary tolerates it because the node stays cordoned
 /// until it passes.
@@ -27,18 +29,59 @@ pub fn pod_name(node: &str) -> String {
     n.trim_end_matches(['-', '.']).to_string()
 }
 
+/// Where the canary goes and what it carries besides its spec.
+pub struct Target<'a> {
+    pub migration: &'a str,
+    /// The migration as the canary's owner: the garbage collector removes a canary the operator
+    /// did not (a migration deleted mid-verify).
+    pub owner: Option<OwnerReference>,
+    pub node: &'a str,
+    /// The node's taints: the canary tolerates each NoSchedule and NoExecute one (GPU nodes are
+    /// commonly tainted `nvidia.com/gpu:NoSchedule`), since it must run exactly there.
+    pub taints: &'a [Taint],
+    pub namespace: &'a str,
+    pub resource: &'a str,
+    /// See [`LABEL_CANARY_ATTEMPT`].
+    pub attempt: &'a str,
+}
+
+/// The tolerations for a node: the cordon, and every scheduling or execution taint it has.
+fn tolerations(taints: &[Taint]) -> Vec<Toleration> {
+    let mut out = vec![Toleration {
+        key: Some(UNSCHEDULABLE_TAINT.into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }];
+    for t in taints.iter().filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute") {
+        let tol = Toleration {
+            key: Some(t.key.clone()),
+            operator: Some("Exists".into()),
+            effect: Some(t.effect.clone()),
+            ..Default::default()
+        };
+        if !out.contains(&tol) {
+            out.push(tol);
+        }
+    }
+    out
+}
+
 /// The canary pod. It goes through the scheduler (no `nodeName`), so passing proves the
 /// scheduler serves the extended resource from this node's DRA devices.
-pub fn pod(migration: &str, node: &str, namespace: &str, resource: &str, spec: &CanarySpec) -> Pod {
+pub fn pod(t: &Target<'_>, spec: &CanarySpec) -> Pod {
+    let node = t.node;
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(node)),
-            namespace: Some(namespace.to_string()),
+            namespace: Some(t.namespace.to_string()),
             labels: Some(BTreeMap::from([
                 (LABEL_MANAGED_BY.to_string(), OPERATOR_FIELD_MANAGER.to_string()),
-                (LABEL_MIGRATION.to_string(), migration.to_string()),
+                (LABEL_MIGRATION.to_string(), t.migration.to_string()),
                 (LABEL_CANARY_NODE.to_string(), node.to_string()),
+                (LABEL_CANARY_ATTEMPT.to_string(), t.attempt.to_string()),
             ])),
+            owner_references: t.owner.clone().map(|o| vec![o]),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -59,18 +102,13 @@ pub fn pod(migration: &str, node: &str, namespace: &str, resource: &str, spec: &
                 }),
                 ..Default::default()
             }),
-            tolerations: Some(vec![Toleration {
-                key: Some(UNSCHEDULABLE_TAINT.into()),
-                operator: Some("Exists".into()),
-                effect: Some("NoSchedule".into()),
-                ..Default::default()
-            }]),
+            tolerations: Some(tolerations(t.taints)),
             containers: vec![Container {
                 name: "canary".into(),
                 image: Some(spec.image.clone()),
                 command: (!spec.command.is_empty()).then(|| spec.command.clone()),
                 resources: Some(ResourceRequirements {
-                    limits: Some(BTreeMap::from([(resource.to_string(), Quantity("1".into()))])),
+                    limits: Some(BTreeMap::from([(t.resource.to_string(), Quantity("1".into()))])),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -81,12 +119,18 @@ pub fn pod(migration: &str, node: &str, namespace: &str, resource: &str, spec: &
     }
 }
 
-/// Reads the canary's outcome. It passes only when it succeeded and the scheduler served it
-/// through a generated ResourceClaim; a success without one means the device plugin served it.
-pub fn outcome(p: Option<&Pod>) -> Canary {
+/// Reads the canary's outcome for `attempt`. It passes only when it succeeded and the scheduler
+/// served it through a generated ResourceClaim; a success without one means the device plugin
+/// served it. A canary of another attempt (a leftover of a retry) is [`Canary::Stale`].
+pub fn outcome(p: Option<&Pod>, attempt: &str) -> Canary {
     let Some(p) = p else {
         return Canary::Absent;
     };
+    if p.metadata.labels.as_ref().and_then(|l| l.get(LABEL_CANARY_ATTEMPT)).map(String::as_str)
+        != Some(attempt)
+    {
+        return Canary::Stale;
+    }
     let status = p.status.as_ref();
     let claimed = status.is_some_and(|s| s.extended_resource_claim_status.is_some());
     match status.and_then(|s| s.phase.as_deref()) {
@@ -107,10 +151,60 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn target<'a>(taints: &'a [Taint]) -> Target<'a> {
+        Target {
+            migration: "pool-a",
+            owner: None,
+            node: "gpu-1",
+            taints,
+            namespace: "switchyard-system",
+            resource: "nvidia.com/gpu",
+            attempt: "1764590000",
+        }
+    }
+
+    #[test]
+    fn canary_tolerates_the_nodes_taints_and_belongs_to_its_migration() {
+        let taints: Vec<Taint> = serde_json::from_value(json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "dedicated", "value": "ml", "effect": "NoExecute"},
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+            {"key": "soft", "effect": "PreferNoSchedule"}
+        ]))
+        .unwrap();
+        let owner = OwnerReference {
+            api_version: "switchyard.dev/v1alpha1".into(),
+            kind: "GpuPoolMigration".into(),
+            name: "pool-a".into(),
+            uid: "u-1".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        let spec = CanarySpec { image: "registry.k8s.io/pause:3.10".into(), command: vec![] };
+        let p = pod(&Target { owner: Some(owner), ..target(&taints) }, &spec);
+        let v = serde_json::to_value(&p).unwrap();
+        let keys: Vec<(&str, &str)> = v["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["key"].as_str().unwrap(), t["effect"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("node.kubernetes.io/unschedulable", "NoSchedule"),
+                ("nvidia.com/gpu", "NoSchedule"),
+                ("dedicated", "NoExecute")
+            ]
+        );
+        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(v["metadata"]["labels"][LABEL_CANARY_ATTEMPT], "1764590000");
+    }
+
     #[test]
     fn canary_pod_is_pinned_and_tolerates_the_cordon() {
         let spec = CanarySpec { image: "registry.k8s.io/pause:3.10".into(), command: vec![] };
-        let p = pod("pool-a", "gpu-1", "switchyard-system", "nvidia.com/gpu", &spec);
+        let p = pod(&target(&[]), &spec);
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(v["metadata"]["name"], "switchyard-canary-gpu-1");
         assert_eq!(
@@ -127,7 +221,10 @@ mod tests {
     #[test]
     fn outcome_table() {
         let p = |status: serde_json::Value| -> Pod {
-            serde_json::from_value(json!({"metadata": {"name": "c"}, "status": status})).unwrap()
+            serde_json::from_value(
+                json!({"metadata": {"name": "c", "labels": {LABEL_CANARY_ATTEMPT: "7"}}, "status": status}),
+            )
+            .unwrap()
         };
         let claim = json!({"resourceClaimName": "c-extended-resources-x", "requestMappings": []});
         let cases = [
@@ -137,7 +234,7 @@ mod tests {
             (Some(p(json!({"phase": "Failed", "message": "OOM"}))), "Failed"),
         ];
         for (pod, want) in cases {
-            let got = outcome(pod.as_ref());
+            let got = outcome(pod.as_ref(), "7");
             let kind = match got {
                 Canary::Running => "Running",
                 Canary::Succeeded => "Succeeded",
@@ -146,7 +243,12 @@ mod tests {
             };
             assert_eq!(kind, want, "{pod:?}");
         }
-        assert_eq!(outcome(None), Canary::Absent);
+        assert_eq!(outcome(None, "7"), Canary::Absent);
+        // A leftover of an earlier attempt neither fails nor passes this one.
+        for phase in ["Succeeded", "Failed"] {
+            let old = p(json!({"phase": phase, "extendedResourceClaimStatus": claim}));
+            assert_eq!(outcome(Some(&old), "8"), Canary::Stale, "{phase}");
+        }
         assert_eq!(pod_name(&"n".repeat(300)).len(), POD_NAME_MAX);
     }
 }

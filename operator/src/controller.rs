@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{Selector, SelectorExt};
@@ -323,6 +323,13 @@ pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
         .map_err(|source| Error::ListPods { node: node.into(), source })
 }
 
+/// The migration as the owner of what it creates for a node (canary, DeviceTaintRule), so the
+/// garbage collector removes what the operator did not. No `blockOwnerDeletion`: the migration's
+/// deletion never waits on them.
+fn owner_ref(gpm: &GpuPoolMigration) -> Option<OwnerReference> {
+    gpm.controller_owner_ref(&()).map(|o| OwnerReference { block_owner_deletion: None, ..o })
+}
+
 /// The DeviceTaintRule that evicts DRA claim holders from a node being rolled back.
 pub fn taint_rule(node: &str, driver: &str, migration: &str) -> DeviceTaintRule {
     DeviceTaintRule {
@@ -418,6 +425,7 @@ pub fn node_patch(
         | Action::Wait { .. }
         | Action::Evict
         | Action::CreateCanary
+        | Action::DeleteCanary
         | Action::CreateTaintRule
         | Action::DeleteTaintRule => return None,
         Action::RecordSince => p.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string())),
@@ -567,13 +575,19 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
     };
     let canary_api: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
     let canary_name = crate::canary::pod_name(&name);
+    // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
+    let attempt = parse_since(&pn).map(|t| t.as_second().to_string()).unwrap_or_default();
     let canary = match (&spec.strategy.verify.canary, state) {
         (Some(_), NodeState::Verifying) => {
             let p = canary_api
                 .get_opt(&canary_name)
                 .await
                 .map_err(|source| Error::CreateCanary { node: name.clone(), source })?;
-            crate::canary::outcome(p.as_ref())
+            match p {
+                // Already going: wait for it to be gone before the new one.
+                Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
+                p => crate::canary::outcome(p.as_ref(), &attempt),
+            }
         }
         (Some(_), _) => Canary::Absent,
         (None, _) => Canary::NotConfigured,
@@ -667,7 +681,17 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         Action::CreateCanary => {
             if let Some(c) = &spec.strategy.verify.canary {
                 let first = res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE);
-                let pod = crate::canary::pod(&migration, &name, &ctx.config.canary_namespace, first, c);
+                let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+                let target = crate::canary::Target {
+                    migration: &migration,
+                    owner: owner_ref(gpm),
+                    node: &name,
+                    taints: &taints,
+                    namespace: &ctx.config.canary_namespace,
+                    resource: first,
+                    attempt: &attempt,
+                };
+                let pod = crate::canary::pod(&target, c);
                 match canary_api.create(&PostParams::default(), &pod).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -676,8 +700,17 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
                 message = "canary created".into();
             }
         }
+        Action::DeleteCanary => {
+            match canary_api.delete(&canary_name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
+            }
+            message = "deleting the canary of an earlier attempt".into();
+        }
         Action::CreateTaintRule => {
-            let rule = taint_rule(&name, &spec.driver.name, &migration);
+            let mut rule = taint_rule(&name, &spec.driver.name, &migration);
+            rule.metadata.owner_references = owner_ref(gpm).map(|o| vec![o]);
             match rules.create(&PostParams::default(), &rule).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}

@@ -42,6 +42,8 @@ pub enum Canary {
     Succeeded,
     /// Failed, with what went wrong.
     Failed(String),
+    /// Left by an earlier attempt at this node: deleted, then created anew.
+    Stale,
 }
 
 /// Everything `next_step` looks at for one node.
@@ -109,6 +111,8 @@ pub enum Action {
     StartVerify,
     /// Create the canary pod.
     CreateCanary,
+    /// Delete a canary left by an earlier attempt.
+    DeleteCanary,
     /// Uncordon unless an admin had cordoned it, remove the canary; → Migrated.
     Complete,
     /// → Failed, recording reason and message.
@@ -326,6 +330,7 @@ pub fn next_step(o: &Observed) -> Action {
             match &o.canary {
                 Canary::NotConfigured | Canary::Succeeded => Action::Complete,
                 Canary::Absent => Action::CreateCanary,
+                Canary::Stale => Action::DeleteCanary,
                 Canary::Running => wait("CanaryRunning", "waiting for the canary pod"),
                 Canary::Failed(m) => Action::Fail { reason: "CanaryFailed", message: m.clone() },
             }
@@ -594,6 +599,7 @@ mod tests {
                 "Complete",
             ),
             ("verify canary absent", Verifying, |o| o.canary = Canary::Absent, "CreateCanary"),
+            ("verify with a stale canary", Verifying, |o| o.canary = Canary::Stale, "DeleteCanary"),
             ("verify canary running", Verifying, |o| o.canary = Canary::Running, "Wait:CanaryRunning"),
             ("verify canary ok", Verifying, |o| o.canary = Canary::Succeeded, "Complete"),
             (

@@ -79,6 +79,10 @@ pub const TAINT_KEY_ROLLBACK: &str = "switchyard.dev/rollback";
 /// Label on canary pods, naming the node they verify.
 pub const LABEL_CANARY_NODE: &str = "switchyard.dev/canary-node";
 
+/// Label on canary pods: the attempt they verify, the node's Verifying `state-since` in Unix
+/// seconds. A canary of another attempt neither passes nor fails this one.
+pub const LABEL_CANARY_ATTEMPT: &str = "switchyard.dev/canary-attempt";
+
 /// DeviceClass annotation the operator keeps on its classes: the owning migration's uid and the
 /// other DeviceClasses that carry the same `extendedResourceName` (`<uid>;<class>,<class>`).
 /// When either changes the operator re-applies the class. The kube-scheduler v1.37 maps an
