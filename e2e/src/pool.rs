@@ -183,14 +183,22 @@ impl Pool {
         Api::all(self.client.clone())
     }
 
-    /// Starts the real operator binary against the shared cluster.
+    /// Starts the real operator binary against the shared cluster, without leader election.
     pub fn start_operator(&mut self) -> anyhow::Result<()> {
+        let child = self.spawn_operator(&["--no-leader-election"], "operator.log")?;
+        self.operator = Some(Operator { child });
+        Ok(())
+    }
+
+    /// Starts one more operator process with `args`, logging to `log` in the pool's work dir;
+    /// the caller owns it (it is killed when dropped).
+    pub fn spawn_operator(&self, args: &[&str], log: &str) -> anyhow::Result<tokio::process::Child> {
         std::fs::create_dir_all(&self.work_dir)?;
-        let log =
-            std::fs::OpenOptions::new().create(true).append(true).open(self.work_dir.join("operator.log"))?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.work_dir.join(log))?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = tokio::process::Command::new(cluster::operator_bin())
-            .args(["--no-leader-election", "--namespace", &self.system_ns])
+            .args(args)
+            .args(["--namespace", &self.system_ns])
             // Only this pool's migrations: a leftover from another scenario is not ours to touch.
             .args(["--selector", &format!("e2e.switchyard.dev/pool={}", self.id)])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
@@ -200,8 +208,7 @@ impl Pool {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()?;
-        self.operator = Some(Operator { child });
-        Ok(())
+        Ok(child)
     }
 
     /// Where the operator and agents of this pool log.

@@ -8,10 +8,12 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -554,6 +556,63 @@ async fn the_canary_passes_on_tainted_gpu_nodes_and_a_leftover_canary_does_not_d
         assert_eq!((status.nodes.migrated, status.nodes.failed), (2, 0), "{:?}", status.failed);
         let left = canaries.list(&ListParams::default().labels("switchyard.dev/canary-node")).await?;
         assert!(left.items.is_empty(), "canaries are deleted once their node passed: {:?}", left.items);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_leader_that_loses_its_lease_stops_at_once_and_the_standby_finishes() -> anyhow::Result<()> {
+    let _serial = pool::SERIAL.lock().await;
+    let pool = Pool::with_unregister_delay("lease", 2, 2, Duration::from_secs(8)).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let lease_name = format!("{}-operator", pool.id);
+        let mut replicas = std::collections::BTreeMap::new();
+        for id in ["replica-a", "replica-b"] {
+            let args = ["--lease-name", &lease_name, "--identity", id];
+            replicas.insert(id.to_owned(), pool.spawn_operator(&args, &format!("{id}.log"))?);
+        }
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let leases: Api<Lease> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        let client = pool.client.clone();
+        let first = pool.nodes.clone();
+        let leader = switchyard_e2e::wait::until("a leader with a node in Switching", MIGRATION, || async {
+            let holder = leases.get_opt(&lease_name).await?.and_then(|l| l.spec?.holder_identity);
+            for n in &first {
+                if pool::node_state(&client, n).await? == "Switching" {
+                    return Ok(holder.clone());
+                }
+            }
+            Ok(None)
+        })
+        .await?;
+
+        // Another holder takes the Lease (a partition, a replica whose clock ran ahead): the
+        // leader must stop within one renewal, not finish its reconcile.
+        let mut lease = leases.get(&lease_name).await?;
+        let spec = lease.spec.as_mut().unwrap();
+        spec.holder_identity = Some("someone-else".into());
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        leases.replace(&lease_name, &PostParams::default(), &lease).await?;
+        let mut old = replicas.remove(&leader).unwrap();
+        let exited = tokio::time::timeout(Duration::from_secs(15), old.wait()).await;
+        let status =
+            exited.map_err(|_| anyhow::anyhow!("{leader} kept running after losing its lease"))??;
+        assert!(!status.success(), "{leader} exits non-zero on lost leadership: {status}");
+        let log = std::fs::read_to_string(pool.log_dir().join(format!("{leader}.log")))?;
+        assert!(log.contains("lost leadership: stopping at once"), "{log}");
+
+        // The intruder never renews: the standby takes the expired Lease and finishes the pool.
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.unwrap().nodes.migrated, 2);
+        let standby = replicas.keys().next().unwrap().clone();
+        let holder = leases.get(&lease_name).await?.spec.and_then(|s| s.holder_identity);
+        assert_eq!(holder.as_deref(), Some(standby.as_str()));
+        // The pool's cleanup deletes the migration through an operator of its own.
+        drop(replicas);
+        pool.start_operator()?;
         Ok(())
     })
     .await

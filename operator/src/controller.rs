@@ -375,6 +375,11 @@ pub struct NodePatch {
 
 #[derive(Serialize, Debug, Default, PartialEq)]
 pub struct NodeMetaPatch {
+    /// The resourceVersion the decision was made on: the server refuses the patch (409) when the
+    /// node changed since. A write decided on a stale view, by a stale leader among others, does
+    /// not land; the next reconcile decides again on the fresh node.
+    #[serde(rename = "resourceVersion", skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, Option<String>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -741,10 +746,11 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         let seconds = view.now.duration_since(since).as_secs_f64().max(0.0);
         ctx.metrics
             .drain_duration
-            .get_or_create(&crate::metrics::PoolLabels { pool: migration.clone() })
+            .get_or_create(&crate::metrics::MigrationLabels { migration: migration.clone() })
             .observe(seconds);
     }
-    if let Some(patch) = node_patch(&action, &pn, &migration, view.now, &dp_gpus) {
+    if let Some(mut patch) = node_patch(&action, &pn, &migration, view.now, &dp_gpus) {
+        patch.metadata.resource_version = node.metadata.resource_version.clone();
         patch_node(ctx, &name, &patch).await?;
         if action == Action::Complete && spec.strategy.verify.canary.is_some() {
             // Best effort: the canary is finished; a leftover one is harmless.
@@ -1092,6 +1098,16 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                 info!(node = %node_name, migration = %name, "node deleted mid-step");
                 continue;
             }
+            Err(e) if e.is_conflict() => {
+                // The node changed after the view this step was decided on (its kubelet wrote
+                // its status, say): decide again on the fresh node, soon. Not a failure.
+                debug!(node = %node_name, migration = %name, "node changed under the step; retrying");
+                step_errors += 1;
+                let pn = PoolNode::from_node(node);
+                let message =
+                    view.last_messages.get(node_name.as_str()).map(|m| m.to_string()).unwrap_or_default();
+                NodeOutcome { state: pn.state(), since: parse_since(&pn), message }
+            }
             Err(e) => {
                 step_errors += 1;
                 ctx.metrics
@@ -1324,7 +1340,7 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     ctx.metrics.set_gpus(&name, dp_gpus, dra_gpus);
     ctx.metrics
         .backend_overlap_nodes
-        .get_or_create(&crate::metrics::PoolLabels { pool: name.clone() })
+        .get_or_create(&crate::metrics::MigrationLabels { migration: name.clone() })
         .set(overlaps.len() as i64);
 
     if step_errors > 0 {
@@ -1429,6 +1445,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                     patch.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, None);
                     patch.annotate(ANNOTATION_FAILURE, None);
                 }
+                patch.metadata.resource_version = node.metadata.resource_version.clone();
                 patch_node(ctx, &pn.name, &patch).await?;
             }
         }

@@ -160,6 +160,11 @@ impl Error {
         }
     }
 
+    /// The server answered 409: a precondition (resourceVersion) failed or the object exists.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::PatchNode { source, .. } if api_status_code(source) == Some(409))
+    }
+
     /// The server answered 404: the object the request named is gone.
     pub fn is_not_found(&self) -> bool {
         match self {

@@ -14,6 +14,9 @@ use kube::api::{Api, PostParams};
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How often the leader renews: a third of the duration leaves two retries before it expires.
 pub const RENEW_INTERVAL: Duration = Duration::from_secs(5);
+/// A leader that has not renewed for this long stops acting, before its lease (15 s) can expire
+/// and a standby take over: the gap keeps two leaders from ever writing at once.
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What to do with the lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ pub struct ErrorLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
-    pub pool: String,
+    pub migration: String,
     pub state: &'static str,
 }
 
@@ -28,13 +28,13 @@ pub const BACKEND_LABEL_DRA: &str = "dra";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
-    pub pool: String,
+    pub migration: String,
     pub backend: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolLabels {
-    pub pool: String,
+pub struct MigrationLabels {
+    pub migration: String,
 }
 
 /// Histogram constructor for per-pool drain durations: 1 s to ~68 min, since a drain waits for
@@ -57,8 +57,8 @@ pub struct Metrics {
     pub nodes: Family<NodeLabels, Gauge>,
     pub pool_gpus: Family<GpuLabels, Gauge>,
     pub evictions: Family<EvictionLabels, Counter>,
-    pub backend_overlap_nodes: Family<PoolLabels, Gauge>,
-    pub drain_duration: Family<PoolLabels, Histogram, fn() -> Histogram>,
+    pub backend_overlap_nodes: Family<MigrationLabels, Gauge>,
+    pub drain_duration: Family<MigrationLabels, Histogram, fn() -> Histogram>,
 }
 
 /// Every node state, so a gauge drops to 0 when the last node leaves a state.
@@ -125,14 +125,14 @@ impl Metrics {
         );
         let evictions = Family::<EvictionLabels, Counter>::default();
         registry.register("evictions", "Pod evictions sent, by result", evictions.clone());
-        let backend_overlap_nodes = Family::<PoolLabels, Gauge>::default();
+        let backend_overlap_nodes = Family::<MigrationLabels, Gauge>::default();
         registry.register(
             "backend_overlap_nodes",
             "Pool nodes served by the device plugin and the DRA driver at once; must be 0",
             backend_overlap_nodes.clone(),
         );
         let drain_duration =
-            Family::<PoolLabels, Histogram, fn() -> Histogram>::new_with_constructor(drain_histogram);
+            Family::<MigrationLabels, Histogram, fn() -> Histogram>::new_with_constructor(drain_histogram);
         registry.register_with_unit(
             "drain_duration",
             "Time from the start of a node's drain to its switch",
@@ -156,12 +156,14 @@ impl Metrics {
     pub fn set_nodes(&self, pool: &str, counts: &[(NodeState, i64)]) {
         for s in ALL_STATES {
             let n = counts.iter().filter(|(st, _)| *st == s).map(|(_, n)| *n).sum();
-            self.nodes.get_or_create(&NodeLabels { pool: pool.to_string(), state: state_label(s) }).set(n);
+            self.nodes
+                .get_or_create(&NodeLabels { migration: pool.to_string(), state: state_label(s) })
+                .set(n);
         }
     }
 
     pub fn set_gpus(&self, pool: &str, device_plugin: u64, dra: u64) {
-        let g = |backend| GpuLabels { pool: pool.to_string(), backend };
+        let g = |backend| GpuLabels { migration: pool.to_string(), backend };
         self.pool_gpus.get_or_create(&g(BACKEND_LABEL_DEVICE_PLUGIN)).set(device_plugin as i64);
         self.pool_gpus.get_or_create(&g(BACKEND_LABEL_DRA)).set(dra as i64);
     }
@@ -169,13 +171,13 @@ impl Metrics {
     /// Drops a deleted pool's series.
     pub fn forget_pool(&self, pool: &str) {
         for s in ALL_STATES {
-            self.nodes.remove(&NodeLabels { pool: pool.to_string(), state: state_label(s) });
+            self.nodes.remove(&NodeLabels { migration: pool.to_string(), state: state_label(s) });
         }
         for backend in [BACKEND_LABEL_DEVICE_PLUGIN, BACKEND_LABEL_DRA] {
-            self.pool_gpus.remove(&GpuLabels { pool: pool.to_string(), backend });
+            self.pool_gpus.remove(&GpuLabels { migration: pool.to_string(), backend });
         }
-        self.backend_overlap_nodes.remove(&PoolLabels { pool: pool.to_string() });
-        self.drain_duration.remove(&PoolLabels { pool: pool.to_string() });
+        self.backend_overlap_nodes.remove(&MigrationLabels { migration: pool.to_string() });
+        self.drain_duration.remove(&MigrationLabels { migration: pool.to_string() });
     }
 
     /// The OpenMetrics text for `/metrics`.
@@ -201,22 +203,22 @@ mod tests {
         m.set_nodes("pool-a", &[(NodeState::Migrated, 3), (NodeState::Draining, 1)]);
         m.set_gpus("pool-a", 16, 24);
         m.evictions.get_or_create(&EvictionLabels { result: "blocked" }).inc();
-        m.backend_overlap_nodes.get_or_create(&PoolLabels { pool: "pool-a".into() }).set(1);
-        m.drain_duration.get_or_create(&PoolLabels { pool: "pool-a".into() }).observe(42.0);
+        m.backend_overlap_nodes.get_or_create(&MigrationLabels { migration: "pool-a".into() }).set(1);
+        m.drain_duration.get_or_create(&MigrationLabels { migration: "pool-a".into() }).observe(42.0);
         let text = m.encode();
         for want in [
             "switchyard_reconciliations_total 1",
             "switchyard_reconcile_errors_total{category=\"EvictPod\"} 1",
             "# UNIT switchyard_reconcile_duration_seconds seconds",
             "switchyard_reconcile_duration_seconds_count 1",
-            "switchyard_nodes{pool=\"pool-a\",state=\"Migrated\"} 3",
-            "switchyard_nodes{pool=\"pool-a\",state=\"Pending\"} 0",
-            "switchyard_pool_gpus{pool=\"pool-a\",backend=\"device-plugin\"} 16",
-            "switchyard_pool_gpus{pool=\"pool-a\",backend=\"dra\"} 24",
+            "switchyard_nodes{migration=\"pool-a\",state=\"Migrated\"} 3",
+            "switchyard_nodes{migration=\"pool-a\",state=\"Pending\"} 0",
+            "switchyard_pool_gpus{migration=\"pool-a\",backend=\"device-plugin\"} 16",
+            "switchyard_pool_gpus{migration=\"pool-a\",backend=\"dra\"} 24",
             "switchyard_evictions_total{result=\"blocked\"} 1",
-            "switchyard_backend_overlap_nodes{pool=\"pool-a\"} 1",
+            "switchyard_backend_overlap_nodes{migration=\"pool-a\"} 1",
             "# UNIT switchyard_drain_duration_seconds seconds",
-            "switchyard_drain_duration_seconds_bucket{le=\"64.0\",pool=\"pool-a\"} 1",
+            "switchyard_drain_duration_seconds_bucket{le=\"64.0\",migration=\"pool-a\"} 1",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

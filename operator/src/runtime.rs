@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::controller::{self, Config};
-use crate::leader::{Elector, RENEW_INTERVAL};
+use crate::leader::{Elector, RENEW_DEADLINE, RENEW_INTERVAL};
 use crate::metrics::Metrics;
 
 /// Everything `main` parses from flags and environment.
@@ -169,20 +169,25 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         let elector =
             Elector::new(client.clone(), &settings.namespace, &settings.lease_name, &settings.identity);
         tokio::spawn(async move {
-            // Leadership is lost after this many renewals fail in a row: the lease has expired
-            // by then (3 × 5 s = its 15 s duration).
-            let mut failures = 0;
+            // Leadership is lost when another holder has the Lease, or when no renewal has
+            // succeeded for RENEW_DEADLINE; each attempt is bounded by what is left of it, so a
+            // hung request cannot outlast the lease.
+            let mut renewed = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(RENEW_INTERVAL).await;
-                match elector.try_acquire().await {
-                    Ok(true) => failures = 0,
-                    Ok(false) => failures = 3,
-                    Err(e) => {
-                        warn!(error = %e, "renewing the lease failed");
-                        failures += 1;
+                let left = RENEW_DEADLINE.saturating_sub(renewed.elapsed());
+                match tokio::time::timeout(left, elector.try_acquire()).await {
+                    Ok(Ok(true)) => renewed = tokio::time::Instant::now(),
+                    Ok(Ok(false)) => {
+                        warn!("another replica holds the lease");
+                        let _ = lost_tx.send(true);
+                        return;
                     }
+                    Ok(Err(e)) => warn!(error = %e, "renewing the lease failed"),
+                    Err(_) => warn!("renewing the lease timed out"),
                 }
-                if failures >= 3 {
+                if renewed.elapsed() >= RENEW_DEADLINE {
+                    warn!(deadline = ?RENEW_DEADLINE, "no renewal within the deadline");
                     let _ = lost_tx.send(true);
                     return;
                 }
@@ -210,10 +215,19 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         _ = &mut term => false,
         Ok(_) = lost_rx.wait_for(|l| *l) => true,
     };
-    info!(lost_leadership = lost, "stopping: finishing in-flight reconciles");
     ready.store(false, Ordering::SeqCst);
     let _ = stop_tx.send(true);
-    if let Err(e) = ctrl.await {
+    if lost {
+        // Not one more write: a standby may lead already. Whatever a reconcile left half done
+        // is in the API and the next leader resumes it.
+        warn!("lost leadership: stopping at once");
+        ctrl.abort();
+    } else {
+        info!("stopping: finishing in-flight reconciles");
+    }
+    if let Err(e) = ctrl.await
+        && !e.is_cancelled()
+    {
         error!(error = %e, "controller task failed");
     }
     if let Some(r) = renew {
