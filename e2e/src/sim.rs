@@ -374,6 +374,12 @@ impl Simulator {
     }
 
     /// Lets the simulator start the agent for `node` again (while its DRA pod runs).
+    /// Keeps a node's agent from starting when its node turns DRA, as an agent that cannot start
+    /// there (a crash loop, a missing driver) would: the node never publishes its devices.
+    pub fn hold_agent(&self, node: &str) {
+        self.state.lock().unwrap().held_agents.insert(node.to_owned());
+    }
+
     pub fn start_agent(&self, node: &str) {
         self.state.lock().unwrap().held_agents.remove(node);
         self.changed.notify_one();

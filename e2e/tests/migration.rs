@@ -619,6 +619,96 @@ async fn a_leader_that_loses_its_lease_stops_at_once_and_the_standby_finishes() 
 }
 
 #[tokio::test]
+async fn a_pdb_that_never_allows_eviction_fails_the_drain_and_deleting_the_migration_returns_the_node()
+-> anyhow::Result<()> {
+    with_pool("drainto", 2, 1, async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("pinned", 1, 1).await?;
+        pool.pdb("pinned", "pinned", 1).await?;
+        let pinned = pool.wait_running(1).await?;
+        let blocked = pinned[0].spec.as_ref().unwrap().node_name.clone().unwrap();
+        let overrides = json!({"strategy": {"maxUnavailable": 2, "drain": {"gracePeriodSeconds": 1, "timeoutSeconds": 10}}});
+        let gpm = pool.migration(&name, overrides)?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        // onFailure Pause: the node fails with DrainTimeout and the migration stalls on it.
+        let failed = pool
+            .wait_status(&name, "the drain timed out and the other node moved", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.nodes.migrated == 1 && s.failed.iter().any(|f| f.name == blocked && f.reason == "DrainTimeout")
+                })
+            })
+            .await?;
+        assert_eq!(failed.status.as_ref().unwrap().phase, Some(Phase::Paused));
+        let stalled = condition(&failed, "Stalled").unwrap();
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "NodeFailed"), "{}", stalled.message);
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let n = nodes.get(&blocked).await?;
+        assert_eq!(pool::node_state(&pool.client, &blocked).await?, "Failed");
+        assert_eq!(n.spec.as_ref().unwrap().unschedulable, Some(true), "a failed node stays cordoned");
+        assert_eq!(backend(&n), "device-plugin", "a drain failure never flips the node");
+        let still = pool.wait_running(1).await?;
+        assert_eq!(still[0].uid(), pinned[0].uid(), "the PDB-protected pod was never evicted");
+
+        // Deleting the migration returns the node, which never switched, to service as it was.
+        pool.migrations().delete(&name, &DeleteParams::default()).await?;
+        switchyard_e2e::wait::until("the migration to be deleted", MIGRATION, || async {
+            Ok(pool.migrations().get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await?;
+        let n = nodes.get(&blocked).await?;
+        assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{blocked} is left cordoned");
+        assert_eq!(backend(&n), "device-plugin");
+        let left: Vec<&String> = n.annotations().keys().filter(|k| k.starts_with("switchyard.dev/")).collect();
+        assert!(left.is_empty(), "records left on a node that never switched: {left:?}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_node_whose_driver_never_publishes_times_out_and_rolls_back_under_on_failure_rollback()
+-> anyhow::Result<()> {
+    with_pool("switchto", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let broken = pool.nodes[0].clone();
+        pool.sim().hold_agent(&broken);
+        let sampler = pool.sample();
+        let overrides = json!({"strategy": {"maxUnavailable": 2, "onFailure": "Rollback", "verify": {"timeoutSeconds": 10}}});
+        let gpm = pool.migration(&name, overrides)?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        // The switch times out, the node goes back to the device plugin, the other one moves.
+        let done = pool
+            .wait_status(&name, "the broken node rolled back, the other migrated", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| s.phase == Some(Phase::Failed))
+            })
+            .await?;
+        let status = done.status.as_ref().unwrap();
+        assert_eq!((status.nodes.migrated, status.nodes.failed), (1, 1));
+        let f = status.failed.iter().find(|f| f.name == broken).expect("the broken node is listed");
+        assert_eq!((f.reason.as_str(), f.state), ("SwitchTimeout", switchyard_operator::api::v1alpha1::NodeState::Switching));
+        assert!(f.message.contains("DRA devices 0 (need 2)"), "{}", f.message);
+        assert_eq!(condition(&done, "Stalled").map(|c| c.reason.as_str()), Some("NodesFailed"));
+        assert_eq!(pool::node_state(&pool.client, &broken).await?, "RolledBack");
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let n = nodes.get(&broken).await?;
+        assert_eq!(backend(&n), "device-plugin");
+        assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "a rolled-back node is uncordoned");
+        switchyard_e2e::wait::until("the device plugin to serve the node again", MIGRATION, || async {
+            Ok((pool::allocatable(&nodes.get(&broken).await?, "nvidia.com/gpu") == 2).then_some(()))
+        })
+        .await?;
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
 async fn paused_migration_stops_at_a_safe_point_and_resumes() -> anyhow::Result<()> {
     with_pool("pause", 5, 2, async |pool| {
         let name = pool.id.clone();

@@ -1432,19 +1432,8 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                 step_node(ctx, &view, node, false).await?;
                 busy += 1;
             }
-            s => {
-                let mut patch = NodePatch::default();
-                if matches!(s, NodeState::Cordoned | NodeState::Draining) {
-                    patch.uncordon(&pn);
-                }
-                patch.label(LABEL_MIGRATION, None);
-                for a in [ANNOTATION_MIGRATION_STATE, ANNOTATION_STATE_SINCE, ANNOTATION_GPUS_BEFORE] {
-                    patch.annotate(a, None);
-                }
-                if s != NodeState::Failed {
-                    patch.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, None);
-                    patch.annotate(ANNOTATION_FAILURE, None);
-                }
+            _ => {
+                let mut patch = release_patch(&pn);
                 patch.metadata.resource_version = node.metadata.resource_version.clone();
                 patch_node(ctx, &pn.name, &patch).await?;
             }
@@ -1455,6 +1444,38 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     }
     ctx.metrics.forget_pool(&name);
     Ok(Requeue::await_change())
+}
+
+/// What a migration's deletion leaves on a node that is not mid-switch. Pure.
+/// - Never switched (Pending, Cordoned, Draining, or Failed before the label flip while still on
+///   the device plugin): back in service, uncordoned unless an admin had cordoned it, every
+///   record removed. The device plugin serves it as before.
+/// - Moved (Migrated, RolledBack): the records go; the backend label stays, and says it all.
+/// - Failed after the flip: the migration's ownership goes, the rest stays: cordoned, state
+///   `Failed` and `switchyard.dev/failure`, so a person reads what happened and a later migration
+///   reads a failed node (it waits for a person), never a Migrated one.
+pub fn release_patch(pn: &PoolNode) -> NodePatch {
+    let mut patch = NodePatch::default();
+    patch.label(LABEL_MIGRATION, None);
+    let failed_after_flip = pn.state() == NodeState::Failed
+        && (pn.backend() == Backend::Dra
+            || pn.failure().is_none_or(|f| !matches!(f.state, NodeState::Cordoned | NodeState::Draining)));
+    if failed_after_flip {
+        return patch;
+    }
+    if matches!(pn.state(), NodeState::Cordoned | NodeState::Draining | NodeState::Failed) {
+        patch.uncordon(pn);
+    }
+    for a in [
+        ANNOTATION_MIGRATION_STATE,
+        ANNOTATION_STATE_SINCE,
+        ANNOTATION_GPUS_BEFORE,
+        ANNOTATION_INITIALLY_UNSCHEDULABLE,
+        ANNOTATION_FAILURE,
+    ] {
+        patch.annotate(a, None);
+    }
+    patch
 }
 
 fn migrations_for_labels(
@@ -1739,6 +1760,56 @@ mod tests {
     fn backoff_doubles_and_caps() {
         let got: Vec<u64> = [1, 2, 3, 4, 7, 40].iter().map(|n| backoff(*n).as_secs()).collect();
         assert_eq!(got, [5, 10, 20, 40, 300, 300]);
+    }
+
+    #[test]
+    fn release_leaves_each_node_readable() {
+        let failure = |state: &str| format!(r#"{{"state":"{state}","reason":"R","message":"m"}}"#);
+        let drain_failed = failure("Draining");
+        let switch_failed = failure("Switching");
+        let all_records = json!({"switchyard.dev/failure": null, "switchyard.dev/gpus-before": null,
+            "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": null,
+            "switchyard.dev/state-since": null});
+        let cases = vec![
+            (
+                "failed in the drain, still on the device plugin: back in service",
+                pn(
+                    &[
+                        (ANNOTATION_MIGRATION_STATE, "Failed"),
+                        (ANNOTATION_FAILURE, drain_failed.as_str()),
+                        (ANNOTATION_INITIALLY_UNSCHEDULABLE, "false"),
+                    ],
+                    true,
+                ),
+                json!({"metadata": {"labels": {"switchyard.dev/migration": null}, "annotations": all_records},
+                       "spec": {"unschedulable": false}}),
+            ),
+            (
+                "failed after the flip: stays cordoned and Failed, only ownership goes",
+                pn(
+                    &[(ANNOTATION_MIGRATION_STATE, "Failed"), (ANNOTATION_FAILURE, switch_failed.as_str())],
+                    true,
+                ),
+                json!({"metadata": {"labels": {"switchyard.dev/migration": null}}}),
+            ),
+            (
+                "draining, an admin's cordon: the cordon stays",
+                pn(
+                    &[(ANNOTATION_MIGRATION_STATE, "Draining"), (ANNOTATION_INITIALLY_UNSCHEDULABLE, "true")],
+                    true,
+                ),
+                json!({"metadata": {"labels": {"switchyard.dev/migration": null}, "annotations": all_records},
+                       "spec": {"unschedulable": true}}),
+            ),
+            (
+                "migrated: records go, the cordon is not touched",
+                pn(&[(ANNOTATION_MIGRATION_STATE, "Migrated")], false),
+                json!({"metadata": {"labels": {"switchyard.dev/migration": null}, "annotations": all_records}}),
+            ),
+        ];
+        for (name, node, want) in cases {
+            assert_eq!(serde_json::to_value(release_patch(&node)).unwrap(), want, "{name}");
+        }
     }
 
     #[test]
