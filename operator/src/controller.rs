@@ -769,7 +769,7 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
                 EventType::Warning,
                 "Recordoned",
                 format!(
-                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; pause the migration to keep it still)"
+                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
                 ),
             ),
             Action::RecordSince => (
