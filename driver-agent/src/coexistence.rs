@@ -70,7 +70,8 @@ impl Guard {
         tokio::spawn(async move {
             let api: Api<Node> = Api::all(client);
             let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-            let mut stream = watcher(api, config).boxed();
+            // Its own short backoff: without one, a failing watch retries in a tight loop.
+            let mut stream = switchyard_operator::watch::backed_off(watcher(api, config)).boxed();
             while let Some(event) = stream.next().await {
                 let n = match event {
                     Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use switchyard_operator::well_known;
 use tokio::sync::mpsc;
 
@@ -206,7 +206,9 @@ impl SliceWatch {
         let api: Api<ResourceSlice> = Api::all(client);
         tokio::spawn(async move {
             let config = watcher::Config::default().labels(&labels).fields(&fields);
-            let mut stream = watcher(api, config).default_backoff().boxed();
+            // A short backoff of its own (at most 5 s), not client-go's 30 s: the slices are back in
+            // view within seconds of an API-server restart.
+            let mut stream = switchyard_operator::watch::backed_off(watcher(api, config)).boxed();
             let mut listing: Vec<SliceRef> = Vec::new();
             while let Some(event) = stream.next().await {
                 let event = match event {

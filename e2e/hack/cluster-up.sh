@@ -153,7 +153,7 @@ wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 # --endpoint-reconciler-type=none: the loopback advertise address is valid for serving but may not
 # be written into the kubernetes Service endpoints, and a machine without a default route has no
 # other address to advertise.
-launch kube-apiserver "$bin/kube-apiserver" \
+apiserver=("$bin/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
   --bind-address "$api_bind" --secure-port "$api_port" --advertise-address 127.0.0.1 \
   --endpoint-reconciler-type none \
@@ -166,7 +166,10 @@ launch kube-apiserver "$bin/kube-apiserver" \
   --allow-privileged=true \
   --kubelet-preferred-address-types InternalIP,Hostname \
   --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/logs/audit.log" \
-  --audit-log-maxsize 200 --audit-log-maxbackup 1
+  --audit-log-maxsize 200 --audit-log-maxbackup 1)
+# restart-apiserver.sh starts the same command again (the API-server restart scenario).
+printf '%s\0' "${apiserver[@]}" > "$state/apiserver.cmd"
+launch kube-apiserver "${apiserver[@]}"
 wait_for kube-apiserver 120 kubectl get --raw /readyz
 
 launch kube-controller-manager "$bin/kube-controller-manager" \

@@ -79,6 +79,24 @@ impl Pool {
         gpus: u32,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
+        let layouts = (0..nodes).map(|_| (GpuLayout::gpus(gpus), BTreeMap::new())).collect();
+        Self::build(prefix, layouts, unregister_delay).await
+    }
+
+    /// A pool of one node per entry of `layouts`, each with that GPU layout and those extra
+    /// labels (GPU Feature Discovery's, say).
+    pub async fn with_layouts(
+        prefix: &str,
+        layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
+    ) -> anyhow::Result<Self> {
+        Self::build(prefix, layouts, Duration::from_secs(1)).await
+    }
+
+    async fn build(
+        prefix: &str,
+        layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
+        unregister_delay: Duration,
+    ) -> anyhow::Result<Self> {
         let client = cluster::client().await?;
         let id = unique(prefix);
         let system_ns = format!("{id}-system");
@@ -102,10 +120,13 @@ impl Pool {
         });
         let sim = Simulator::start(client.clone(), config).await?;
         let mut names = Vec::new();
-        for i in 0..nodes {
+        let mut advertised = Vec::new();
+        for (i, (layout, mut labels)) in layouts.into_iter().enumerate() {
             let name = format!("{id}-n{i}");
-            let labels = BTreeMap::from([("pool".to_owned(), id.clone())]);
-            sim.add_node(SimNode { name: name.clone(), labels, layout: GpuLayout::gpus(gpus) }).await?;
+            labels.insert("pool".to_owned(), id.clone());
+            let gpus = layout.device_plugin_resources().get(NVIDIA_GPU_RESOURCE).copied().unwrap_or(0);
+            advertised.push((name.clone(), gpus));
+            sim.add_node(SimNode { name: name.clone(), labels, layout }).await?;
             names.push(name);
         }
         let pool = Self {
@@ -120,7 +141,7 @@ impl Pool {
             work_dir,
         };
         pool.create_daemonsets().await?;
-        pool.wait_device_plugin_serving(gpus).await?;
+        pool.wait_device_plugin_serving(&advertised).await?;
         Ok(pool)
     }
 
@@ -144,14 +165,14 @@ impl Pool {
         Ok(())
     }
 
-    async fn wait_device_plugin_serving(&self, gpus: u32) -> anyhow::Result<()> {
+    /// Waits until each node advertises its `nvidia.com/gpu` count.
+    async fn wait_device_plugin_serving(&self, advertised: &[(String, u32)]) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let names = self.nodes.clone();
         wait::until("the device plugin to serve every pool node", Duration::from_secs(90), || {
-            let (nodes, names) = (nodes.clone(), names.clone());
+            let nodes = nodes.clone();
             async move {
-                for n in &names {
-                    if allocatable(&nodes.get(n).await?, NVIDIA_GPU_RESOURCE) != i64::from(gpus) {
+                for (n, gpus) in advertised {
+                    if allocatable(&nodes.get(n).await?, NVIDIA_GPU_RESOURCE) != i64::from(*gpus) {
                         return Ok(None);
                     }
                 }
@@ -478,20 +499,24 @@ impl Sampler {
         let samples = Arc::new(Mutex::new(Samples::default()));
         let out = samples.clone();
         let task = tokio::spawn(async move {
-            let nodes = watcher(
+            // Each watch with a short backoff of its own: through an API-server restart the
+            // sampler relists within seconds, without spinning.
+            use switchyard_operator::watch::backed_off;
+            let nodes = backed_off(watcher(
                 Api::<Node>::all(client.clone()),
                 watcher::Config::default().labels(&format!("pool={pool}")),
-            )
+            ))
             .map(|e| lift(e, |n, live| Update::Node(Box::new(n), live)));
-            let slices = watcher(
+            let slices = backed_off(watcher(
                 Api::<ResourceSlice>::all(client.clone()),
                 watcher::Config::default().fields(&format!("spec.driver={driver}")),
-            )
+            ))
             .map(|e| lift(e, |s, live| Update::Slice(Box::new(s), live)));
-            let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+            let pods = backed_off(watcher(Api::<Pod>::all(client.clone()), watcher::Config::default()))
                 .map(|e| lift(e, |p, live| Update::Pod(Box::new(p), live)));
-            let rules = watcher(Api::<DeviceTaintRule>::all(client.clone()), watcher::Config::default())
-                .map(|e| lift(e, |r, live| Update::Rule(Box::new(r), live)));
+            let rules =
+                backed_off(watcher(Api::<DeviceTaintRule>::all(client.clone()), watcher::Config::default()))
+                    .map(|e| lift(e, |r, live| Update::Rule(Box::new(r), live)));
             let mut all =
                 futures::stream::select_all([nodes.boxed(), slices.boxed(), pods.boxed(), rules.boxed()]);
             let mut view = View::default();
@@ -579,9 +604,8 @@ impl View {
                     } else {
                         set.remove(&uid);
                     }
-                    let mut samples = out.lock().unwrap();
-                    let seen = samples.min_ready.entry(app).or_insert(usize::MAX);
-                    *seen = (*seen).min(set.len());
+                    // The fewest Ready is taken in `check`, once every watch has listed: during
+                    // the initial list the pods arrive one by one, which no instant ever had.
                     if !live {
                         let gpu = p.spec.as_ref().is_some_and(|s| {
                             s.containers.iter().any(|c| {
@@ -591,7 +615,7 @@ impl View {
                                     .is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/")))
                             })
                         });
-                        samples.deleted_pods.push((uid, gpu));
+                        out.lock().unwrap().deleted_pods.push((uid, gpu));
                     }
                 }
             }
@@ -601,6 +625,10 @@ impl View {
     fn check(&self, pool: &str, out: &Mutex<Samples>) {
         let mut samples = out.lock().unwrap();
         samples.events += 1;
+        for (app, ready) in &self.ready_by_app {
+            let seen = samples.min_ready.entry(app.clone()).or_insert(usize::MAX);
+            *seen = (*seen).min(ready.len());
+        }
         let rules: Vec<&DeviceTaintRule> = self.rules.values().collect();
         for (name, node) in &self.nodes {
             let alloc = allocatable(node, NVIDIA_GPU_RESOURCE);

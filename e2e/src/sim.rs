@@ -8,9 +8,11 @@
 //!   kubelet v1.37.2 and containerd 2.1. It renews each node's Lease in `kube-node-lease` and
 //!   removes the `node.kubernetes.io/not-ready` taint that admission puts on new nodes.
 //! - **Pods.** A pod bound to one of its nodes is marked `Running` and `Ready` (no container runs).
-//!   A pod with `restartPolicy: Never` (a canary) is marked `Succeeded`, exit code 0, a second later.
+//!   A pod with `restartPolicy: Never` (a canary) is marked `Succeeded`, exit code 0, a second later
+//!   (or never, on a node given to [`Simulator::hang_run_once_pods`]).
 //!   A deleted pod is removed for good once its `deletionGracePeriodSeconds` have passed, as the
-//!   kubelet does after stopping the containers.
+//!   kubelet does after stopping the containers; like the kubelet, it retries that final DELETE
+//!   until the API server takes it (a pod evicted just before an API-server restart).
 //! - **The device-plugin role.** While a pod of the configured device-plugin DaemonSet runs on a
 //!   node, the node's capacity and allocatable for `nvidia.com/gpu` (and `nvidia.com/mig-<profile>`
 //!   for MIG devices) equal its GPUs. Once that pod is gone, they drop to 0 after a configurable
@@ -101,6 +103,15 @@ pub struct GpuLayout {
     /// Product name published in DRA attributes.
     #[serde(default = "default_product")]
     pub product: String,
+    /// Time-slicing replicas per full GPU (0 or 1: not shared). The device plugin then advertises
+    /// `gpus × replicas` of `nvidia.com/gpu`, as its `sharing.timeSlicing` config does; the
+    /// driver still discovers `gpus`.
+    #[serde(default, skip_serializing_if = "is_unshared")]
+    pub time_slicing_replicas: u32,
+}
+
+fn is_unshared(replicas: &u32) -> bool {
+    *replicas <= 1
 }
 
 fn default_product() -> String {
@@ -118,20 +129,26 @@ fn mig_profile_size(profile: &str) -> (u64, u32) {
 impl GpuLayout {
     /// `n` full GPUs of the default product.
     pub fn gpus(n: u32) -> Self {
-        Self { gpus: n, mig_gpus: Vec::new(), product: default_product() }
+        Self { gpus: n, mig_gpus: Vec::new(), product: default_product(), time_slicing_replicas: 0 }
     }
 
     /// `n` GPUs in MIG mode, each split into `profiles`.
     pub fn mig(n: u32, profiles: &[&str]) -> Self {
         let per_gpu: Vec<String> = profiles.iter().map(|p| (*p).to_owned()).collect();
-        Self { gpus: 0, mig_gpus: vec![per_gpu; n as usize], product: default_product() }
+        Self {
+            gpus: 0,
+            mig_gpus: vec![per_gpu; n as usize],
+            product: default_product(),
+            time_slicing_replicas: 0,
+        }
     }
 
     /// The extended resources the device plugin advertises for this layout.
     pub fn device_plugin_resources(&self) -> BTreeMap<String, u32> {
         let mut out = BTreeMap::new();
         if self.gpus > 0 {
-            out.insert(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(), self.gpus);
+            let advertised = self.gpus * self.time_slicing_replicas.max(1);
+            out.insert(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(), advertised);
         }
         for profile in self.mig_gpus.iter().flatten() {
             *out.entry(format!("nvidia.com/mig-{profile}")).or_default() += 1;
@@ -259,6 +276,8 @@ struct State {
     plugins: HashMap<String, (String, Role)>,
     /// Nodes whose agent a test stopped on purpose; it is not restarted until started again.
     held_agents: std::collections::HashSet<String>,
+    /// Nodes whose run-to-completion pods never exit.
+    hung_run_once: std::collections::HashSet<String>,
     /// Nodes whose kubelet a test made report NotReady.
     not_ready: std::collections::HashSet<String>,
 }
@@ -378,6 +397,12 @@ impl Simulator {
     /// there (a crash loop, a missing driver) would: the node never publishes its devices.
     pub fn hold_agent(&self, node: &str) {
         self.state.lock().unwrap().held_agents.insert(node.to_owned());
+    }
+
+    /// Keeps run-to-completion pods (canaries) on `node` running forever, as a canary whose GPU
+    /// job hangs would: the node's verification can only time out.
+    pub fn hang_run_once_pods(&self, node: &str) {
+        self.state.lock().unwrap().hung_run_once.insert(node.to_owned());
     }
 
     pub fn start_agent(&self, node: &str) {
@@ -539,7 +564,11 @@ fn role_of(pod: &Pod, config: &SimConfig) -> Role {
 /// plugin pods run where.
 async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, changed: Arc<Notify>) {
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut stream = watcher(pods.clone(), watcher::Config::default().fields("spec.nodeName!=")).boxed();
+    let mut stream = switchyard_operator::watch::backed_off(watcher(
+        pods.clone(),
+        watcher::Config::default().fields("spec.nodeName!="),
+    ))
+    .boxed();
     let mut finishing: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut completing = std::collections::HashSet::new();
     while let Some(event) = stream.next().await {
@@ -589,7 +618,21 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
                             }),
                             ..Default::default()
                         };
-                        let _ = pods.delete(&name, &dp).await;
+                        // A real kubelet keeps trying until the API server takes the final
+                        // DELETE: one sent while it restarts must not leave the pod Terminating.
+                        let mut retry = Duration::from_millis(250);
+                        loop {
+                            match pods.delete(&name, &dp).await {
+                                Ok(_) => break,
+                                // Gone already, or a new pod of the same name (uid precondition).
+                                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => break,
+                                Err(e) => {
+                                    tracing::debug!(pod = %name, error = %e, "final delete failed; retrying");
+                                    tokio::time::sleep(retry).await;
+                                    retry = (retry * 2).min(Duration::from_secs(2));
+                                }
+                            }
+                        }
                     }),
                 );
             }
@@ -604,7 +647,8 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
         }
         // A run-to-completion pod (a canary) "exits 0" a moment after it starts.
         let run_once = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never");
-        if run_once && phase == "Running" && completing.insert(uid.clone()) {
+        let hangs = state.lock().unwrap().hung_run_once.contains(&node);
+        if run_once && phase == "Running" && !hangs && completing.insert(uid.clone()) {
             let client = client.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(RUN_ONCE_DURATION).await;

@@ -923,3 +923,378 @@ async fn killed_mid_step(pool: &mut Pool) -> anyhow::Result<()> {
     assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
     Ok(())
 }
+
+/// How long the API server stays down in the restart scenario: longer than a watch's longest
+/// backoff, short enough that no node's Lease (40 s) expires.
+const API_SERVER_DOWN_SECONDS: u32 = 10;
+/// The restart scenario's bound from the API server's return to Completed. Three sim nodes take
+/// about 25 s at `maxUnavailable: 1`; an operator whose caches froze took 250 to 300 s.
+const AFTER_API_SERVER_RETURN: Duration = Duration::from_secs(90);
+
+#[tokio::test]
+async fn an_api_server_restart_mid_migration_delays_it_by_the_downtime_only() -> anyhow::Result<()> {
+    with_pool("apirestart", 4, 2, async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("trainer", 4, 1).await?;
+        pool.wait_running(4).await?;
+        let sampler = pool.sample();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        pool.wait_status(&name, "one node migrated and the next in flight", MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| s.nodes.migrated >= 1 && !s.in_progress.is_empty())
+        })
+        .await?;
+
+        let script = switchyard_e2e::cluster::repo_root().join("e2e/hack/restart-apiserver.sh");
+        let out = tokio::process::Command::new("bash")
+            .arg(&script)
+            .arg(API_SERVER_DOWN_SECONDS.to_string())
+            .env("SWITCHYARD_CLUSTER_STATE", switchyard_e2e::cluster::kubeconfig().parent().unwrap())
+            .output()
+            .await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "restart-apiserver.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let back = std::time::Instant::now();
+        let done = pool.wait_phase(&name, Phase::Completed, AFTER_API_SERVER_RETURN).await?;
+        eprintln!(
+            "api-server restart: Completed {:.1}s after /readyz answered again",
+            back.elapsed().as_secs_f64()
+        );
+        assert_eq!(done.status.as_ref().unwrap().nodes.migrated, 4);
+
+        // The operator saw the outage (its watches failed) and got over it by itself.
+        let log = std::fs::read_to_string(pool.log_dir().join("operator.log"))?;
+        assert!(
+            log.contains("watch failed; it retries on its own"),
+            "no watch failure logged; did the API server go away?"
+        );
+        let after = pool.wait_running(4).await?;
+        assert_gpu_pods_on_dra(pool, &after).await?;
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}
+
+/// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
+async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
+    let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())
+        .args(["plan", name, "-o", "json"])
+        .env("KUBECONFIG", switchyard_e2e::cluster::kubeconfig())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    let report = serde_json::from_slice(&out.stdout)
+        .map_err(|e| anyhow::anyhow!("plan -o json: {e}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok((out.status.code().unwrap_or(-1), report))
+}
+
+#[tokio::test]
+async fn unmapped_resources_and_shared_gpus_block_until_mapped_and_acknowledged() -> anyhow::Result<()> {
+    use std::collections::BTreeMap;
+    use switchyard_e2e::sim::GpuLayout;
+    let _serial = pool::SERIAL.lock().await;
+    // n0: 2 GPUs time-sliced 2 ways, labelled as GPU Feature Discovery labels such a node.
+    // n1: 1 full GPU and 1 in MIG mode with two 1g.10gb instances.
+    let gfd = BTreeMap::from([
+        ("nvidia.com/gpu.sharing-strategy".to_owned(), "time-slicing".to_owned()),
+        ("nvidia.com/gpu.replicas".to_owned(), "2".to_owned()),
+        ("nvidia.com/gpu.count".to_owned(), "2".to_owned()),
+    ]);
+    let shared = GpuLayout { time_slicing_replicas: 2, ..GpuLayout::gpus(2) };
+    let mixed = GpuLayout { gpus: 1, ..GpuLayout::mig(1, &["1g.10gb", "1g.10gb"]) };
+    let pool = Pool::with_layouts("capacity", vec![(shared, gfd), (mixed, BTreeMap::new())]).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let (sliced, mig) = (pool.nodes[0].clone(), pool.nodes[1].clone());
+        pool.deployment("trainer", 2, 1).await?;
+        pool.wait_running(2).await?;
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        // 1. The MIG resource has no spec.resources entry: nothing starts, the condition, an
+        //    event and the plan name the resource and the node.
+        let blocked = pool
+            .wait_status(&name, "PrerequisitesMet False: UnmappedResources", MIGRATION, |g| {
+                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "UnmappedResources")
+            })
+            .await?;
+        let c = condition(&blocked, "PrerequisitesMet").unwrap();
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains(&format!("nvidia.com/mig-1g.10gb on {mig}")), "{}", c.message);
+        assert!(!c.message.contains(&sliced), "only the node that advertises it is named: {}", c.message);
+        let (code, plan) = plan_json(&name).await?;
+        assert_eq!(code, 2, "plan blocks: {plan}");
+        let blockers = plan["blockers"].to_string();
+        assert!(blockers.contains("nvidia.com/mig-1g.10gb"), "{blockers}");
+        // Untouched: no migration state, not cordoned.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        for n in [&mig, &sliced] {
+            assert_eq!(pool::node_state(&pool.client, n).await?, "", "{n} was touched");
+            assert_ne!(nodes.get(n).await?.spec.unwrap().unschedulable, Some(true), "{n} is cordoned");
+        }
+
+        // 2. Mapped: the shared GPUs block next, with the capacity before and after.
+        let mig_entry = json!({"extendedResourceName": "nvidia.com/mig-1g.10gb", "deviceClassName": format!("{}.mig-1g10gb", pool.id),
+            "selector": format!("device.attributes['{}'].type == 'mig' && device.attributes['{}'].profile == '1g.10gb'", pool.driver, pool.driver)});
+        let mut resources = serde_json::to_value(&gpm.spec.resources)?;
+        resources.as_array_mut().unwrap().push(mig_entry);
+        patch_spec(&pool.migrations(), &name, json!({"resources": resources})).await?;
+        let blocked = pool
+            .wait_status(&name, "PrerequisitesMet False: GpuSharingNotAcknowledged", MIGRATION, |g| {
+                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "GpuSharingNotAcknowledged")
+            })
+            .await?;
+        let message = &condition(&blocked, "PrerequisitesMet").unwrap().message;
+        assert!(message.contains("capacity drops from 4 to 2 on 1 node(s)"), "{message}");
+        assert!(message.contains(&format!("{sliced}: 4 on 2 GPU(s), time-slicing, 2 replicas per GPU")), "{message}");
+        assert!(message.contains("spec.acknowledge.gpuSharingLoss: true"), "{message}");
+        let (code, plan) = plan_json(&name).await?;
+        assert_eq!(code, 2);
+        assert!(plan["blockers"].to_string().contains("capacity drops from 4 to 2"), "{}", plan["blockers"]);
+        let reasons: Vec<String> = event_reasons(pool, &name).await?.into_iter().map(|(r, _)| r).collect();
+        for want in ["UnmappedResources", "GpuSharingNotAcknowledged"] {
+            assert!(reasons.iter().any(|r| r == want), "no {want} event: {reasons:?}");
+        }
+        assert_eq!(pool::node_state(&pool.client, &sliced).await?, "", "{sliced} was touched");
+
+        // 3. Acknowledged: the pool moves, the shared node counts as switched once its 2
+        //    physical GPUs are published (not 4), and the change stays on record.
+        patch_spec(&pool.migrations(), &name, json!({"acknowledge": {"gpuSharingLoss": true}})).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.migrated, 2);
+        // The acknowledged change was on record while the shared node waited to move.
+        let events = event_reasons(pool, &name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "GpuSharingLossAcknowledged"
+                && note.contains("capacity drops from 4 to 2")
+                && note.contains("acknowledged by spec.acknowledge.gpuSharingLoss")),
+            "{events:?}"
+        );
+        let n = Api::<Node>::all(pool.client.clone()).get(&sliced).await?;
+        let before: BTreeMap<String, u64> =
+            serde_json::from_str(&n.annotations()["switchyard.dev/gpus-before"])?;
+        assert_eq!(before["nvidia.com/gpu"], 2, "{before:?}");
+        let after = pool.wait_running(2).await?;
+        assert_gpu_pods_on_dra(pool, &after).await?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_canary_that_never_finishes_fails_its_node_with_verify_timeout_and_the_other_moves()
+-> anyhow::Result<()> {
+    with_pool("verifyto", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let hung = pool.nodes[0].clone();
+        pool.sim().hang_run_once_pods(&hung);
+        let sampler = pool.sample();
+        let canary = json!({"image": "registry.k8s.io/pause:3.10"});
+        let overrides =
+            json!({"strategy": {"maxUnavailable": 2, "verify": {"timeoutSeconds": 10, "canary": canary}}});
+        let gpm = pool.migration(&name, overrides)?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        // onFailure: Pause (the default): the node stops where it failed, the other completes.
+        let done = pool
+            .wait_status(&name, "one node failed in Verifying, the other migrated", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| s.nodes.failed == 1 && s.nodes.migrated == 1)
+            })
+            .await?;
+        let status = done.status.as_ref().unwrap();
+        let f = status.failed.iter().find(|f| f.name == hung).expect("the hung node is listed");
+        assert_eq!(
+            (f.reason.as_str(), f.state),
+            ("VerifyTimeout", switchyard_operator::api::v1alpha1::NodeState::Verifying)
+        );
+        assert!(f.message.contains("canary did not succeed within 10s"), "{}", f.message);
+        assert_eq!(pool::node_state(&pool.client, &hung).await?, "Failed");
+        // It failed after the switch: it stays cordoned on DRA for a person to look at, and the
+        // pool says it needs one.
+        let n = Api::<Node>::all(pool.client.clone()).get(&hung).await?;
+        assert_eq!(backend(&n), "dra");
+        assert_eq!(
+            n.spec.as_ref().unwrap().unschedulable,
+            Some(true),
+            "a node that failed verification stays cordoned"
+        );
+        let stalled = condition(&done, "Stalled").expect("Stalled is set");
+        assert_eq!(stalled.status, "True", "{stalled:?}");
+        let events = event_reasons(pool, &name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "VerifyTimeout" && note.contains(&hung)),
+            "no VerifyTimeout event naming {hung}: {events:?}"
+        );
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}
+
+/// SIGKILLs in the chaos scenario: at random instants, 0.2 to 2 s apart.
+const CHAOS_KILLS: u32 = 20;
+
+/// xorshift64: the chaos scenario's instants, reproducible from the printed seed.
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[tokio::test]
+async fn twenty_sigkills_at_random_instants_of_a_six_node_migration_break_no_invariant() -> anyhow::Result<()>
+{
+    let _serial = pool::SERIAL.lock().await;
+    // A 3 s device-plugin unregister delay makes each switch take seconds, so the kills land in
+    // every step, not after the migration is over.
+    let pool = Pool::with_unregister_delay("chaos", 6, 2, Duration::from_secs(3)).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("trainer", 4, 1).await?;
+        pool.pdb("trainer", "trainer", 3).await?;
+        pool.deployment("web", 3, 0).await?;
+        let before = pool.wait_running(7).await?;
+        let web_before: BTreeSet<String> =
+            before.iter().filter(|p| p.labels()["app"] == "web").map(|p| p.uid().unwrap()).collect();
+        let sampler = pool.sample();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64 | 1;
+        eprintln!("chaos: seed {seed}");
+        let mut rng = seed;
+        let mut kills = Vec::new();
+        while kills.len() < CHAOS_KILLS as usize {
+            tokio::time::sleep(Duration::from_millis(200 + next_random(&mut rng) % 1800)).await;
+            let states = node_states(&pool.client, pool).await?;
+            let moving: Vec<String> = states
+                .iter()
+                .filter(|(_, s)| !["", "Pending", "Migrated"].contains(&s.as_str()))
+                .map(|(n, s)| format!("{n}={s}"))
+                .collect();
+            let migrated = states.values().filter(|s| *s == "Migrated").count();
+            anyhow::ensure!(
+                migrated < states.len(),
+                "the migration completed after {} kill(s) of {CHAOS_KILLS} (seed {seed}): slow the pool down",
+                kills.len()
+            );
+            pool.operator.take().unwrap().kill().await?;
+            kills.push(format!("{migrated} migrated, {}", moving.join(" ")));
+            pool.start_operator()?;
+        }
+        eprintln!("chaos: killed at\n  {}", kills.join("\n  "));
+
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let status = done.status.as_ref().unwrap();
+        assert_eq!((status.nodes.migrated, status.nodes.failed), (6, 0), "{:?}", status.failed);
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        for n in &pool.nodes {
+            let node = nodes.get(n).await?;
+            assert_eq!(backend(&node), "dra", "{n}");
+            assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "{n} is left cordoned");
+        }
+        let after = pool.wait_running(7).await?;
+        assert_gpu_pods_on_dra(pool, &after).await?;
+        let web_after: BTreeSet<String> =
+            after.iter().filter(|p| p.labels()["app"] == "web").map(|p| p.uid().unwrap()).collect();
+        assert_eq!(web_before, web_after, "non-GPU pods were evicted");
+
+        let samples = sampler.stop();
+        assert!(
+            samples.overlaps.is_empty(),
+            "nodes served by both backends (seed {seed}): {:?}",
+            samples.overlaps
+        );
+        assert!(samples.orphaned_claim_holders.is_empty(), "{:?}", samples.orphaned_claim_holders);
+        assert!(
+            samples.deleted_pods.iter().all(|(_, gpu)| *gpu),
+            "a non-GPU pod was deleted: {:?}",
+            samples.deleted_pods
+        );
+        assert!(
+            samples.max_in_flight.0 <= 1,
+            "more nodes in flight than maxUnavailable 1 (seed {seed}): {:?}",
+            samples.max_in_flight
+        );
+        let min_ready = samples.min_ready.get("trainer").copied();
+        assert!(
+            min_ready.is_some_and(|m| m >= 3),
+            "the trainer PDB (minAvailable 3) was violated: {min_ready:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gate_that_closes_mid_migration_holds_the_drained_node_before_its_switch() -> anyhow::Result<()> {
+    with_pool("gatehold", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        // One GPU pod whose PDB allows no disruption keeps its node in Draining.
+        pool.deployment("pinned", 1, 1).await?;
+        pool.pdb("pinned", "pinned", 1).await?;
+        let pinned = pool.wait_running(1).await?;
+        let node = pinned[0].spec.as_ref().unwrap().node_name.clone().unwrap();
+        let sampler = pool.sample();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        pool.wait_status(&name, "the drain blocked by the PDB", MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.in_progress.iter().any(|p| p.name == node && p.message.contains("PodDisruptionBudget"))
+            })
+        })
+        .await?;
+
+        // The gate closes mid-drain: a newer class takes nvidia.com/gpu from ours. Then the PDB
+        // goes, the drain finishes, and the node must wait drained on the device plugin.
+        let winner = format!("aaa-{}-shadow", pool.id);
+        let class: DeviceClass = serde_json::from_value(json!({
+            "metadata": {"name": winner, "labels": {"pool": pool.id}},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nobody.example.com'"}}],
+                     "extendedResourceName": "nvidia.com/gpu"}
+        }))?;
+        let classes: Api<DeviceClass> = Api::all(pool.client.clone());
+        classes.create(&PostParams::default(), &class).await?;
+        pool.wait_status(&name, "DeviceClassesReady=False", MIGRATION, |g| {
+            condition(g, "DeviceClassesReady").is_some_and(|c| c.status == "False")
+        })
+        .await?;
+        Api::<PodDisruptionBudget>::namespaced(pool.client.clone(), &pool.apps_ns)
+            .delete("pinned", &DeleteParams::default())
+            .await?;
+        pool.wait_status(&name, "the drained node held by the closed gate", MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.in_progress.iter().any(|p| p.name == node && p.message.starts_with("GateClosed:"))
+            })
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(pool::node_state(&pool.client, &node).await?, "Draining", "held before the switch");
+        let n = Api::<Node>::all(pool.client.clone()).get(&node).await?;
+        assert_eq!(backend(&n), "device-plugin", "{node} switched under a shadowed class");
+        assert_eq!(n.spec.as_ref().unwrap().unschedulable, Some(true), "held cordoned");
+
+        // The gate opens again: the node switches and the pool completes.
+        classes.delete(&winner, &DeleteParams::default()).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.unwrap().nodes.migrated, 2);
+        let after = pool.wait_running(1).await?;
+        assert_gpu_pods_on_dra(pool, &after).await?;
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}

@@ -42,6 +42,7 @@ use crate::overlap;
 use crate::placement::{self, Role};
 use crate::plan::{self, Backend, Failure, Halt, OtherMigration, PoolNode};
 use crate::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
+use crate::watch;
 use crate::well_known::*;
 
 /// Requeue while nodes move: short, because allocatable and slices change without a label event.
@@ -243,6 +244,30 @@ pub async fn served_apis(client: &Client) -> Result<ServedApis> {
 /// Creates a DeviceClass with `extendedResourceName` in dry-run mode: a server with the gate off
 /// drops the field from what it returns.
 /// What the prerequisite checks judge for `spec`.
+/// Whether the pool may start: the cluster's prerequisites, then what its nodes advertise.
+pub fn pool_verdict(
+    spec: &GpuPoolMigrationSpec,
+    facts: &ServerFacts,
+    versions: Vec<NodeVersions>,
+    nodes: &[Node],
+    driver_daemonset_exists: bool,
+    device_plugin_daemonset_exists: bool,
+) -> prerequisites::Verdict {
+    let verdict = prerequisites::check(&cluster_facts(
+        spec,
+        facts,
+        versions,
+        driver_daemonset_exists,
+        device_plugin_daemonset_exists,
+    ));
+    let check = match spec.direction {
+        Direction::Forward => crate::capacity::check(nodes, &resources(spec)),
+        // Rollback returns nodes to the device plugin, which serves whatever it served before.
+        Direction::Rollback => crate::capacity::Check::default(),
+    };
+    prerequisites::with_capacity(verdict, &check, spec.acknowledge.gpu_sharing_loss)
+}
+
 pub fn cluster_facts(
     spec: &GpuPoolMigrationSpec,
     facts: &ServerFacts,
@@ -519,7 +544,7 @@ async fn publish(
 struct PoolView<'a> {
     gpm: &'a GpuPoolMigration,
     slices: &'a [ResourceSlice],
-    hold: bool,
+    hold: Option<node_state::Hold>,
     now: Timestamp,
     /// Each in-progress node's message in the status as last written: a warning event goes out
     /// when the message changes, not on every reconcile.
@@ -599,7 +624,8 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
     };
 
     let alloc = overlap::allocatable(node, &res);
-    let dp_gpus = overlap::device_plugin_gpus(node, &res);
+    // What DRA must publish for the node to count as switched: a shared GPU counts once.
+    let dp_gpus = crate::capacity::gpus_to_publish(node, &res);
     let observed = Observed {
         state,
         since: parse_since(&pn),
@@ -957,13 +983,7 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     let driver_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dn.namespace, &dn.name);
     let plugin_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dp.namespace, &dp.name);
 
-    let verdict = prerequisites::check(&cluster_facts(
-        spec,
-        &facts,
-        versions,
-        driver_ds.is_some(),
-        plugin_ds.is_some(),
-    ));
+    let verdict = pool_verdict(spec, &facts, versions, &nodes, driver_ds.is_some(), plugin_ds.is_some());
 
     // DeviceClasses: apply ours, then judge every class that carries one of our names.
     let mut class_statuses = Vec::new();
@@ -1080,7 +1100,16 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         .flat_map(|s| &s.in_progress)
         .map(|p| (p.name.as_str(), p.message.as_str()))
         .collect();
-    let view = PoolView { gpm, slices: &slices, hold: p.halt.is_some(), now, last_messages };
+    // In-flight nodes stop at their next safe point while the pool is held: paused, halted by a
+    // failed node, or a gate closed (switching a node while its DeviceClass is shadowed, say,
+    // would strand its pods).
+    let hold = match &p.halt {
+        Some(Halt::Paused) => Some(node_state::Hold::Paused),
+        Some(Halt::NodeFailed(_)) => Some(node_state::Hold::NodeFailed),
+        None if !gate_open => Some(node_state::Hold::GateClosed),
+        None => None,
+    };
+    let view = PoolView { gpm, slices: &slices, hold, now, last_messages };
     let mut progress = Vec::new();
     let mut step_errors = 0;
     let by_name: HashMap<&str, &Node> =
@@ -1293,7 +1322,8 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     }
     // One event when the inventory's findings change, so GitOps users see them in `kubectl describe`.
     let old_inventory = old.conditions.iter().find(|c| c.type_ == "InventoryFindings").map(|c| &c.message);
-    if !inventory_findings.is_empty() && old_inventory != Some(&inventory_text) {
+    let anything = !inventory_findings.is_empty() || !other_findings.is_empty();
+    if anything && old_inventory != Some(&inventory_text) {
         let ev = Event {
             type_: if notable { EventType::Warning } else { EventType::Normal },
             reason: "InventoryFindings".into(),
@@ -1303,6 +1333,42 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         };
         if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
             warn!(error = %e, "publishing the InventoryFindings event failed");
+        }
+    }
+    // The acknowledged capacity change, once, under a reason of its own: the events API folds
+    // events of one reason into a series that keeps the first note, so a changed
+    // InventoryFindings note would not show.
+    if let Some(ack) = verdict.warnings.iter().find(|w| w.contains(prerequisites::SHARING_ACKNOWLEDGED))
+        && old_inventory.is_none_or(|m| !m.contains(ack.as_str()))
+    {
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "GpuSharingLossAcknowledged".into(),
+            note: Some(ack.chars().take(1000).collect()),
+            action: "CheckPrerequisites".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+            warn!(error = %e, "publishing the GpuSharingLossAcknowledged event failed");
+        }
+    }
+    // One Warning event when the pool's nodes keep it from starting (or the reason changes).
+    let old_prereq = old.conditions.iter().find(|c| c.type_ == "PrerequisitesMet");
+    use crate::capacity::Block;
+    if [Block::UnmappedResources.reason(), Block::GpuSharingNotAcknowledged.reason()]
+        .contains(&verdict.reason)
+        && old_prereq.map(|c| (c.reason.as_str(), c.message.as_str()))
+            != Some((verdict.reason, verdict.message.as_str()))
+    {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: verdict.reason.into(),
+            note: Some(verdict.message.chars().take(1000).collect()),
+            action: "CheckPrerequisites".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+            warn!(error = %e, "publishing the {} event failed", verdict.reason);
         }
     }
     // One Warning event when the conflict starts (or changes), not one per reconcile.
@@ -1428,7 +1494,13 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                             source,
                         })?
                         .items;
-                let view = PoolView { gpm, slices: &slices, hold: true, now, last_messages: HashMap::new() };
+                let view = PoolView {
+                    gpm,
+                    slices: &slices,
+                    hold: Some(node_state::Hold::Deleting),
+                    now,
+                    last_messages: HashMap::new(),
+                };
                 step_node(ctx, &view, node, false).await?;
                 busy += 1;
             }
@@ -1506,8 +1578,19 @@ pub async fn run(
         Some(selector) => wc().labels(selector),
         None => wc(),
     };
-    let controller = Controller::new(Api::<GpuPoolMigration>::all(client.clone()), gpm_watch);
-    let store = controller.store();
+    // Each watch backs off alone and keeps its errors to itself (see `watch`): the controller's
+    // shared trigger backoff would otherwise stop every cache while any one watch fails.
+    let (store, gpm_writer) = reflector::store::<GpuPoolMigration>();
+    let gpm_stream = watch::errors_handled(
+        "GpuPoolMigration",
+        metrics.clone(),
+        reflector(
+            gpm_writer,
+            watch::backed_off(watcher(Api::<GpuPoolMigration>::all(client.clone()), gpm_watch)),
+        )
+        .applied_objects(),
+    );
+    let controller = Controller::for_stream(gpm_stream, store.clone());
 
     // Every watch feeds a store the reconcile reads (see `cache`), besides triggering reconciles.
     // Nodes are cached whole: the reconcile reads labels, annotations, spec.unschedulable,
@@ -1526,17 +1609,42 @@ pub async fn run(
         node_writes: Arc::new(cache::NodeWrites::default()),
     };
     let node_writes = caches.node_writes.clone();
-    let node_stream =
-        cache::node_reflector(node_writer, watcher(Api::<Node>::all(client.clone()), wc()), node_writes);
-    let ds_stream =
-        reflector(ds_writer, watcher(Api::<DaemonSet>::all(client.clone()), wc()).modify(cache::trim))
-            .touched_objects();
-    let dc_stream =
-        reflector(dc_writer, watcher(Api::<DeviceClass>::all(client.clone()), wc()).modify(cache::trim))
-            .touched_objects();
-    let slice_stream =
-        reflector(slice_writer, watcher(Api::<ResourceSlice>::all(client.clone()), wc()).modify(cache::trim))
-            .touched_objects();
+    let node_stream = watch::errors_handled(
+        "Node",
+        metrics.clone(),
+        cache::node_reflector(
+            node_writer,
+            watch::backed_off(watcher(Api::<Node>::all(client.clone()), wc())),
+            node_writes,
+        ),
+    );
+    let ds_stream = watch::errors_handled(
+        "DaemonSet",
+        metrics.clone(),
+        reflector(
+            ds_writer,
+            watch::backed_off(watcher(Api::<DaemonSet>::all(client.clone()), wc())).modify(cache::trim),
+        )
+        .touched_objects(),
+    );
+    let dc_stream = watch::errors_handled(
+        "DeviceClass",
+        metrics.clone(),
+        reflector(
+            dc_writer,
+            watch::backed_off(watcher(Api::<DeviceClass>::all(client.clone()), wc())).modify(cache::trim),
+        )
+        .touched_objects(),
+    );
+    let slice_stream = watch::errors_handled(
+        "ResourceSlice",
+        metrics.clone(),
+        reflector(
+            slice_writer,
+            watch::backed_off(watcher(Api::<ResourceSlice>::all(client.clone()), wc())).modify(cache::trim),
+        )
+        .touched_objects(),
+    );
 
     let s = store.clone();
     let map_node = move |n: Node| migrations_for_labels(&s, n.labels());

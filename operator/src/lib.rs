@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cache;
 pub mod canary;
+pub mod capacity;
 pub mod cli;
 pub mod conditions;
 pub mod controller;
@@ -24,6 +25,7 @@ pub mod preview;
 pub mod runtime;
 #[doc(hidden)]
 pub mod testing;
+pub mod watch;
 pub mod well_known;
 
 pub use error::{Error, Result};

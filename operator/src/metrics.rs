@@ -44,6 +44,13 @@ fn drain_histogram() -> Histogram {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// The kind the watch lists: `GpuPoolMigration`, `Node`, `DaemonSet`, `DeviceClass`,
+    /// `ResourceSlice`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvictionLabels {
     pub result: &'static str,
 }
@@ -59,6 +66,7 @@ pub struct Metrics {
     pub evictions: Family<EvictionLabels, Counter>,
     pub backend_overlap_nodes: Family<MigrationLabels, Gauge>,
     pub drain_duration: Family<MigrationLabels, Histogram, fn() -> Histogram>,
+    pub watch_errors: Family<WatchLabels, Counter>,
 }
 
 /// Every node state, so a gauge drops to 0 when the last node leaves a state.
@@ -139,6 +147,12 @@ impl Metrics {
             Unit::Seconds,
             drain_duration.clone(),
         );
+        let watch_errors = Family::<WatchLabels, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Watch failures by watched kind; each watch retries on its own within 5 s",
+            watch_errors.clone(),
+        );
         Self {
             registry,
             reconciliations,
@@ -149,6 +163,7 @@ impl Metrics {
             evictions,
             backend_overlap_nodes,
             drain_duration,
+            watch_errors,
         }
     }
 
@@ -205,6 +220,7 @@ mod tests {
         m.evictions.get_or_create(&EvictionLabels { result: "blocked" }).inc();
         m.backend_overlap_nodes.get_or_create(&MigrationLabels { migration: "pool-a".into() }).set(1);
         m.drain_duration.get_or_create(&MigrationLabels { migration: "pool-a".into() }).observe(42.0);
+        m.watch_errors.get_or_create(&WatchLabels { kind: "Node" }).inc();
         let text = m.encode();
         for want in [
             "switchyard_reconciliations_total 1",
@@ -219,6 +235,7 @@ mod tests {
             "switchyard_backend_overlap_nodes{migration=\"pool-a\"} 1",
             "# UNIT switchyard_drain_duration_seconds seconds",
             "switchyard_drain_duration_seconds_bucket{le=\"64.0\",migration=\"pool-a\"} 1",
+            "switchyard_watch_errors_total{kind=\"Node\"} 1",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -46,6 +46,40 @@ pub enum Canary {
     Stale,
 }
 
+/// What holds a pool at its safe points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// `spec.paused` is true.
+    Paused,
+    /// A node failed and `spec.strategy.onFailure` is Pause.
+    NodeFailed,
+    /// A gate is closed: PrerequisitesMet, DeviceClassesReady or PlacementReady is False, or a
+    /// node is served by both backends. Switching a node then could strand its pods.
+    GateClosed,
+    /// The migration is being deleted: in-flight nodes finish their step, then are released.
+    Deleting,
+}
+
+impl Hold {
+    /// The wait of a node held at `point` (`cordoned`, `drained`).
+    fn wait(self, point: &str) -> Action {
+        match self {
+            Hold::Paused => wait("Paused", format!("{point}; the migration is paused")),
+            Hold::NodeFailed => wait(
+                "HeldByFailedNode",
+                format!("{point}; another node failed and spec.strategy.onFailure is Pause"),
+            ),
+            Hold::GateClosed => wait(
+                "GateClosed",
+                format!(
+                    "{point}; held until the migration's gates hold again (see PrerequisitesMet, DeviceClassesReady, PlacementReady and BackendOverlap)"
+                ),
+            ),
+            Hold::Deleting => wait("Deleting", format!("{point}; the migration is being deleted")),
+        }
+    }
+}
+
 /// Everything `next_step` looks at for one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -57,9 +91,10 @@ pub struct Observed {
     /// The pool plan picked this node to start moving (forward from Pending, or back from
     /// Migrated) this reconcile.
     pub start: bool,
-    /// `spec.paused`, or a failed node halted the pool: nothing new begins, and a node only
-    /// finishes a step it cannot stop in the middle of (Switching, Verifying, RollingBack).
-    pub hold: bool,
+    /// Why nothing new begins, if something holds the pool: a node then only finishes a step it
+    /// cannot stop in the middle of (Switching, Verifying, RollingBack) and waits at the next safe
+    /// point (cordoned, or drained on the device plugin).
+    pub hold: Option<Hold>,
     pub on_failure: FailurePolicy,
     /// The node's recorded failure happened while rolling back.
     pub failed_during_rollback: bool,
@@ -200,7 +235,7 @@ pub fn next_step(o: &Observed) -> Action {
     match o.state {
         Pending | RolledBack if rollback => Action::Nothing,
         Pending | RolledBack => {
-            if o.start && !o.hold {
+            if o.start && o.hold.is_none() {
                 Action::Cordon
             } else {
                 Action::Nothing
@@ -209,8 +244,8 @@ pub fn next_step(o: &Observed) -> Action {
         // Never switched: going back is just letting the node schedule again.
         Cordoned | Draining if rollback => Action::FinishRollback,
         Cordoned => {
-            if o.hold {
-                wait("Paused", "cordoned; the migration is paused")
+            if let Some(h) = o.hold {
+                h.wait("cordoned")
             } else if !o.unschedulable {
                 Action::Cordon
             } else if o.device_plugin_gpus == 0 {
@@ -231,8 +266,8 @@ pub fn next_step(o: &Observed) -> Action {
                 && o.drain.terminating == 0
                 && o.drain.unmanaged == 0;
             if drained {
-                return if o.hold {
-                    wait("Paused", "drained; the migration is paused before the switch")
+                return if let Some(h) = o.hold {
+                    h.wait("drained, before the switch")
                 } else {
                     Action::SwitchToDra
                 };
@@ -336,7 +371,7 @@ pub fn next_step(o: &Observed) -> Action {
             }
         }
         Migrated => {
-            if rollback && o.start && !o.hold {
+            if rollback && o.start && o.hold.is_none() {
                 Action::StartRollback
             } else {
                 Action::Nothing
@@ -408,7 +443,7 @@ mod tests {
             now: Timestamp::from_second(1_010).unwrap(),
             direction: Direction::Forward,
             start: false,
-            hold: false,
+            hold: None,
             on_failure: FailurePolicy::Pause,
             failed_during_rollback: false,
             unschedulable: true,
@@ -449,13 +484,13 @@ mod tests {
                 Pending,
                 |o| {
                     o.start = true;
-                    o.hold = true
+                    o.hold = Some(Hold::Paused)
                 },
                 "Nothing",
             ),
             ("cordoned", Cordoned, |_| {}, "StartDrain"),
             ("cordoned, uncordoned by someone", Cordoned, |o| o.unschedulable = false, "Cordon"),
-            ("cordoned while paused", Cordoned, |o| o.hold = true, "Wait:Paused"),
+            ("cordoned while paused", Cordoned, |o| o.hold = Some(Hold::Paused), "Wait:Paused"),
             ("draining with pods", Draining, |o| o.drain.to_evict = 2, "Evict"),
             ("draining, uncordoned by someone", Draining, |o| o.unschedulable = false, "Recordon"),
             (
@@ -491,12 +526,30 @@ mod tests {
             ),
             ("draining terminating", Draining, |o| o.drain.terminating = 1, "Wait:PodsTerminating"),
             ("drained", Draining, |_| {}, "SwitchToDra"),
-            ("drained but paused", Draining, |o| o.hold = true, "Wait:Paused"),
+            ("drained but paused", Draining, |o| o.hold = Some(Hold::Paused), "Wait:Paused"),
+            ("drained, a gate closed", Draining, |o| o.hold = Some(Hold::GateClosed), "Wait:GateClosed"),
+            (
+                "cordoned, another node failed",
+                Cordoned,
+                |o| o.hold = Some(Hold::NodeFailed),
+                "Wait:HeldByFailedNode",
+            ),
+            (
+                "switching, a gate closed: the switch finishes",
+                Switching,
+                |o| {
+                    o.hold = Some(Hold::GateClosed);
+                    o.backend = Backend::Dra;
+                    o.allocatable = 0;
+                    o.dra_devices = 8
+                },
+                "StartVerify",
+            ),
             (
                 "drained and paused past the drain timeout",
                 Draining,
                 |o| {
-                    o.hold = true;
+                    o.hold = Some(Hold::Paused);
                     o.now = Timestamp::from_second(5_000).unwrap()
                 },
                 "Wait:Paused",
@@ -576,7 +629,7 @@ mod tests {
                 |o| {
                     o.backend = Backend::Dra;
                     o.dra_devices = 8;
-                    o.hold = true
+                    o.hold = Some(Hold::Paused)
                 },
                 "StartVerify",
             ),
@@ -682,7 +735,7 @@ mod tests {
                 |o| {
                     o.direction = Direction::Rollback;
                     o.start = true;
-                    o.hold = true
+                    o.hold = Some(Hold::Paused)
                 },
                 "Nothing",
             ),

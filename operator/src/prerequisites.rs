@@ -282,6 +282,26 @@ pub fn check(f: &ClusterFacts) -> Verdict {
     }
 }
 
+/// Marks the warning [`with_capacity`] leaves for an acknowledged capacity change.
+pub const SHARING_ACKNOWLEDGED: &str = "acknowledged by spec.acknowledge.gpuSharingLoss";
+
+/// `v` (the cluster's verdict), then what the pool's nodes advertise ([`crate::capacity`]): the
+/// one judgement of "may this pool start" that the operator's gate and `switchyard plan` share.
+/// An acknowledged capacity change stays visible as a warning (InventoryFindings).
+pub fn with_capacity(v: Verdict, c: &crate::capacity::Check, sharing_acknowledged: bool) -> Verdict {
+    if !v.met {
+        return v;
+    }
+    if let Some((block, message)) = crate::capacity::blocker(c, sharing_acknowledged) {
+        return Verdict { met: false, reason: block.reason(), message, warnings: v.warnings };
+    }
+    let mut v = v;
+    if !c.shared.is_empty() {
+        v.warnings.push(format!("{} ({SHARING_ACKNOWLEDGED})", crate::capacity::sharing_summary(&c.shared)));
+    }
+    v
+}
+
 /// True when the dry-run probe is worth running: only 1.36 components depend on it.
 pub fn probe_needed(server_git_version: &str, nodes: &[NodeVersions]) -> bool {
     let is_beta = |v: &str| parse_major_minor(v) == Some((1, BETA_MINOR));
@@ -317,6 +337,29 @@ mod tests {
             driver_daemonset_exists: true,
             device_plugin_daemonset_exists: true,
         }
+    }
+
+    #[test]
+    fn capacity_blocks_only_a_cluster_that_is_otherwise_ready() {
+        use crate::capacity::{Check, SharedNode};
+        let shared = Check {
+            shared: vec![SharedNode {
+                node: "g".into(),
+                advertised: 32,
+                physical: 8,
+                how: "time-slicing".into(),
+            }],
+            ..Default::default()
+        };
+        let v = with_capacity(check(&good()), &shared, false);
+        assert_eq!((v.met, v.reason), (false, "GpuSharingNotAcknowledged"));
+        let v = with_capacity(check(&good()), &shared, true);
+        assert!(v.met, "{v:?}");
+        assert!(v.warnings.iter().any(|w| w.contains("from 32 to 8") && w.contains("acknowledged")), "{v:?}");
+        // A cluster problem is reported first: fixing it is needed anyway.
+        let old = ClusterFacts { server_git_version: "v1.35.0".into(), ..good() };
+        assert_ne!(with_capacity(check(&old), &shared, false).reason, "GpuSharingNotAcknowledged");
+        assert_eq!(with_capacity(check(&good()), &Check::default(), false), check(&good()));
     }
 
     #[test]

@@ -86,6 +86,23 @@ pub struct GpuPoolMigrationSpec {
     /// in a consistent state; set it back to false to resume.
     #[serde(default)]
     pub paused: bool,
+
+    /// Capacity changes the move makes that Switchyard will not make unasked.
+    #[serde(default)]
+    pub acknowledge: Acknowledge,
+}
+
+/// Consequences of the move that the user accepts by name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Acknowledge {
+    /// The pool's device plugin shares GPUs (time-slicing or MPS: it advertises more
+    /// `nvidia.com/gpu` than the node has GPUs). DRA allocates whole GPUs, so after the move each
+    /// GPU serves one pod and the pool's `nvidia.com/gpu` capacity drops to its physical GPUs.
+    /// Until this is true, such a pool does not start: `PrerequisitesMet` is False with reason
+    /// `GpuSharingNotAcknowledged` and names the nodes and the capacity before and after.
+    #[serde(default)]
+    pub gpu_sharing_loss: bool,
 }
 
 /// One extended resource that moves to DRA, and the DeviceClass that serves it.

@@ -89,13 +89,8 @@ pub async fn plan_inputs(
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     let driver_ds = controller::get_daemonset(client, &dn.namespace, &dn.name).await?;
     let plugin_ds = controller::get_daemonset(client, &dp.namespace, &dp.name).await?;
-    let verdict = crate::prerequisites::check(&controller::cluster_facts(
-        spec,
-        &facts,
-        versions,
-        driver_ds.is_some(),
-        plugin_ds.is_some(),
-    ));
+    let verdict =
+        controller::pool_verdict(spec, &facts, versions, &nodes, driver_ds.is_some(), plugin_ds.is_some());
 
     let node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
     let pods: BTreeMap<String, Vec<Pod>> = futures::stream::iter(node_names)

@@ -1,0 +1,318 @@
+//! What the pool's nodes advertise that the move would change: resources no `spec.resources`
+//! entry maps (their pods would be stranded on DRA nodes), and GPUs the device plugin shares by
+//! time-slicing or MPS (after the move each GPU serves one pod). Pure: the operator's
+//! PrerequisitesMet gate and `switchyard plan` both judge a pool through [`check`] and
+//! [`blocker`], so the two never disagree.
+//!
+//! Sharing is read from what GPU Feature Discovery (part of the device plugin and of the GPU
+//! Operator) labels a node with: `nvidia.com/gpu.sharing-strategy` (`time-slicing`, `mps` or
+//! `none`), `nvidia.com/gpu.replicas` (replicas per GPU) and `nvidia.com/gpu.count` (physical
+//! GPUs). A node whose device plugin advertises more `nvidia.com/gpu` than its `gpu.count` shares
+//! too, labels or not. A renamed shared resource (`renameByDefault` makes it `nvidia.com/gpu.shared`)
+//! is an unmapped resource.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::overlap;
+use crate::plan::{Backend, PoolNode};
+use crate::well_known::NVIDIA_GPU_RESOURCE;
+
+/// GFD: how the device plugin shares each GPU (`none`, `time-slicing`, `mps`).
+pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
+/// GFD: how many `nvidia.com/gpu` the device plugin advertises per physical GPU.
+pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
+/// GFD: the node's physical GPUs.
+pub const LABEL_GPU_COUNT: &str = "nvidia.com/gpu.count";
+/// The vendor prefix whose resources the check looks at.
+const NVIDIA_PREFIX: &str = "nvidia.com/";
+/// How many nodes a message names before it says "and N more".
+const NAMED: usize = 5;
+
+/// Why the operator will not start a pool; the PrerequisitesMet reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// A pool node advertises an `nvidia.com/*` resource that no `spec.resources` entry maps.
+    UnmappedResources,
+    /// A pool node's device plugin shares GPUs and `spec.acknowledge.gpuSharingLoss` is not set.
+    GpuSharingNotAcknowledged,
+}
+
+impl Block {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Block::UnmappedResources => "UnmappedResources",
+            Block::GpuSharingNotAcknowledged => "GpuSharingNotAcknowledged",
+        }
+    }
+}
+
+/// A node whose device plugin advertises more GPUs than it has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedNode {
+    pub node: String,
+    /// `nvidia.com/gpu` the device plugin advertises (capacity or allocatable, the larger).
+    pub advertised: u64,
+    /// Physical GPUs: what our driver will publish.
+    pub physical: u64,
+    /// How it was told: `time-slicing, 4 replicas per GPU`.
+    pub how: String,
+}
+
+/// The result of [`check`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Check {
+    /// Unmapped resource → the nodes that advertise it, by name.
+    pub unmapped: BTreeMap<String, Vec<String>>,
+    pub shared: Vec<SharedNode>,
+}
+
+fn label_u64(node: &Node, key: &str) -> Option<u64> {
+    node.labels().get(key).and_then(|v| v.trim().parse().ok())
+}
+
+/// How many `resource` the device plugin advertises on `node`: capacity or allocatable, the
+/// larger (allocatable drops to 0 while a plugin pod restarts).
+fn advertised(node: &Node, resource: &str) -> u64 {
+    overlap::device_plugin_gpus(node, &[resource]).get(resource).copied().unwrap_or(0)
+}
+
+/// Whether `node`'s device plugin shares its GPUs, and how. `None` for a node that does not, or
+/// advertises no `nvidia.com/gpu`.
+pub fn sharing(node: &Node) -> Option<SharedNode> {
+    let advertised = advertised(node, NVIDIA_GPU_RESOURCE);
+    if advertised == 0 {
+        return None;
+    }
+    let strategy = node.labels().get(LABEL_SHARING_STRATEGY).map(|s| s.trim().to_string());
+    let replicas = label_u64(node, LABEL_REPLICAS).filter(|r| *r > 0);
+    let count = label_u64(node, LABEL_GPU_COUNT).filter(|c| *c > 0);
+    let labelled = matches!(strategy.as_deref(), Some(s) if !s.is_empty() && s != "none")
+        || replicas.is_some_and(|r| r > 1);
+    let over_count = count.is_some_and(|c| advertised > c);
+    if !labelled && !over_count {
+        return None;
+    }
+    let physical =
+        count.or_else(|| replicas.map(|r| advertised.div_ceil(r))).unwrap_or(advertised).min(advertised);
+    let mut how = Vec::new();
+    if let Some(s) = strategy.filter(|s| !s.is_empty() && s != "none") {
+        how.push(s);
+    }
+    if let Some(r) = replicas.filter(|r| *r > 1) {
+        how.push(format!("{r} replicas per GPU"));
+    }
+    if how.is_empty() {
+        how.push(format!("{advertised} advertised on {physical} GPU(s) ({LABEL_GPU_COUNT})"));
+    }
+    Some(SharedNode { node: node.name_any(), advertised, physical, how: how.join(", ") })
+}
+
+/// Judges the pool nodes that are still to move forward (on the device plugin, not yet
+/// Migrated): a node already on DRA advertises nothing through the device plugin.
+pub fn check<'a>(nodes: impl IntoIterator<Item = &'a Node>, mapped: &[&str]) -> Check {
+    let mut out = Check::default();
+    for node in nodes {
+        if PoolNode::from_node(node).backend() != Backend::DevicePlugin {
+            continue;
+        }
+        let name = node.name_any();
+        let status = node.status.as_ref();
+        // Capacity and allocatable both list a resource: once per node.
+        let advertised_keys: BTreeSet<&String> = status
+            .into_iter()
+            .flat_map(|s| s.capacity.iter().chain(s.allocatable.iter()))
+            .flat_map(|m| m.iter())
+            .filter(|(k, q)| k.starts_with(NVIDIA_PREFIX) && q.0.trim() != "0")
+            .map(|(k, _)| k)
+            .collect();
+        for key in advertised_keys.into_iter().filter(|k| !mapped.contains(&k.as_str())) {
+            out.unmapped.entry(key.clone()).or_default().push(name.clone());
+        }
+        if mapped.contains(&NVIDIA_GPU_RESOURCE)
+            && let Some(s) = sharing(node)
+        {
+            out.shared.push(s);
+        }
+    }
+    for nodes in out.unmapped.values_mut() {
+        nodes.sort();
+    }
+    out.shared.sort_by(|a, b| a.node.cmp(&b.node));
+    out
+}
+
+fn names(nodes: &[String]) -> String {
+    let mut s = nodes.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", ");
+    if nodes.len() > NAMED {
+        s.push_str(&format!(" and {} more", nodes.len() - NAMED));
+    }
+    s
+}
+
+/// What sharing costs the pool, in one line: `nvidia.com/gpu capacity drops from 32 to 8 on 2
+/// node(s) (gpu-1: time-slicing, 4 replicas per GPU; ...)`.
+pub fn sharing_summary(shared: &[SharedNode]) -> String {
+    let before: u64 = shared.iter().map(|s| s.advertised).sum();
+    let after: u64 = shared.iter().map(|s| s.physical).sum();
+    let detail: Vec<String> = shared
+        .iter()
+        .take(NAMED)
+        .map(|s| format!("{}: {} on {} GPU(s), {}", s.node, s.advertised, s.physical, s.how))
+        .collect();
+    let more =
+        if shared.len() > NAMED { format!("; and {} more", shared.len() - NAMED) } else { String::new() };
+    format!(
+        "{NVIDIA_GPU_RESOURCE} capacity drops from {before} to {after} on {} node(s) that share GPUs through the device plugin ({}{more}): after the move each GPU serves one pod",
+        shared.len(),
+        detail.join("; ")
+    )
+}
+
+/// The reason and message that keep the pool from starting, or `None`. Unmapped resources come
+/// first: acknowledging the sharing does not make them servable.
+pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)> {
+    if !c.unmapped.is_empty() {
+        let listed: Vec<String> =
+            c.unmapped.iter().map(|(r, nodes)| format!("{r} on {}", names(nodes))).collect();
+        return Some((
+            Block::UnmappedResources,
+            format!(
+                "pool nodes advertise resources that no spec.resources entry maps, so pods requesting them would be stranded after the move: {}. Add a spec.resources entry for each (a MIG profile gets its own DeviceClass), or take them off the nodes",
+                listed.join("; ")
+            ),
+        ));
+    }
+    if !c.shared.is_empty() && !sharing_acknowledged {
+        return Some((
+            Block::GpuSharingNotAcknowledged,
+            format!(
+                "{}. Set spec.acknowledge.gpuSharingLoss: true to migrate anyway",
+                sharing_summary(&c.shared)
+            ),
+        ));
+    }
+    None
+}
+
+/// The GPUs a node must publish through DRA to count as switched, per resource: what the device
+/// plugin advertises, except that a shared `nvidia.com/gpu` counts its physical GPUs.
+pub fn gpus_to_publish(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
+    let mut counts = overlap::device_plugin_gpus(node, resources);
+    if let (Some(s), Some(n)) = (sharing(node), counts.get_mut(NVIDIA_GPU_RESOURCE)) {
+        *n = s.physical;
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, labels: serde_json::Value, capacity: serde_json::Value) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }))
+        .unwrap()
+    }
+
+    const MAPPED: &[&str] = &["nvidia.com/gpu"];
+
+    /// (case, labels, nvidia.com/gpu advertised, expected (physical, how) or None)
+    type SharingCase = (&'static str, serde_json::Value, &'static str, Option<(u64, &'static str)>);
+
+    #[test]
+    fn sharing_table() {
+        let cases: Vec<SharingCase> = vec![
+            ("plain", json!({"nvidia.com/gpu.count": "8"}), "8", None),
+            ("no labels", json!({}), "8", None),
+            (
+                "strategy none",
+                json!({"nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/gpu.replicas": "1"}),
+                "8",
+                None,
+            ),
+            (
+                "time-slicing",
+                json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.count": "8"}),
+                "32",
+                Some((8, "time-slicing, 4 replicas per GPU")),
+            ),
+            (
+                "mps without count",
+                json!({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "2"}),
+                "16",
+                Some((8, "mps, 2 replicas per GPU")),
+            ),
+            ("replicas only", json!({"nvidia.com/gpu.replicas": "3"}), "6", Some((2, "3 replicas per GPU"))),
+            (
+                "over count, no sharing labels",
+                json!({"nvidia.com/gpu.count": "2"}),
+                "8",
+                Some((2, "8 advertised on 2 GPU(s) (nvidia.com/gpu.count)")),
+            ),
+        ];
+        for (case, labels, gpus, want) in cases {
+            let n = node("n", labels, json!({"nvidia.com/gpu": gpus}));
+            let got = sharing(&n).map(|s| (s.physical, s.how));
+            assert_eq!(got, want.map(|(p, h)| (p, h.to_string())), "{case}");
+        }
+        // No GPUs advertised: nothing to share, whatever the labels.
+        let idle = node("n", json!({"nvidia.com/gpu.replicas": "4"}), json!({"cpu": "8"}));
+        assert_eq!(sharing(&idle), None);
+    }
+
+    #[test]
+    fn unmapped_resources_name_the_nodes_and_block_before_sharing() {
+        let nodes = [
+            node("b", json!({}), json!({"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "7"})),
+            node("a", json!({}), json!({"nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu.shared": "0"})),
+            node(
+                "c",
+                json!({"nvidia.com/gpu.replicas": "4"}),
+                json!({"nvidia.com/gpu": "16", "example.com/fpga": "1"}),
+            ),
+        ];
+        let c = check(&nodes, MAPPED);
+        assert_eq!(c.unmapped.len(), 1, "zero quantities and other vendors do not count: {:?}", c.unmapped);
+        assert_eq!(c.unmapped["nvidia.com/mig-1g.10gb"], ["a", "b"]);
+        assert_eq!(c.shared.len(), 1);
+        let (block, message) = blocker(&c, true).unwrap();
+        assert_eq!(block, Block::UnmappedResources);
+        assert!(message.contains("nvidia.com/mig-1g.10gb on a, b"), "{message}");
+        assert!(message.contains("spec.resources"), "{message}");
+
+        let mapped = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
+        let c = check(&nodes, &mapped);
+        let (block, message) = blocker(&c, false).unwrap();
+        assert_eq!(block, Block::GpuSharingNotAcknowledged);
+        assert!(message.contains("from 16 to 4 on 1 node(s)"), "{message}");
+        assert!(message.contains("c: 16 on 4 GPU(s), 4 replicas per GPU"), "{message}");
+        assert!(message.contains("spec.acknowledge.gpuSharingLoss: true"), "{message}");
+        assert_eq!(blocker(&c, true), None);
+    }
+
+    #[test]
+    fn nodes_already_on_dra_are_not_judged() {
+        let mut moved =
+            node("m", json!({"nvidia.com/gpu.replicas": "4"}), json!({"nvidia.com/mig-1g.10gb": "7"}));
+        moved.labels_mut().insert(crate::well_known::LABEL_GPU_BACKEND.into(), "dra".into());
+        assert_eq!(check([&moved], MAPPED), Check::default());
+    }
+
+    #[test]
+    fn a_shared_node_must_publish_its_physical_gpus_only() {
+        let shared = node(
+            "s",
+            json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}),
+            json!({"nvidia.com/gpu": "32"}),
+        );
+        assert_eq!(gpus_to_publish(&shared, MAPPED)["nvidia.com/gpu"], 8);
+        let plain = node("p", json!({}), json!({"nvidia.com/gpu": "8"}));
+        assert_eq!(gpus_to_publish(&plain, MAPPED)["nvidia.com/gpu"], 8);
+    }
+}
