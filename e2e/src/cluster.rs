@@ -38,23 +38,32 @@ fn run(cmd: &mut Command) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// `program args...` under coreutils `timeout`: a step of the shared set-up that hangs fails the
+/// scenario with its name and output instead of stalling the whole suite.
+fn bounded(seconds: u32, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("--kill-after=10").arg(seconds.to_string()).arg(program);
+    cmd
+}
+
 fn start() -> Result<Shared, String> {
     let root = repo_root();
-    let bin_dir = PathBuf::from(run(Command::new("bash").arg(root.join("e2e/hack/build-controlplane.sh")))?);
+    // Cold, this builds Kubernetes (make test builds it first); warm, it returns at once.
+    let bin_dir = PathBuf::from(run(bounded(3600, "bash").arg(root.join("e2e/hack/build-controlplane.sh")))?);
     let kubeconfig = match std::env::var_os(KUBECONFIG_ENV) {
         Some(path) => PathBuf::from(path),
         None => {
-            run(Command::new("bash").arg(root.join("e2e/hack/cluster-up.sh")))?;
+            run(bounded(1800, "bash").arg(root.join("e2e/hack/cluster-up.sh")))?;
             root.join("e2e/.cluster/kubeconfig")
         }
     };
     let kubectl = bin_dir.join("kubectl");
-    run(Command::new(&kubectl)
+    run(bounded(120, &kubectl)
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["apply", "--server-side", "--force-conflicts", "-f"])
         .arg(root.join("crds")))?;
-    run(Command::new(&kubectl).arg("--kubeconfig").arg(&kubeconfig).args([
+    run(bounded(120, &kubectl).arg("--kubeconfig").arg(&kubeconfig).args([
         "wait",
         "--for=condition=Established",
         "--timeout=60s",

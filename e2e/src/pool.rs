@@ -145,6 +145,17 @@ impl Pool {
         Ok(pool)
     }
 
+    /// Adds one more node to the pool (labelled into it, `gpus` GPUs) and waits until the device
+    /// plugin serves it; returns its name.
+    pub async fn add_node(&mut self, gpus: u32) -> anyhow::Result<String> {
+        let name = format!("{}-n{}", self.id, self.nodes.len());
+        let labels = BTreeMap::from([("pool".to_owned(), self.id.clone())]);
+        self.sim().add_node(SimNode { name: name.clone(), labels, layout: GpuLayout::gpus(gpus) }).await?;
+        self.nodes.push(name.clone());
+        self.wait_device_plugin_serving(&[(name.clone(), gpus)]).await?;
+        Ok(name)
+    }
+
     pub fn sim(&self) -> &Simulator {
         self.sim.as_ref().expect("simulator runs until cleanup")
     }

@@ -1292,6 +1292,21 @@ async fn a_gate_that_closes_mid_migration_holds_the_drained_node_before_its_swit
         assert_eq!(done.status.unwrap().nodes.migrated, 2);
         let after = pool.wait_running(1).await?;
         assert_gpu_pods_on_dra(pool, &after).await?;
+
+        // A node that joins the completed pool moves too, and says so.
+        let joined = pool.add_node(2).await?;
+        let done = pool
+            .wait_status(&name, "Completed with the joined node", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| s.phase == Some(Phase::Completed) && s.nodes.migrated == 3)
+            })
+            .await?;
+        assert_eq!(done.status.unwrap().nodes.total, 3);
+        assert_eq!(backend(&Api::<Node>::all(pool.client.clone()).get(&joined).await?), "dra");
+        let events = event_reasons(pool, &name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "NodesJoined" && note.contains(&joined)),
+            "no NodesJoined event naming {joined}: {events:?}"
+        );
         let samples = sampler.stop();
         assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
         Ok(())

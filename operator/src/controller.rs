@@ -1335,6 +1335,27 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
             warn!(error = %e, "publishing the InventoryFindings event failed");
         }
     }
+    // A Forward migration keeps its pool on DRA: nodes that join after Completed (an autoscaled
+    // node group, a relabelled node) move too, and the phase says so until they have.
+    if old.phase == Some(Phase::Completed) && p.counts.total > old.nodes.total {
+        let joined: Vec<&String> = p.to_start.iter().chain(&p.queued).collect();
+        let shown: Vec<&str> = joined.iter().take(STATUS_LIST_MAX.min(10)).map(|n| n.as_str()).collect();
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "NodesJoined".into(),
+            note: Some(format!(
+                "{} node(s) joined the pool after it completed ({}{}); they migrate now, and the phase reads Progressing (or Pending while a gate is closed) until they have",
+                joined.len(),
+                shown.join(", "),
+                if joined.len() > shown.len() { ", ..." } else { "" }
+            )),
+            action: "SelectNodes".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+            warn!(error = %e, "publishing the NodesJoined event failed");
+        }
+    }
     // The acknowledged capacity change, once, under a reason of its own: the events API folds
     // events of one reason into a series that keeps the first note, so a changed
     // InventoryFindings note would not show.
