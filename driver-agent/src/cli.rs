@@ -11,7 +11,7 @@ use axum::routing::get;
 use clap::{Parser, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use switchyard_operator::well_known;
+use switchyard_api::well_known;
 use tokio::sync::{mpsc, watch};
 
 use crate::agent::{Agent, Status};

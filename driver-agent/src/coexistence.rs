@@ -71,7 +71,7 @@ impl Guard {
             let api: Api<Node> = Api::all(client);
             let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
             // Its own short backoff: without one, a failing watch retries in a tight loop.
-            let mut stream = switchyard_operator::watch::backed_off(watcher(api, config)).boxed();
+            let mut stream = switchyard_api::watch::backed_off(watcher(api, config)).boxed();
             while let Some(event) = stream.next().await {
                 let n = match event {
                     Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,

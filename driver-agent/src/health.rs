@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use switchyard_operator::well_known;
+use switchyard_api::well_known;
 
 /// XIDs that say something went wrong in an application, not in the GPU: the device stays
 /// schedulable and the taint is only informational (effect `None`). 13: graphics engine exception,

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
-use switchyard_operator::well_known;
+use switchyard_api::well_known;
 use tokio::sync::mpsc;
 
 use crate::error::Error;
@@ -208,7 +208,7 @@ impl SliceWatch {
             let config = watcher::Config::default().labels(&labels).fields(&fields);
             // A short backoff of its own (at most 5 s), not client-go's 30 s: the slices are back in
             // view within seconds of an API-server restart.
-            let mut stream = switchyard_operator::watch::backed_off(watcher(api, config)).boxed();
+            let mut stream = switchyard_api::watch::backed_off(watcher(api, config)).boxed();
             let mut listing: Vec<SliceRef> = Vec::new();
             while let Some(event) = stream.next().await {
                 let event = match event {

@@ -14,7 +14,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use switchyard_operator::well_known;
+use switchyard_api::well_known;
 
 use crate::health::{ActiveTaint, Effect, HealthState, TaintKind};
 use crate::inventory::{Gpu, NamedDevice, NodeInventory};

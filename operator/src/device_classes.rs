@@ -203,7 +203,6 @@ pub fn needs_apply(desired: &DeviceClass, current: Option<&DeviceClass>) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::*;
 
     pub(crate) fn spec() -> GpuPoolMigrationSpec {
         serde_json::from_value(serde_json::json!({

@@ -26,6 +26,6 @@ pub mod runtime;
 #[doc(hidden)]
 pub mod testing;
 pub mod watch;
-pub mod well_known;
+pub use switchyard_api::well_known;
 
 pub use error::{Error, Result};

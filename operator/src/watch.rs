@@ -2,69 +2,20 @@
 //!
 //! The controller merges its watches (migrations, nodes, DaemonSets, DeviceClasses,
 //! ResourceSlices) into one trigger stream, and kube-runtime backs that merged stream off as a
-//! whole: every watch error anywhere adds a sleep (client-go's 0.8 s doubling to 30 s, reset only
-//! after two quiet minutes) during which no watch is polled, so no cache is updated. When the API
-//! server restarts, each of the five watches fails a few times, and the sleeps pile up: the caches
-//! froze for minutes after the server was back, and nodes sat in Switching although their slices
-//! had long been published.
-//!
-//! So each watch here backs off alone ([`WatchBackoff`]: 250 ms doubling to at most
-//! [`WATCH_BACKOFF_MAX`], reset by the first event that arrives), and its errors are logged and
-//! counted here and never reach the merged stream, whose backoff then never runs. A watch is
-//! therefore polled again at most [`WATCH_BACKOFF_MAX`] after the server answers.
+//! whole: every watch error anywhere adds a sleep during which no watch is polled, so no cache is
+//! updated (see `switchyard_api::watch`). So each watch backs off alone ([`backed_off`]) and its
+//! errors are logged and counted here ([`errors_handled`]); they never reach the merged stream,
+//! whose backoff then never runs.
 
 use std::future::ready;
-use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::utils::{Backoff, StreamBackoff};
 use kube::runtime::watcher;
 use tracing::warn;
 
+pub use switchyard_api::watch::{WATCH_BACKOFF_MAX, WATCH_BACKOFF_MIN, WatchBackoff, backed_off};
+
 use crate::metrics::Metrics;
-
-/// The first retry of a failed watch.
-pub const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
-/// The longest a failed watch waits before it tries again: the bound on how long a cache stays
-/// behind once the API server answers again.
-pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Doubling from [`WATCH_BACKOFF_MIN`] to [`WATCH_BACKOFF_MAX`], back to the start on `reset`
-/// (which [`StreamBackoff`] calls on every event that is not an error).
-#[derive(Debug, Clone)]
-pub struct WatchBackoff {
-    next: Duration,
-}
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self { next: WATCH_BACKOFF_MIN }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let now = self.next;
-        self.next = (now * 2).min(WATCH_BACKOFF_MAX);
-        Some(now)
-    }
-}
-
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = WATCH_BACKOFF_MIN;
-    }
-}
-
-/// `events` (a watcher) with a backoff of its own: after an error, only this stream sleeps.
-pub fn backed_off<S, T>(events: S) -> StreamBackoff<S, WatchBackoff>
-where
-    S: Stream<Item = watcher::Result<T>>,
-{
-    StreamBackoff::new(events, WatchBackoff::default())
-}
 
 /// Drops the errors of a watch-derived stream after logging and counting them under `kind`: the
 /// watch underneath retries by itself ([`backed_off`]), and an error passed on would put the
@@ -95,18 +46,10 @@ mod tests {
     use super::*;
     use futures::stream;
     use std::sync::Arc;
+    use std::time::Duration;
 
     fn err() -> watcher::Error {
         watcher::Error::NoResourceVersion
-    }
-
-    #[test]
-    fn backoff_doubles_to_its_cap_and_resets() {
-        let mut b = WatchBackoff::default();
-        let got: Vec<u128> = (0..7).map(|_| b.next().unwrap().as_millis()).collect();
-        assert_eq!(got, [250, 500, 1000, 2000, 4000, 5000, 5000]);
-        b.reset();
-        assert_eq!(b.next(), Some(WATCH_BACKOFF_MIN));
     }
 
     /// Twenty errors in a row (an API server that is down) cost the watch at most

@@ -1,8 +1,4 @@
-//! The user-facing API of Switchyard, one submodule per served version.
-//!
-//! `v1alpha1` is the only version today and is the storage version.
+//! The user-facing API of Switchyard, from the `switchyard-api` crate (which the driver agent
+//! uses too), under the operator's historical path.
 
-pub mod v1alpha1;
-
-/// The API group of every Switchyard custom resource.
-pub const GROUP: &str = "switchyard.dev";
+pub use switchyard_api::{GROUP, v1alpha1};
