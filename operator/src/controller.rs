@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::inventory::{self, Finding, Severity};
 use crate::inventory_source;
 use crate::metrics::Metrics;
-use crate::node_state::{self, Action, Canary, DrainCounts, Observed};
+use crate::node_state::{self, Action, Canary, DrainCounts, Observed, WaitReason};
 use crate::overlap;
 use crate::placement::{self, Role};
 use crate::plan::{self, Backend, Failure, Halt, OtherMigration, PoolNode};
@@ -659,15 +659,15 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         Action::Wait { reason, message: m } => {
             message = format!("{reason}: {m}");
             let named = match *reason {
-                "EmptyDirBlocksDrain" => Some(&selection.blocked_by_empty_dir),
-                "UnmanagedPodsBlockDrain" => Some(&selection.unmanaged),
+                WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
+                WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
                 _ => None,
             };
             if let Some(pods) = named {
                 message = format!("{message} ({})", drain::names(pods, 5));
                 // Only a person can unblock these: say so once per change, not per reconcile.
                 if view.last_messages.get(name.as_str()) != Some(&message.as_str()) {
-                    publish(ctx, gpm, node, EventType::Warning, reason, message.clone()).await;
+                    publish(ctx, gpm, node, EventType::Warning, reason.as_str(), message.clone()).await;
                 }
             }
         }
@@ -784,7 +784,7 @@ async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool)
         }
         let (type_, reason, note) = match &action {
             Action::Fail { reason, message } => {
-                (EventType::Warning, *reason, format!("node {name} failed in {state:?}: {message}"))
+                (EventType::Warning, reason.as_str(), format!("node {name} failed in {state:?}: {message}"))
             }
             Action::SwitchToDevicePlugin => (
                 EventType::Normal,
@@ -1860,7 +1860,10 @@ mod tests {
     #[test]
     fn failure_is_recorded_with_the_state_it_happened_in() {
         let node = pn(&[(ANNOTATION_MIGRATION_STATE, "Draining")], true);
-        let v = patch_json(&Action::Fail { reason: "DrainTimeout", message: "2 pods left".into() }, &node);
+        let v = patch_json(
+            &Action::Fail { reason: node_state::FailReason::DrainTimeout, message: "2 pods left".into() },
+            &node,
+        );
         let f: Failure =
             serde_json::from_str(v["metadata"]["annotations"][ANNOTATION_FAILURE].as_str().unwrap()).unwrap();
         assert_eq!(

@@ -46,6 +46,110 @@ pub enum Canary {
     Stale,
 }
 
+/// Why a node waits: the reason part of its status message (`<reason>: <message>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitReason {
+    /// The kubelet reports NotReady; the step resumes when it is Ready.
+    NodeNotReady,
+    /// `spec.paused` holds the node at a safe point.
+    Paused,
+    /// Another node failed under `onFailure: Pause`.
+    HeldByFailedNode,
+    /// A gate of the migration is closed.
+    GateClosed,
+    /// The migration is being deleted.
+    Deleting,
+    /// The node's GPU count, which the switch is verified against, is not known yet.
+    GpuCountUnknown,
+    /// Pods without a controller block the drain until `drain.force`.
+    UnmanagedPodsBlockDrain,
+    /// emptyDir pods block the drain until `drain.deleteEmptyDirData`.
+    EmptyDirBlocksDrain,
+    /// Evicted pods are still terminating.
+    PodsTerminating,
+    /// The node still advertises device-plugin resources.
+    DevicePluginStillAdvertising,
+    /// The driver publishes fewer devices than the node had.
+    WaitingForResourceSlices,
+    /// The canary pod has not finished.
+    CanaryRunning,
+    /// The node failed and waits for a person.
+    NeedsHuman,
+    /// The DeviceTaintRule is evicting DRA claim holders.
+    EvictingClaimHolders,
+    /// The device plugin does not advertise the GPUs again yet.
+    WaitingForDevicePlugin,
+    /// The driver still offers allocatable devices on the node.
+    WaitingForDriverToLeave,
+}
+
+impl WaitReason {
+    /// The reason as it reads in status messages, failure records and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::NodeNotReady => "NodeNotReady",
+            WaitReason::Paused => "Paused",
+            WaitReason::HeldByFailedNode => "HeldByFailedNode",
+            WaitReason::GateClosed => "GateClosed",
+            WaitReason::Deleting => "Deleting",
+            WaitReason::GpuCountUnknown => "GpuCountUnknown",
+            WaitReason::UnmanagedPodsBlockDrain => "UnmanagedPodsBlockDrain",
+            WaitReason::EmptyDirBlocksDrain => "EmptyDirBlocksDrain",
+            WaitReason::PodsTerminating => "PodsTerminating",
+            WaitReason::DevicePluginStillAdvertising => "DevicePluginStillAdvertising",
+            WaitReason::WaitingForResourceSlices => "WaitingForResourceSlices",
+            WaitReason::CanaryRunning => "CanaryRunning",
+            WaitReason::NeedsHuman => "NeedsHuman",
+            WaitReason::EvictingClaimHolders => "EvictingClaimHolders",
+            WaitReason::WaitingForDevicePlugin => "WaitingForDevicePlugin",
+            WaitReason::WaitingForDriverToLeave => "WaitingForDriverToLeave",
+        }
+    }
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a node failed: the `reason` of its `switchyard.dev/failure` record and its Warning event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    /// The drain did not finish within `drain.timeoutSeconds`.
+    DrainTimeout,
+    /// The node did not switch backends within `verify.timeoutSeconds`.
+    SwitchTimeout,
+    /// The device plugin advertises GPUs again on a switched node.
+    BackendOverlap,
+    /// The canary did not succeed within `verify.timeoutSeconds`.
+    VerifyTimeout,
+    /// The canary pod failed.
+    CanaryFailed,
+    /// The rollback did not finish in time.
+    RollbackTimeout,
+}
+
+impl FailReason {
+    /// The reason as it reads in status messages, failure records and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::DrainTimeout => "DrainTimeout",
+            FailReason::SwitchTimeout => "SwitchTimeout",
+            FailReason::BackendOverlap => "BackendOverlap",
+            FailReason::VerifyTimeout => "VerifyTimeout",
+            FailReason::CanaryFailed => "CanaryFailed",
+            FailReason::RollbackTimeout => "RollbackTimeout",
+        }
+    }
+}
+
+impl std::fmt::Display for FailReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What holds a pool at its safe points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hold {
@@ -64,18 +168,18 @@ impl Hold {
     /// The wait of a node held at `point` (`cordoned`, `drained`).
     fn wait(self, point: &str) -> Action {
         match self {
-            Hold::Paused => wait("Paused", format!("{point}; the migration is paused")),
+            Hold::Paused => wait(WaitReason::Paused, format!("{point}; the migration is paused")),
             Hold::NodeFailed => wait(
-                "HeldByFailedNode",
+                WaitReason::HeldByFailedNode,
                 format!("{point}; another node failed and spec.strategy.onFailure is Pause"),
             ),
             Hold::GateClosed => wait(
-                "GateClosed",
+                WaitReason::GateClosed,
                 format!(
                     "{point}; held until the migration's gates hold again (see PrerequisitesMet, DeviceClassesReady, PlacementReady and BackendOverlap)"
                 ),
             ),
-            Hold::Deleting => wait("Deleting", format!("{point}; the migration is being deleted")),
+            Hold::Deleting => wait(WaitReason::Deleting, format!("{point}; the migration is being deleted")),
         }
     }
 }
@@ -129,7 +233,7 @@ pub enum Action {
     /// The node is where the direction wants it.
     Nothing,
     /// Nothing to do until something changes; requeue.
-    Wait { reason: &'static str, message: String },
+    Wait { reason: WaitReason, message: String },
     /// The node is in a timed state without `state-since` (edited by hand): stamp it now.
     RecordSince,
     /// Cordon, remember whether it was already unschedulable, take ownership; → Cordoned.
@@ -151,7 +255,7 @@ pub enum Action {
     /// Uncordon unless an admin had cordoned it, remove the canary; → Migrated.
     Complete,
     /// → Failed, recording reason and message.
-    Fail { reason: &'static str, message: String },
+    Fail { reason: FailReason, message: String },
     /// Cordon if needed; → RollingBack.
     StartRollback,
     /// Create the NoExecute DeviceTaintRule for the node's DRA devices.
@@ -201,7 +305,7 @@ fn timed_out(o: &Observed) -> bool {
     matches!((elapsed_seconds(o), timeout_seconds(o)), (Some(e), Some(t)) if e > t)
 }
 
-fn wait(reason: &'static str, message: impl Into<String>) -> Action {
+fn wait(reason: WaitReason, message: impl Into<String>) -> Action {
     Action::Wait { reason, message: message.into() }
 }
 
@@ -228,7 +332,7 @@ pub fn next_step(o: &Observed) -> Action {
     // blame the drain or the switch. Wait for it; the step's clock keeps running.
     if matches!(o.state, Draining | Switching | Verifying | RollingBack) && !o.ready {
         return wait(
-            "NodeNotReady",
+            WaitReason::NodeNotReady,
             format!("the kubelet reports NotReady; the {:?} step resumes when it is Ready", o.state),
         );
     }
@@ -252,7 +356,7 @@ pub fn next_step(o: &Observed) -> Action {
                 // The switch is verified against this count; a guess would let a node with one
                 // DRA device out of eight pass.
                 wait(
-                    "GpuCountUnknown",
+                    WaitReason::GpuCountUnknown,
                     "the device plugin reports no GPUs in this node's capacity or allocatable; waiting until it does, since the switch is verified against that count",
                 )
             } else {
@@ -274,7 +378,7 @@ pub fn next_step(o: &Observed) -> Action {
             }
             if timed_out(o) {
                 return Action::Fail {
-                    reason: "DrainTimeout",
+                    reason: FailReason::DrainTimeout,
                     message: format!(
                         "drain did not finish within {}s: {} pod(s) left to evict, {} without a controller, {} blocked by emptyDir, {} terminating",
                         o.drain_timeout_seconds,
@@ -289,7 +393,7 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::Evict
             } else if o.drain.unmanaged > 0 {
                 wait(
-                    "UnmanagedPodsBlockDrain",
+                    WaitReason::UnmanagedPodsBlockDrain,
                     format!(
                         "{} pod(s) have no controller, so nothing would re-create them after an eviction; re-create them under a controller, delete them, or set spec.strategy.drain.force: true",
                         o.drain.unmanaged
@@ -297,21 +401,21 @@ pub fn next_step(o: &Observed) -> Action {
                 )
             } else if o.drain.blocked > 0 {
                 wait(
-                    "EmptyDirBlocksDrain",
+                    WaitReason::EmptyDirBlocksDrain,
                     format!(
                         "{} pod(s) use emptyDir volumes; delete them or set spec.strategy.drain.deleteEmptyDirData: true",
                         o.drain.blocked
                     ),
                 )
             } else {
-                wait("PodsTerminating", format!("{} pod(s) still terminating", o.drain.terminating))
+                wait(WaitReason::PodsTerminating, format!("{} pod(s) still terminating", o.drain.terminating))
             }
         }
         Switching | Verifying if rollback => Action::StartRollback,
         Switching => {
             if timed_out(o) {
                 Action::Fail {
-                    reason: "SwitchTimeout",
+                    reason: FailReason::SwitchTimeout,
                     message: format!(
                         "within {}s the node did not switch: allocatable still {} (device plugin must report 0), DRA devices {} (need {})",
                         o.verify_timeout_seconds,
@@ -325,17 +429,17 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::SwitchToDra
             } else if o.allocatable > 0 {
                 wait(
-                    "DevicePluginStillAdvertising",
+                    WaitReason::DevicePluginStillAdvertising,
                     format!("allocatable is still {}; waiting for the device plugin to leave", o.allocatable),
                 )
             } else if o.gpus_before.is_none() {
                 wait(
-                    "GpuCountUnknown",
+                    WaitReason::GpuCountUnknown,
                     "switchyard.dev/gpus-before is missing or 0, so the switch cannot be verified; set it to the node's GPU count as JSON, for example {\"nvidia.com/gpu\":8}",
                 )
             } else if !slices_ready(o) {
                 wait(
-                    "WaitingForResourceSlices",
+                    WaitReason::WaitingForResourceSlices,
                     format!(
                         "driver publishes {} device(s), need {}",
                         o.dra_devices,
@@ -349,7 +453,7 @@ pub fn next_step(o: &Observed) -> Action {
         Verifying => {
             if o.allocatable > 0 {
                 return Action::Fail {
-                    reason: "BackendOverlap",
+                    reason: FailReason::BackendOverlap,
                     message: format!(
                         "the node advertises {} device-plugin GPU(s) again while the driver publishes {}; check that the device plugin DaemonSet avoids switchyard.dev/gpu-backend=dra",
                         o.allocatable, o.dra_devices
@@ -358,7 +462,7 @@ pub fn next_step(o: &Observed) -> Action {
             }
             if timed_out(o) {
                 return Action::Fail {
-                    reason: "VerifyTimeout",
+                    reason: FailReason::VerifyTimeout,
                     message: format!("the canary did not succeed within {}s", o.verify_timeout_seconds),
                 };
             }
@@ -366,8 +470,8 @@ pub fn next_step(o: &Observed) -> Action {
                 Canary::NotConfigured | Canary::Succeeded => Action::Complete,
                 Canary::Absent => Action::CreateCanary,
                 Canary::Stale => Action::DeleteCanary,
-                Canary::Running => wait("CanaryRunning", "waiting for the canary pod"),
-                Canary::Failed(m) => Action::Fail { reason: "CanaryFailed", message: m.clone() },
+                Canary::Running => wait(WaitReason::CanaryRunning, "waiting for the canary pod"),
+                Canary::Failed(m) => Action::Fail { reason: FailReason::CanaryFailed, message: m.clone() },
             }
         }
         Migrated => {
@@ -380,7 +484,7 @@ pub fn next_step(o: &Observed) -> Action {
         Failed => {
             let roll = (rollback || o.on_failure == FailurePolicy::Rollback) && !o.failed_during_rollback;
             if !roll {
-                wait("NeedsHuman", "the node failed; see status.failed and its events")
+                wait(WaitReason::NeedsHuman, "the node failed; see status.failed and its events")
             } else if o.backend == Backend::Dra || o.taint_rule_exists {
                 Action::StartRollback
             } else {
@@ -391,7 +495,7 @@ pub fn next_step(o: &Observed) -> Action {
         RollingBack => {
             if timed_out(o) {
                 return Action::Fail {
-                    reason: "RollbackTimeout",
+                    reason: FailReason::RollbackTimeout,
                     message: format!(
                         "rollback did not finish within {}s: {} pod(s) still hold DRA claims, allocatable {}",
                         o.drain_timeout_seconds + o.verify_timeout_seconds,
@@ -406,18 +510,21 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::CreateTaintRule
             } else if o.claim_holders > 0 {
                 wait(
-                    "EvictingClaimHolders",
+                    WaitReason::EvictingClaimHolders,
                     format!("{} pod(s) still hold DRA claims on the node", o.claim_holders),
                 )
             } else if o.backend == Backend::Dra {
                 Action::SwitchToDevicePlugin
             } else if o.allocatable == 0 {
-                wait("WaitingForDevicePlugin", "waiting for the device plugin to advertise the GPUs again")
+                wait(
+                    WaitReason::WaitingForDevicePlugin,
+                    "waiting for the device plugin to advertise the GPUs again",
+                )
             } else if o.taint_rule_exists && o.dra_devices > 0 {
                 // The rule is what keeps the scheduler off the DRA devices now that the device
                 // plugin serves the node again; it goes only once the driver has withdrawn them.
                 wait(
-                    "WaitingForDriverToLeave",
+                    WaitReason::WaitingForDriverToLeave,
                     format!(
                         "{} DRA device(s) still published without a taint; waiting for the driver to leave",
                         o.dra_devices
@@ -840,7 +947,10 @@ mod tests {
             (Action::SwitchToDra, Some(NodeState::Switching)),
             (Action::StartVerify, Some(NodeState::Verifying)),
             (Action::Complete, Some(NodeState::Migrated)),
-            (Action::Fail { reason: "X", message: String::new() }, Some(NodeState::Failed)),
+            (
+                Action::Fail { reason: FailReason::DrainTimeout, message: String::new() },
+                Some(NodeState::Failed),
+            ),
             (Action::StartRollback, Some(NodeState::RollingBack)),
             (Action::FinishRollback, Some(NodeState::RolledBack)),
             (Action::Evict, None),
