@@ -1586,6 +1586,27 @@ fn migrations_for_labels(
         .collect()
 }
 
+/// The watch of every `K` that feeds `writer`'s store, trimmed ([`cache::trim`]), backed off on
+/// its own, its errors kept out of the controller ([`watch`]); yields the objects it touched.
+fn trimmed_cache<K>(
+    kind: &'static str,
+    metrics: &Arc<Metrics>,
+    client: &Client,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = watcher::Result<K>> + Send + 'static
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let events =
+        watch::backed_off(watcher(Api::<K>::all(client.clone()), watcher::Config::default().any_semantic()));
+    watch::errors_handled(
+        kind,
+        metrics.clone(),
+        reflector(writer, events.modify(cache::trim)).touched_objects(),
+    )
+}
+
 /// Runs the controller until `shutdown` resolves. `ready` flips to true once the caches synced.
 pub async fn run(
     client: Client,
@@ -1639,33 +1660,9 @@ pub async fn run(
             node_writes,
         ),
     );
-    let ds_stream = watch::errors_handled(
-        "DaemonSet",
-        metrics.clone(),
-        reflector(
-            ds_writer,
-            watch::backed_off(watcher(Api::<DaemonSet>::all(client.clone()), wc())).modify(cache::trim),
-        )
-        .touched_objects(),
-    );
-    let dc_stream = watch::errors_handled(
-        "DeviceClass",
-        metrics.clone(),
-        reflector(
-            dc_writer,
-            watch::backed_off(watcher(Api::<DeviceClass>::all(client.clone()), wc())).modify(cache::trim),
-        )
-        .touched_objects(),
-    );
-    let slice_stream = watch::errors_handled(
-        "ResourceSlice",
-        metrics.clone(),
-        reflector(
-            slice_writer,
-            watch::backed_off(watcher(Api::<ResourceSlice>::all(client.clone()), wc())).modify(cache::trim),
-        )
-        .touched_objects(),
-    );
+    let ds_stream = trimmed_cache("DaemonSet", &metrics, &client, ds_writer);
+    let dc_stream = trimmed_cache("DeviceClass", &metrics, &client, dc_writer);
+    let slice_stream = trimmed_cache("ResourceSlice", &metrics, &client, slice_writer);
 
     let s = store.clone();
     let map_node = move |n: Node| migrations_for_labels(&s, n.labels());
