@@ -82,17 +82,21 @@ fn advertised(node: &Node, resource: &str) -> u64 {
 /// Whether `node`'s device plugin shares its GPUs, and how. `None` for a node that does not, or
 /// advertises no `nvidia.com/gpu`.
 pub fn sharing(node: &Node) -> Option<SharedNode> {
-    let advertised = advertised(node, NVIDIA_GPU_RESOURCE);
-    if advertised == 0 {
-        return None;
-    }
+    let now = advertised(node, NVIDIA_GPU_RESOURCE);
     let strategy = node.labels().get(LABEL_SHARING_STRATEGY).map(|s| s.trim().to_string());
     let replicas = label_u64(node, LABEL_REPLICAS).filter(|r| *r > 0);
     let count = label_u64(node, LABEL_GPU_COUNT).filter(|c| *c > 0);
+    // GFD's labels outlive a device-plugin restart, while the node advertises 0 for a moment
+    // (Managed placement restarts every plugin pod once): judged by its labels, a shared node
+    // keeps the pool closed through that window.
     let labelled = matches!(strategy.as_deref(), Some(s) if !s.is_empty() && s != "none")
         || replicas.is_some_and(|r| r > 1);
-    let over_count = count.is_some_and(|c| advertised > c);
-    if !labelled && !over_count {
+    let advertised = match (now, count, replicas) {
+        (0, Some(c), Some(r)) if labelled => c * r,
+        (n, _, _) => n,
+    };
+    let over_count = count.is_some_and(|c| now > c);
+    if !(labelled && advertised > 0) && !over_count {
         return None;
     }
     let physical =
@@ -261,9 +265,15 @@ mod tests {
             let got = sharing(&n).map(|s| (s.physical, s.how));
             assert_eq!(got, want.map(|(p, h)| (p, h.to_string())), "{case}");
         }
-        // No GPUs advertised: nothing to share, whatever the labels.
+        // No GPUs advertised and no count to go by: nothing to judge.
         let idle = node("n", json!({"nvidia.com/gpu.replicas": "4"}), json!({"cpu": "8"}));
         assert_eq!(sharing(&idle), None);
+        // The plugin restarting (0 advertised for a moment): the labels still tell, with the
+        // same figures, so the gate does not open for that moment.
+        let labels = json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.count": "8"});
+        let restarting = node("n", labels, json!({"nvidia.com/gpu": "0"}));
+        let s = sharing(&restarting).expect("still shared");
+        assert_eq!((s.advertised, s.physical), (32, 8));
     }
 
     #[test]
