@@ -96,7 +96,8 @@ pub fn sharing(node: &Node) -> Option<SharedNode> {
         (n, _, _) => n,
     };
     let over_count = count.is_some_and(|c| now > c);
-    if !(labelled && advertised > 0) && !over_count {
+    let shared = (labelled && advertised > 0) || over_count;
+    if !shared {
         return None;
     }
     let physical =
