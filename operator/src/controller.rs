@@ -540,6 +540,37 @@ async fn publish(
     }
 }
 
+/// How many node names an event note lists before it says "...".
+const NAMES_IN_EVENT: usize = 10;
+
+/// The events API's limit on a note, in bytes; longer notes are refused.
+const EVENT_NOTE_MAX: usize = 1024;
+
+/// One event about the migration as a whole (no related node). A failure to publish is logged:
+/// the status carries the same facts.
+async fn publish_on_migration(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) {
+    let mut note = note.to_string();
+    if note.len() > EVENT_NOTE_MAX {
+        let mut cut = EVENT_NOTE_MAX - 3;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
+        warn!(error = %e, reason, "publishing event failed");
+    }
+}
+
 /// Everything the per-node step needs from the pool-wide observation.
 struct PoolView<'a> {
     gpm: &'a GpuPoolMigration,
@@ -1324,37 +1355,21 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     let old_inventory = old.conditions.iter().find(|c| c.type_ == "InventoryFindings").map(|c| &c.message);
     let anything = !inventory_findings.is_empty() || !other_findings.is_empty();
     if anything && old_inventory != Some(&inventory_text) {
-        let ev = Event {
-            type_: if notable { EventType::Warning } else { EventType::Normal },
-            reason: "InventoryFindings".into(),
-            note: Some(inventory_text.chars().take(1000).collect()),
-            action: "Inventory".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-            warn!(error = %e, "publishing the InventoryFindings event failed");
-        }
+        let type_ = if notable { EventType::Warning } else { EventType::Normal };
+        publish_on_migration(ctx, gpm, type_, "InventoryFindings", "Inventory", &inventory_text).await;
     }
     // A Forward migration keeps its pool on DRA: nodes that join after Completed (an autoscaled
     // node group, a relabelled node) move too, and the phase says so until they have.
     if old.phase == Some(Phase::Completed) && p.counts.total > old.nodes.total {
         let joined: Vec<&String> = p.to_start.iter().chain(&p.queued).collect();
-        let shown: Vec<&str> = joined.iter().take(STATUS_LIST_MAX.min(10)).map(|n| n.as_str()).collect();
-        let ev = Event {
-            type_: EventType::Normal,
-            reason: "NodesJoined".into(),
-            note: Some(format!(
-                "{} node(s) joined the pool after it completed ({}{}); they migrate now, and the phase reads Progressing (or Pending while a gate is closed) until they have",
-                joined.len(),
-                shown.join(", "),
-                if joined.len() > shown.len() { ", ..." } else { "" }
-            )),
-            action: "SelectNodes".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-            warn!(error = %e, "publishing the NodesJoined event failed");
-        }
+        let shown: Vec<&str> = joined.iter().take(NAMES_IN_EVENT).map(|n| n.as_str()).collect();
+        let note = format!(
+            "{} node(s) joined the pool after it completed ({}{}); they migrate now, and the phase reads Progressing (or Pending while a gate is closed) until they have",
+            joined.len(),
+            shown.join(", "),
+            if joined.len() > shown.len() { ", ..." } else { "" }
+        );
+        publish_on_migration(ctx, gpm, EventType::Normal, "NodesJoined", "SelectNodes", &note).await;
     }
     // The acknowledged capacity change, once, under a reason of its own: the events API folds
     // events of one reason into a series that keeps the first note, so a changed
@@ -1362,16 +1377,8 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     if let Some(ack) = verdict.warnings.iter().find(|w| w.contains(prerequisites::SHARING_ACKNOWLEDGED))
         && old_inventory.is_none_or(|m| !m.contains(ack.as_str()))
     {
-        let ev = Event {
-            type_: EventType::Normal,
-            reason: "GpuSharingLossAcknowledged".into(),
-            note: Some(ack.chars().take(1000).collect()),
-            action: "CheckPrerequisites".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-            warn!(error = %e, "publishing the GpuSharingLossAcknowledged event failed");
-        }
+        let reason = "GpuSharingLossAcknowledged";
+        publish_on_migration(ctx, gpm, EventType::Normal, reason, "CheckPrerequisites", ack).await;
     }
     // One Warning event when the pool's nodes keep it from starting (or the reason changes).
     let old_prereq = old.conditions.iter().find(|c| c.type_ == "PrerequisitesMet");
@@ -1381,32 +1388,15 @@ async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         && old_prereq.map(|c| (c.reason.as_str(), c.message.as_str()))
             != Some((verdict.reason, verdict.message.as_str()))
     {
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: verdict.reason.into(),
-            note: Some(verdict.message.chars().take(1000).collect()),
-            action: "CheckPrerequisites".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-            warn!(error = %e, "publishing the {} event failed", verdict.reason);
-        }
+        let (reason, note) = (verdict.reason, &verdict.message);
+        publish_on_migration(ctx, gpm, EventType::Warning, reason, "CheckPrerequisites", note).await;
     }
     // One Warning event when the conflict starts (or changes), not one per reconcile.
     let old_conflict = old.conditions.iter().find(|c| c.type_ == "NodeConflict" && c.status == "True");
     if let Some(message) = &conflict
         && old_conflict.map(|c| &c.message) != Some(message)
     {
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: "NodeConflict".into(),
-            note: Some(message.clone()),
-            action: "SelectNodes".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-            warn!(error = %e, "publishing the NodeConflict event failed");
-        }
+        publish_on_migration(ctx, gpm, EventType::Warning, "NodeConflict", "SelectNodes", message).await;
     }
 
     // Metrics.
