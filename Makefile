@@ -20,7 +20,7 @@ build: deps ## Build every binary
 
 .PHONY: install-cli
 install-cli: ## Install the switchyard CLI and its kubectl plugin name (kubectl switchyard) into ~/.cargo/bin
-	$(CARGO) install --locked --path operator --bin switchyard --bin kubectl-switchyard
+	$(CARGO) install --locked --path cli --bin switchyard --bin kubectl-switchyard
 
 .PHONY: generate
 generate: ## Regenerate crds/ from the Rust API types, then the packaging copies derived from them

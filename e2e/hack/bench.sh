@@ -43,7 +43,7 @@ SWITCHYARD_AGENT_BIN="$target_dir/release/switchyard-driver-agent" \
   "$target_dir/debug/bench-agent" --events 100 --gpus 8 --mig-per-gpu 7 --idle-seconds 30
 
 echo "== migration engine: the 4-node scenario, wall time and operator API requests per node; switchyard plan before it" >&2
-cargo build -p switchyard-operator -p switchyard-driver-agent -p switchyard-e2e --bins >&2
+cargo build -p switchyard-operator -p switchyard-cli -p switchyard-driver-agent -p switchyard-e2e --bins >&2
 SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
 SWITCHYARD_OPERATOR_BIN="$target_dir/debug/switchyard-operator" \
 SWITCHYARD_AGENT_BIN="$target_dir/debug/switchyard-driver-agent" \

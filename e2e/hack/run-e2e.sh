@@ -33,7 +33,7 @@ fi
 bash "$root/e2e/hack/sweep.sh"
 # The scenarios run the real operator and agent binaries as processes (they SIGKILL and SIGTERM
 # them), so build those first and tell the tests where they are.
-cargo build -p switchyard-operator -p switchyard-driver-agent --bins
+cargo build -p switchyard-operator -p switchyard-cli -p switchyard-driver-agent --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 export SWITCHYARD_OPERATOR_BIN="$target_dir/debug/switchyard-operator"
 export SWITCHYARD_AGENT_BIN="$target_dir/debug/switchyard-driver-agent"

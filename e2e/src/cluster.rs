@@ -113,7 +113,7 @@ fn built_binary(env: &str, name: &str) -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target/debug").join(name));
     assert!(
         path.is_file(),
-        "{} is missing: run `cargo build -p switchyard-operator -p switchyard-driver-agent --bins` or `make e2e`",
+        "{} is missing: run `cargo build -p switchyard-operator -p switchyard-cli -p switchyard-driver-agent --bins` or `make e2e`",
         path.display()
     );
     path

@@ -2,7 +2,7 @@
 //! due, applies DeviceClasses and placement, writes status and events. Every decision is made in
 //! `plan`, `node_state`, `drain`, `placement`, `device_classes`, `prerequisites` and `overlap`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,12 +12,12 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -25,47 +25,35 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::api::v1alpha1::{
-    Direction, FailedNode, GpuPoolMigration, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeProgress,
-    NodeState, Phase, PlacementMode,
-};
+use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
 use crate::cache::{self, Caches};
-use crate::conditions::{self, ConditionType, Desired, Progress};
-use crate::device_classes;
-use crate::drain;
 use crate::error::{Error, Result};
-use crate::inventory::{self, Finding, Severity};
-use crate::inventory_source;
+use crate::inventory::Finding;
 use crate::metrics::Metrics;
-use crate::node_state::{self, Action, Canary, DrainCounts, Observed, WaitReason};
-use crate::overlap;
-use crate::placement::{self, Role};
-use crate::plan::{self, Backend, Failure, Halt, OtherMigration, PoolNode};
+use crate::node_state::{self, Action};
+use crate::plan::{self, Backend, Failure, PoolNode};
 use crate::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
+use crate::reconcile::{decide, execute, observe};
 use crate::watch;
 use crate::well_known::*;
 
 /// Requeue while nodes move: short, because allocatable and slices change without a label event.
-const REQUEUE_ACTIVE: Duration = Duration::from_secs(10);
+pub(crate) const REQUEUE_ACTIVE: Duration = Duration::from_secs(10);
 /// Requeue when idle: a safety net; watches trigger real work.
-const REQUEUE_IDLE: Duration = Duration::from_secs(300);
+pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(300);
 /// When a node's step failed: sooner than the backoff of a failed reconcile, since only that
 /// node waits.
-const REQUEUE_ERROR: Duration = Duration::from_secs(5);
+pub(crate) const REQUEUE_ERROR: Duration = Duration::from_secs(5);
 /// How often a deletion re-checks the nodes it waits for.
 const CLEANUP_POLL: Duration = Duration::from_secs(5);
 /// How long discovery results are reused: versions and served kinds change only on upgrades.
-const FACTS_TTL: Duration = Duration::from_secs(300);
+pub(crate) const FACTS_TTL: Duration = Duration::from_secs(300);
 /// How long an inventory is reused: it LISTs quotas, LimitRanges, HPAs and Deployments
 /// cluster-wide, too much for every reconcile. A spec change refreshes it at once.
-const INVENTORY_TTL: Duration = Duration::from_secs(300);
-/// How many findings the InventoryFindings message lists before pointing at the CLI.
-const FINDINGS_IN_CONDITION: usize = 5;
+pub(crate) const INVENTORY_TTL: Duration = Duration::from_secs(300);
 /// At most this many candidate nodes get a pod count per reconcile, so ordering a large pool
 /// costs a bounded number of per-node pod LISTs.
-const MAX_CANDIDATES_COUNTED: usize = 32;
-/// Status lists are capped by the API schema.
-const STATUS_LIST_MAX: usize = 64;
+pub(crate) const MAX_CANDIDATES_COUNTED: usize = 32;
 /// The name of the DeviceClass used only in the dry-run probe.
 const PROBE_CLASS: &str = "switchyard-probe-extended-resource";
 /// The extended resource name used only in the dry-run probe.
@@ -99,10 +87,10 @@ pub struct Context {
     /// Nodes, DaemonSets, DeviceClasses and ResourceSlices, fed by the controller's watches: a
     /// reconcile reads these instead of the API (see `cache` for how fresh they are).
     pub caches: Caches,
-    facts: Mutex<Option<(Instant, ServerFacts)>>,
+    pub(crate) facts: Mutex<Option<(Instant, ServerFacts)>>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last inventory per migration: when, for which generation, and its findings.
-    inventory: Mutex<HashMap<String, CachedInventory>>,
+    pub(crate) inventory: Mutex<HashMap<String, CachedInventory>>,
 }
 
 impl Context {
@@ -145,7 +133,7 @@ pub async fn reconcile(gpm: Arc<GpuPoolMigration>, ctx: Arc<Context>) -> Result<
     let name = gpm.name_any();
     let res = finalizer(&api, FINALIZER, gpm, |event| async {
         match event {
-            Finalizer::Apply(g) => apply(&g, &ctx).await,
+            Finalizer::Apply(g) => crate::reconcile::apply(&g, &ctx).await,
             Finalizer::Cleanup(g) => cleanup(&g, &ctx).await,
         }
     })
@@ -193,22 +181,8 @@ pub fn backoff(consecutive_failures: u32) -> Duration {
     Duration::from_secs(secs.min(300))
 }
 
-fn resources(spec: &GpuPoolMigrationSpec) -> Vec<&str> {
+pub(crate) fn resources(spec: &GpuPoolMigrationSpec) -> Vec<&str> {
     spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect()
-}
-
-async fn server_facts(ctx: &Context, nodes: &[NodeVersions]) -> Result<ServerFacts> {
-    if let Ok(guard) = ctx.facts.lock()
-        && let Some((at, f)) = guard.as_ref()
-        && at.elapsed() < FACTS_TTL
-    {
-        return Ok(f.clone());
-    }
-    let facts = discover_server(&ctx.client, nodes).await?;
-    if let Ok(mut guard) = ctx.facts.lock() {
-        *guard = Some((Instant::now(), facts.clone()));
-    }
-    Ok(facts)
 }
 
 /// Server version, served resource.k8s.io/v1 kinds and, when a pool node or the server is older
@@ -351,7 +325,7 @@ pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
 /// The migration as the owner of what it creates for a node (canary, DeviceTaintRule), so the
 /// garbage collector removes what the operator did not. No `blockOwnerDeletion`: the migration's
 /// deletion never waits on them.
-fn owner_ref(gpm: &GpuPoolMigration) -> Option<OwnerReference> {
+pub(crate) fn owner_ref(gpm: &GpuPoolMigration) -> Option<OwnerReference> {
     gpm.controller_owner_ref(&()).map(|o| OwnerReference { block_owner_deletion: None, ..o })
 }
 
@@ -503,366 +477,7 @@ pub fn node_patch(
     Some(p)
 }
 
-/// Patches a node and records the write, so the next reconcile waits until the node cache shows it
-/// (see `cache::NodeWrites`).
-async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<()> {
-    let write = ctx.caches.node_writes.begin(name);
-    let res =
-        Api::<Node>::all(ctx.client.clone()).patch(name, &PatchParams::default(), &Patch::Merge(patch)).await;
-    write.finish(res.as_ref().ok().and_then(|n| n.metadata.resource_version.as_deref()));
-    res.map(|_| ()).map_err(|source| Error::PatchNode { node: name.into(), source })
-}
-
-async fn publish(
-    ctx: &Context,
-    gpm: &GpuPoolMigration,
-    node: &Node,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    // On the migration the node is the related object: the recorder folds repeats of one
-    // (reason, regarding, related) into a series, and without it every node's event would fold
-    // into the first node's.
-    let node_ref = node.object_ref(&());
-    let event = |secondary| Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note.clone()),
-        action: "MigrateNode".into(),
-        secondary,
-    };
-    let (on_migration, on_node) = (event(Some(node_ref.clone())), event(None));
-    for (ev, r) in [(&on_migration, gpm.object_ref(&())), (&on_node, node_ref)] {
-        if let Err(e) = ctx.recorder.publish(ev, &r).await {
-            warn!(error = %e, reason, "publishing event failed");
-        }
-    }
-}
-
-/// How many node names an event note lists before it says "...".
-const NAMES_IN_EVENT: usize = 10;
-
-/// The events API's limit on a note, in bytes; longer notes are refused.
-const EVENT_NOTE_MAX: usize = 1024;
-
-/// One event about the migration as a whole (no related node). A failure to publish is logged:
-/// the status carries the same facts.
-async fn publish_on_migration(
-    ctx: &Context,
-    gpm: &GpuPoolMigration,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: &str,
-) {
-    let mut note = note.to_string();
-    if note.len() > EVENT_NOTE_MAX {
-        let mut cut = EVENT_NOTE_MAX - 3;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-        note.push_str("...");
-    }
-    let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
-    if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-        warn!(error = %e, reason, "publishing event failed");
-    }
-}
-
-/// Everything the per-node step needs from the pool-wide observation.
-struct PoolView<'a> {
-    gpm: &'a GpuPoolMigration,
-    slices: &'a [ResourceSlice],
-    hold: Option<node_state::Hold>,
-    now: Timestamp,
-    /// Each in-progress node's message in the status as last written: a warning event goes out
-    /// when the message changes, not on every reconcile.
-    last_messages: HashMap<&'a str, &'a str>,
-}
-
-/// What one node step did, for status.
-struct NodeOutcome {
-    state: NodeState,
-    since: Option<Timestamp>,
-    message: String,
-}
-
-fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
-    pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
-}
-
-fn gpus_before(pn: &PoolNode) -> Option<u64> {
-    pn.annotations
-        .get(ANNOTATION_GPUS_BEFORE)
-        .and_then(|s| serde_json::from_str::<BTreeMap<String, u64>>(s).ok())
-        .map(|m| m.values().sum())
-        .filter(|n| *n > 0)
-}
-
-/// Observes one node, decides its step and carries it out.
-async fn step_node(ctx: &Context, view: &PoolView<'_>, node: &Node, start: bool) -> Result<NodeOutcome> {
-    let gpm = view.gpm;
-    let spec = &gpm.spec;
-    let migration = gpm.name_any();
-    let res = resources(spec);
-    let pn = PoolNode::from_node(node);
-    let name = pn.name.clone();
-    let state = pn.state();
-    let failure = pn.failure();
-    let client = &ctx.client;
-
-    let mut selection = drain::Selection::default();
-    let mut claim_holders = 0;
-    if state == NodeState::Draining || state == NodeState::RollingBack {
-        let pods = pods_on_node(client, &name).await?;
-        if state == NodeState::Draining {
-            selection = drain::select(&pods, &res, &spec.strategy.drain);
-        } else {
-            claim_holders = pods.iter().filter(|p| drain::holds_dra_claim(p)).count();
-        }
-    }
-    let rules: Api<DeviceTaintRule> = Api::all(client.clone());
-    let rule_name = taint_rule_name(&name);
-    let taint_rule_exists = if matches!(state, NodeState::RollingBack | NodeState::Failed) {
-        rules
-            .get_opt(&rule_name)
-            .await
-            .map_err(|source| Error::CreateDeviceTaintRule { name: rule_name.clone(), source })?
-            .is_some()
-    } else {
-        false
-    };
-    let canary_api: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
-    let canary_name = crate::canary::pod_name(&name);
-    // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
-    let attempt = parse_since(&pn).map(|t| t.as_second().to_string()).unwrap_or_default();
-    let canary = match (&spec.strategy.verify.canary, state) {
-        (Some(_), NodeState::Verifying) => {
-            let p = canary_api
-                .get_opt(&canary_name)
-                .await
-                .map_err(|source| Error::CreateCanary { node: name.clone(), source })?;
-            match p {
-                // Already going: wait for it to be gone before the new one.
-                Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
-                p => crate::canary::outcome(p.as_ref(), &attempt),
-            }
-        }
-        (Some(_), _) => Canary::Absent,
-        (None, _) => Canary::NotConfigured,
-    };
-
-    let alloc = overlap::allocatable(node, &res);
-    // What DRA must publish for the node to count as switched: a shared GPU counts once.
-    let dp_gpus = crate::capacity::gpus_to_publish(node, &res);
-    let observed = Observed {
-        state,
-        since: parse_since(&pn),
-        now: view.now,
-        direction: spec.direction,
-        start,
-        hold: view.hold,
-        on_failure: spec.strategy.on_failure,
-        failed_during_rollback: failure.as_ref().is_some_and(Failure::during_rollback),
-        unschedulable: pn.unschedulable,
-        ready: pn.ready,
-        backend: pn.backend(),
-        drain: DrainCounts { ..selection.counts() },
-        allocatable: alloc.values().sum(),
-        device_plugin_gpus: dp_gpus.values().sum(),
-        gpus_before: gpus_before(&pn),
-        // Only devices the scheduler can allocate count: the agent keeps them tainted until the
-        // device plugin's capacity is gone.
-        dra_devices: overlap::schedulable_dra_devices(view.slices, &spec.driver.name, &name),
-        claim_holders,
-        taint_rule_exists,
-        canary,
-        drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
-        verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
-    };
-    let action = node_state::next_step(&observed);
-    let mut message = String::new();
-
-    match &action {
-        Action::Nothing => {}
-        Action::Wait { reason, message: m } => {
-            message = format!("{reason}: {m}");
-            let named = match *reason {
-                WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
-                WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
-                _ => None,
-            };
-            if let Some(pods) = named {
-                message = format!("{message} ({})", drain::names(pods, 5));
-                // Only a person can unblock these: say so once per change, not per reconcile.
-                if view.last_messages.get(name.as_str()) != Some(&message.as_str()) {
-                    publish(ctx, gpm, node, EventType::Warning, reason.as_str(), message.clone()).await;
-                }
-            }
-        }
-        Action::Evict => {
-            // Every pod gets its eviction; the first error is returned after the rest were tried.
-            let (mut blocked, mut throttled, mut first_error) = (Vec::new(), 0, None);
-            for p in &selection.evict {
-                let r = drain::evict(client.clone(), p, spec.strategy.drain.grace_period_seconds).await;
-                let label = match &r {
-                    Ok(drain::Evicted::Yes) => "evicted",
-                    Ok(drain::Evicted::Gone) => "gone",
-                    Ok(drain::Evicted::Blocked(_)) => "blocked",
-                    Ok(drain::Evicted::Throttled(_)) => "throttled",
-                    Err(_) => "error",
-                };
-                ctx.metrics.evictions.get_or_create(&crate::metrics::EvictionLabels { result: label }).inc();
-                match r {
-                    Ok(drain::Evicted::Blocked(m)) => blocked.push(format!("{p}: {m}")),
-                    Ok(drain::Evicted::Throttled(_)) => throttled += 1,
-                    Ok(_) => {}
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-            if let Some(e) = first_error {
-                return Err(e);
-            }
-            message = format!("evicting {} pod(s)", selection.evict.len());
-            if throttled > 0 {
-                message = format!(
-                    "{message}; the API server throttled {throttled} eviction(s) (429 without a disruption budget cause); retrying"
-                );
-            }
-            if !blocked.is_empty() {
-                message = format!("eviction blocked by a PodDisruptionBudget: {}", blocked.join("; "));
-                if view.last_messages.get(name.as_str()) != Some(&message.as_str()) {
-                    publish(ctx, gpm, node, EventType::Warning, "EvictionBlocked", message.clone()).await;
-                }
-            }
-        }
-        Action::CreateCanary => {
-            if let Some(c) = &spec.strategy.verify.canary {
-                let first = res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE);
-                let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-                let target = crate::canary::Target {
-                    migration: &migration,
-                    owner: owner_ref(gpm),
-                    node: &name,
-                    taints: &taints,
-                    namespace: &ctx.config.canary_namespace,
-                    resource: first,
-                    attempt: &attempt,
-                };
-                let pod = crate::canary::pod(&target, c);
-                match canary_api.create(&PostParams::default(), &pod).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
-                }
-                message = "canary created".into();
-            }
-        }
-        Action::DeleteCanary => {
-            match canary_api.delete(&canary_name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
-            }
-            message = "deleting the canary of an earlier attempt".into();
-        }
-        Action::CreateTaintRule => {
-            let mut rule = taint_rule(&name, &spec.driver.name, &migration);
-            rule.metadata.owner_references = owner_ref(gpm).map(|o| vec![o]);
-            match rules.create(&PostParams::default(), &rule).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(source) => return Err(Error::CreateDeviceTaintRule { name: rule_name.clone(), source }),
-            }
-            publish(
-                ctx,
-                gpm,
-                node,
-                EventType::Normal,
-                "DeviceTaintRuleCreated",
-                format!("evicting DRA claim holders from {name} with {rule_name}"),
-            )
-            .await;
-        }
-        Action::DeleteTaintRule => match rules.delete(&rule_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(source) => return Err(Error::DeleteDeviceTaintRule { name: rule_name.clone(), source }),
-        },
-        _ => {}
-    }
-
-    if state == NodeState::Draining
-        && action == Action::SwitchToDra
-        && let Some(since) = parse_since(&pn)
-    {
-        let seconds = view.now.duration_since(since).as_secs_f64().max(0.0);
-        ctx.metrics
-            .drain_duration
-            .get_or_create(&crate::metrics::MigrationLabels { migration: migration.clone() })
-            .observe(seconds);
-    }
-    if let Some(mut patch) = node_patch(&action, &pn, &migration, view.now, &dp_gpus) {
-        patch.metadata.resource_version = node.metadata.resource_version.clone();
-        patch_node(ctx, &name, &patch).await?;
-        if action == Action::Complete && spec.strategy.verify.canary.is_some() {
-            // Best effort: the canary is finished; a leftover one is harmless.
-            let _ = canary_api.delete(&canary_name, &DeleteParams::default()).await;
-        }
-        let (type_, reason, note) = match &action {
-            Action::Fail { reason, message } => {
-                (EventType::Warning, reason.as_str(), format!("node {name} failed in {state:?}: {message}"))
-            }
-            Action::SwitchToDevicePlugin => (
-                EventType::Normal,
-                "BackendDevicePlugin",
-                format!("node {name} labelled back to the device plugin"),
-            ),
-            Action::Recordon => (
-                EventType::Warning,
-                "Recordoned",
-                format!(
-                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
-                ),
-            ),
-            Action::RecordSince => (
-                EventType::Normal,
-                "StateStamped",
-                format!("node {name}: state-since was missing; stamped now"),
-            ),
-            a => {
-                let to = a.next_state().unwrap_or(state);
-                (EventType::Normal, transition_reason(to), format!("node {name}: {state:?} → {to:?}"))
-            }
-        };
-        info!(node = %name, migration = %migration, from = ?state, action = ?action, "node step");
-        publish(ctx, gpm, node, type_, reason, note.clone()).await;
-        message = note;
-    }
-    let new_state = action.next_state().unwrap_or(state);
-    let since = if action.next_state().is_some() { Some(view.now) } else { parse_since(&pn) };
-    Ok(NodeOutcome { state: new_state, since, message })
-}
-
-fn transition_reason(to: NodeState) -> &'static str {
-    match to {
-        NodeState::Pending => "NodePending",
-        NodeState::Cordoned => "NodeCordoned",
-        NodeState::Draining => "NodeDraining",
-        NodeState::Switching => "NodeSwitching",
-        NodeState::Verifying => "NodeVerifying",
-        NodeState::Migrated => "NodeMigrated",
-        NodeState::Failed => "NodeFailed",
-        NodeState::RollingBack => "NodeRollingBack",
-        NodeState::RolledBack => "NodeRolledBack",
-    }
-}
-
-fn node_selector(spec: &GpuPoolMigrationSpec) -> Result<Selector> {
+pub(crate) fn node_selector(spec: &GpuPoolMigrationSpec) -> Result<Selector> {
     Selector::try_from(spec.node_selector.clone())
         .map_err(|e| Error::InvalidSpec { message: format!("spec.nodeSelector: {e}") })
 }
@@ -876,603 +491,6 @@ pub async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Re
         .await
         .map(|l| l.items)
         .map_err(|source| Error::ListNodes { source })
-}
-
-/// The nodes `spec.nodeSelector` selects, from the node cache once it has synced and shows this
-/// operator's own node patches (`cache::NodeWrites`). A node whose patch the cache still lags
-/// after `cache::NODE_WRITE_VISIBLE_TIMEOUT` (the watch is reconnecting or relisting) is read
-/// from the API for this reconcile: a step must never be decided on a copy older than our own
-/// last write of that node. A reconcile with no such node makes no request here.
-async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
-    let selector = node_selector(spec)?;
-    cache::synced(&ctx.caches.nodes, "Node").await?;
-    let writes = &ctx.caches.node_writes;
-    let unseen = writes.settle(cache::NODE_WRITE_VISIBLE_TIMEOUT).await;
-    let mut fresh = Vec::new();
-    for name in &unseen {
-        let got = Api::<Node>::all(ctx.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(|source| Error::GetNode { node: name.clone(), source })?;
-        let cached = ctx.caches.nodes.get(&ObjectRef::new(name));
-        let cached_rv = cached.as_ref().and_then(|n| n.metadata.resource_version.as_ref());
-        match got {
-            Some(node) => {
-                // The same version in the cache as in a read made after our write: the cache
-                // shows it now.
-                if cached_rv.is_some() && cached_rv == node.metadata.resource_version.as_ref() {
-                    writes.forget(name);
-                }
-                fresh.push(node);
-            }
-            None => writes.forget(name),
-        }
-    }
-    if !unseen.is_empty() {
-        warn!(nodes = ?unseen, "the node cache lags this operator's node patches; read them from the API");
-    }
-    let cached = ctx.caches.nodes.state();
-    let current = cached
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
-    Ok(cache::select_nodes(current.chain(fresh.iter()), &selector))
-}
-
-#[derive(Serialize, Debug)]
-#[serde(rename_all = "camelCase")]
-struct StatusApply<'a> {
-    api_version: String,
-    kind: String,
-    metadata: ObjectMeta,
-    status: &'a GpuPoolMigrationStatus,
-}
-
-async fn write_status(ctx: &Context, name: &str, status: &GpuPoolMigrationStatus) -> Result<()> {
-    let body = StatusApply {
-        api_version: GpuPoolMigration::api_version(&()).to_string(),
-        kind: GpuPoolMigration::kind(&()).to_string(),
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        status,
-    };
-    Api::<GpuPoolMigration>::all(ctx.client.clone())
-        .patch_status(name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(&body))
-        .await
-        .map(|_| ())
-        .map_err(|source| Error::PatchStatus { name: name.into(), source })
-}
-
-/// The capacity-reader inventory for this migration, reused for [`INVENTORY_TTL`] unless the spec
-/// changed. A failed read keeps the previous findings (or none) and is logged: the inventory
-/// informs, it never blocks a migration.
-async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Node]) -> Vec<Finding> {
-    let name = gpm.name_any();
-    let generation = gpm.metadata.generation;
-    let cached = ctx.inventory.lock().ok().and_then(|g| g.get(&name).cloned());
-    if let Some((at, g, findings)) = &cached
-        && at.elapsed() < INVENTORY_TTL
-        && *g == generation
-    {
-        return findings.clone();
-    }
-    let observed = inventory_source::observe(
-        &ctx.client,
-        inventory_source::targets(&gpm.spec),
-        Some(gpm.spec.node_selector.clone()),
-        inventory_source::pool_nodes(nodes),
-        inventory_source::Scope {
-            config_maps: false,
-            // The watch's cache; empty where the kind is not served, which is also the truth.
-            device_classes: Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect()),
-        },
-    )
-    .await;
-    match observed {
-        Ok(o) => {
-            let findings = inventory::find(&o);
-            if let Ok(mut g) = ctx.inventory.lock() {
-                g.insert(name, (Instant::now(), generation, findings.clone()));
-            }
-            findings
-        }
-        Err(e) => {
-            warn!(migration = %name, error = %e, "reading the capacity-reader inventory failed");
-            cached.map(|(_, _, f)| f).unwrap_or_default()
-        }
-    }
-}
-
-/// The InventoryFindings condition message: the summary, the most severe findings, and where to
-/// see the rest.
-pub fn inventory_message(migration: &str, findings: &[Finding], other: &[String]) -> String {
-    let mut lines = vec![inventory::summary(findings)];
-    lines.extend(findings.iter().take(FINDINGS_IN_CONDITION).map(Finding::headline));
-    if findings.len() > FINDINGS_IN_CONDITION {
-        lines.push(format!("and {} more", findings.len() - FINDINGS_IN_CONDITION));
-    }
-    lines.extend(other.iter().cloned());
-    if !findings.is_empty() {
-        lines.push(format!("details and advice: switchyard inventory --migration {migration}"));
-    }
-    lines.join("\n")
-}
-
-async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
-    let client = &ctx.client;
-    let spec = &gpm.spec;
-    let name = gpm.name_any();
-    let res = resources(spec);
-    let now = Timestamp::now();
-
-    // Nodes, DaemonSets, DeviceClasses and ResourceSlices come from the caches; see `cache` for
-    // why each read is fresh enough.
-    let nodes = cached_pool_nodes(ctx, spec).await?;
-    let versions: Vec<NodeVersions> = nodes.iter().map(node_versions).collect();
-    let facts = server_facts(ctx, &versions).await?;
-    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
-    cache::synced(&ctx.caches.daemon_sets, "DaemonSet").await?;
-    let driver_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dn.namespace, &dn.name);
-    let plugin_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dp.namespace, &dp.name);
-
-    let verdict = pool_verdict(spec, &facts, versions, &nodes, driver_ds.is_some(), plugin_ds.is_some());
-
-    // DeviceClasses: apply ours, then judge every class that carries one of our names.
-    let mut class_statuses = Vec::new();
-    if facts.served.device_classes {
-        // The DeviceClass watch can only sync where the kind is served, so the wait is here.
-        cache::synced(&ctx.caches.device_classes, "DeviceClass").await?;
-        let mut all = cache::by_name(ctx.caches.device_classes.state().iter().map(AsRef::as_ref));
-        // Apply only what is missing or differs: an apply per reconcile was a third of the
-        // operator's requests per node. A cache that has not caught up with an earlier apply
-        // only repeats the same apply, a no-op on the server.
-        let existing: Vec<device_classes::ClassInfo> = all.iter().map(Into::into).collect();
-        let uid = gpm.metadata.uid.clone().unwrap_or_default();
-        for dc in device_classes::desired_all_synced(spec, &name, &uid, &existing) {
-            let current = all.iter().find(|c| c.metadata.name == dc.metadata.name);
-            if device_classes::needs_apply(&dc, current) {
-                // The server's answer is the class as applied (with its creation time): judge
-                // shadowing on it, not on the cached copy the watch has not replaced yet.
-                let applied = apply_device_class(client, &dc).await?;
-                cache::upsert(&mut all, applied);
-            }
-        }
-        let infos: Vec<device_classes::ClassInfo> = all.iter().map(Into::into).collect();
-        class_statuses = device_classes::statuses(spec, &infos);
-    }
-    let (dc_ready, dc_reason, dc_message) = if facts.served.device_classes {
-        device_classes::readiness(&class_statuses)
-    } else {
-        (false, "ApiMissing", "resource.k8s.io/v1 deviceclasses is not served".to_string())
-    };
-
-    // Placement.
-    let mut placement_problems = Vec::new();
-    for (ds, role, r) in [(&plugin_ds, Role::DevicePlugin, dp), (&driver_ds, Role::Driver, dn)] {
-        let Some(ds) = ds else { continue };
-        if placement::has_placement(ds, role) {
-            continue;
-        }
-        match spec.placement {
-            PlacementMode::Managed => {
-                let patch = placement::apply_patch(ds, role);
-                Api::<DaemonSet>::namespaced(client.clone(), &r.namespace)
-                    .patch(
-                        &r.name,
-                        &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
-                        &Patch::Apply(&patch),
-                    )
-                    .await
-                    .map_err(|source| Error::PatchDaemonSet {
-                        namespace: r.namespace.clone(),
-                        name: r.name.clone(),
-                        source,
-                    })?;
-                info!(daemonset = %format!("{}/{}", r.namespace, r.name), "added backend node affinity");
-            }
-            PlacementMode::Verify => placement_problems.push(placement::verify_message(ds, role)),
-        }
-    }
-    let placement_ready = placement_problems.is_empty() && driver_ds.is_some() && plugin_ds.is_some();
-
-    // Slices and the overlap invariant.
-    let slices = if facts.served.resource_slices {
-        cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
-        cache::slices_for_driver(
-            ctx.caches.resource_slices.state().iter().map(AsRef::as_ref),
-            &spec.driver.name,
-        )
-    } else {
-        Vec::new()
-    };
-    let overlaps: Vec<overlap::Overlap> = nodes
-        .iter()
-        .filter(|n| PoolNode::from_node(n).state() != NodeState::Switching)
-        .filter_map(|n| overlap::check(n, &res, &slices, &spec.driver.name))
-        .collect();
-
-    // Plan.
-    let others: Vec<OtherMigration> = ctx
-        .migrations
-        .state()
-        .iter()
-        .filter(|o| o.name_any() != name)
-        .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
-        .collect();
-    let mut pool: Vec<PoolNode> = nodes.iter().map(PoolNode::from_node).collect();
-    let invalid = |m: String| Error::InvalidSpec { message: m };
-    let mut p = plan::plan(&name, spec, &pool, &others).map_err(invalid)?;
-    if !p.to_start.is_empty() && !p.queued.is_empty() {
-        let mut counted = 0;
-        for pn in pool.iter_mut() {
-            if counted >= MAX_CANDIDATES_COUNTED {
-                break;
-            }
-            if p.to_start.contains(&pn.name) || p.queued.contains(&pn.name) {
-                let pods = pods_on_node(client, &pn.name).await?;
-                pn.consuming_pods = match spec.direction {
-                    Direction::Forward => pods.iter().filter(|x| drain::consumes_any(x, &res)).count(),
-                    Direction::Rollback => pods.iter().filter(|x| drain::holds_dra_claim(x)).count(),
-                } as u32;
-                counted += 1;
-            }
-        }
-        p = plan::plan(&name, spec, &pool, &others).map_err(invalid)?;
-    }
-    let gate_open = verdict.met && dc_ready && placement_ready && overlaps.is_empty();
-    if !gate_open {
-        let held: Vec<String> = std::mem::take(&mut p.to_start);
-        p.queued.extend(held);
-    }
-
-    // Steps.
-    let last_messages = gpm
-        .status
-        .iter()
-        .flat_map(|s| &s.in_progress)
-        .map(|p| (p.name.as_str(), p.message.as_str()))
-        .collect();
-    // In-flight nodes stop at their next safe point while the pool is held: paused, halted by a
-    // failed node, or a gate closed (switching a node while its DeviceClass is shadowed, say,
-    // would strand its pods).
-    let hold = match &p.halt {
-        Some(Halt::Paused) => Some(node_state::Hold::Paused),
-        Some(Halt::NodeFailed(_)) => Some(node_state::Hold::NodeFailed),
-        None if !gate_open => Some(node_state::Hold::GateClosed),
-        None => None,
-    };
-    let view = PoolView { gpm, slices: &slices, hold, now, last_messages };
-    let mut progress = Vec::new();
-    let mut step_errors = 0;
-    let by_name: HashMap<&str, &Node> =
-        nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
-    for (node_name, start) in
-        p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true)))
-    {
-        let Some(node) = by_name.get(node_name.as_str()) else { continue };
-        // One node's error stays that node's: it goes into its message and an event, and the
-        // other nodes get their step.
-        let out = match step_node(ctx, &view, node, start).await {
-            Ok(out) => out,
-            Err(e) if matches!(e, Error::PatchNode { .. }) && e.is_not_found() => {
-                // Deleted mid-step: the cache drops it, and with it its status entry.
-                info!(node = %node_name, migration = %name, "node deleted mid-step");
-                continue;
-            }
-            Err(e) if e.is_conflict() => {
-                // The node changed after the view this step was decided on (its kubelet wrote
-                // its status, say): decide again on the fresh node, soon. Not a failure.
-                debug!(node = %node_name, migration = %name, "node changed under the step; retrying");
-                step_errors += 1;
-                let pn = PoolNode::from_node(node);
-                let message =
-                    view.last_messages.get(node_name.as_str()).map(|m| m.to_string()).unwrap_or_default();
-                NodeOutcome { state: pn.state(), since: parse_since(&pn), message }
-            }
-            Err(e) => {
-                step_errors += 1;
-                ctx.metrics
-                    .reconcile_errors
-                    .get_or_create(&crate::metrics::ErrorLabels { category: e.category() })
-                    .inc();
-                warn!(node = %node_name, migration = %name, category = e.category(), error = %e, "node step failed");
-                let message = format!("StepError: {e}; retrying");
-                if view.last_messages.get(node_name.as_str()) != Some(&message.as_str()) {
-                    publish(ctx, gpm, node, EventType::Warning, "NodeStepFailed", e.to_string()).await;
-                }
-                let pn = PoolNode::from_node(node);
-                NodeOutcome { state: pn.state(), since: parse_since(&pn), message }
-            }
-        };
-        if out.state != NodeState::Migrated
-            && out.state != NodeState::RolledBack
-            && out.state != NodeState::Pending
-        {
-            progress.push(NodeProgress {
-                name: node_name.clone(),
-                state: out.state,
-                since: out.since.map(Time),
-                message: out.message,
-            });
-        }
-    }
-
-    // A node that was mid-move at the last status and is no longer in the pool was deleted (or
-    // relabelled out of the selector): say so once, on the migration.
-    let present: BTreeSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
-    for gone in view.last_messages.keys().filter(|n| !present.contains(*n)) {
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: "NodeRemoved".into(),
-            note: Some(format!(
-                "node {gone} left the pool mid-move (deleted, or no longer selected); it is dropped from the status"
-            )),
-            action: "MigrateNode".into(),
-            secondary: Some(k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(gone.to_string()),
-                ..Default::default()
-            }),
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &gpm.object_ref(&())).await {
-            warn!(error = %e, "publishing the NodeRemoved event failed");
-        }
-    }
-
-    // Status.
-    let failed: Vec<FailedNode> = pool
-        .iter()
-        .filter(|n| p.failed.contains(&n.name) || n.state() == NodeState::Failed)
-        .filter_map(|n| {
-            n.failure().map(|f| FailedNode {
-                name: n.name.clone(),
-                state: f.state,
-                reason: f.reason,
-                message: f.message,
-            })
-        })
-        .take(STATUS_LIST_MAX)
-        .collect();
-    progress.truncate(STATUS_LIST_MAX);
-
-    let mut other_findings: Vec<String> = verdict.warnings.clone();
-    other_findings.extend(device_classes::warnings(spec));
-    let inventory_findings = inventory_for(ctx, gpm, &nodes).await;
-    // Info findings alone say "this keeps working"; they do not make the condition True.
-    let notable =
-        inventory_findings.iter().any(|f| f.severity > Severity::Info) || !other_findings.is_empty();
-
-    let mut needs_human = None;
-    if let Some(Halt::NodeFailed(n)) = &p.halt {
-        needs_human = Some((
-            "NodeFailed".to_string(),
-            format!(
-                "node {n} failed and spec.strategy.onFailure is Pause; see status.failed, fix the node, then remove its switchyard.dev/migration-state annotation"
-            ),
-        ));
-    } else if !verdict.met {
-        needs_human = Some(("PrerequisitesNotMet".to_string(), verdict.message.clone()));
-    } else if dc_reason == "Shadowed" {
-        needs_human = Some(("DeviceClassShadowed".to_string(), dc_message.clone()));
-    } else if !placement_problems.is_empty() {
-        needs_human = Some(("PlacementMissing".to_string(), placement_problems.join("\n")));
-    } else if let Some(o) = overlaps.first() {
-        needs_human = Some(("BackendOverlap".to_string(), o.to_string()));
-    } else if p.done() && !p.failed.is_empty() {
-        needs_human = Some((
-            "NodesFailed".to_string(),
-            format!("{} node(s) failed to move; see status.failed", p.failed.len()),
-        ));
-    }
-    let moving = p.in_flight.len() + p.to_start.len();
-    let kp = Progress {
-        in_flight: (moving > 0).then(|| {
-            (
-                "NodesMoving".to_string(),
-                format!("{moving} node(s) moving, {} of {} migrated", p.counts.migrated, p.counts.total),
-            )
-        }),
-        needs_human: needs_human.clone(),
-        waiting: if spec.paused {
-            Some(("Paused".to_string(), "spec.paused is true".to_string()))
-        } else {
-            queued_message(&p, gate_open, moving).map(|m| ("WaitingForNodes".to_string(), m))
-        },
-        done: p.done() && !p.owned.is_empty(),
-    };
-    let mut desired: Vec<Desired> = conditions::kstatus(&kp).into();
-    desired.push(Desired::new(
-        ConditionType::PrerequisitesMet,
-        verdict.met,
-        verdict.reason,
-        verdict.message.clone(),
-    ));
-    desired.push(Desired::new(ConditionType::DeviceClassesReady, dc_ready, dc_reason, dc_message));
-    desired.push(if placement_ready {
-        Desired::new(ConditionType::PlacementReady, true, "Placed", "both DaemonSets keep to their backend")
-    } else if placement_problems.is_empty() {
-        Desired::new(
-            ConditionType::PlacementReady,
-            false,
-            "DaemonSetMissing",
-            "a DaemonSet is missing; see PrerequisitesMet",
-        )
-    } else {
-        Desired::new(
-            ConditionType::PlacementReady,
-            false,
-            "NodeAffinityMissing",
-            placement_problems.join("\n"),
-        )
-    });
-    desired.push(match overlaps.first() {
-        Some(o) => Desired::new(
-            ConditionType::BackendOverlap,
-            true,
-            "BothBackends",
-            format!("{o} ({} node(s) in total)", overlaps.len()),
-        ),
-        None => Desired::new(ConditionType::BackendOverlap, false, "NoOverlap", "every node has one backend"),
-    });
-    let conflict = (!p.refused.is_empty()).then(|| {
-        let mut lines: Vec<String> = p.refused.iter().take(10).map(|r| r.message.clone()).collect();
-        if p.refused.len() > 10 {
-            lines.push(format!("and {} more", p.refused.len() - 10));
-        }
-        lines.join("\n")
-    });
-    desired.push(match &conflict {
-        Some(m) => Desired::new(ConditionType::NodeConflict, true, "NodesRefused", m.clone()),
-        None => Desired::new(
-            ConditionType::NodeConflict,
-            false,
-            "NoConflict",
-            "no other migration selects these nodes",
-        ),
-    });
-    let inventory_text = inventory_message(&name, &inventory_findings, &other_findings);
-    desired.push(if notable {
-        Desired::new(ConditionType::InventoryFindings, true, "Findings", inventory_text.clone())
-    } else {
-        Desired::new(ConditionType::InventoryFindings, false, "NoFindings", inventory_text.clone())
-    });
-
-    let phase = phase(spec, &p, gate_open);
-    let old = gpm.status.clone().unwrap_or_default();
-    let status = GpuPoolMigrationStatus {
-        observed_generation: gpm.metadata.generation,
-        phase: Some(phase),
-        nodes: p.counts,
-        in_progress: progress,
-        failed,
-        device_classes: class_statuses,
-        conditions: conditions::merge(&old.conditions, &desired, gpm.metadata.generation, &Time(now)),
-    };
-    if gpm.status.as_ref() != Some(&status) {
-        write_status(ctx, &name, &status).await?;
-    }
-    // One event when the inventory's findings change, so GitOps users see them in `kubectl describe`.
-    let old_inventory = old.conditions.iter().find(|c| c.type_ == "InventoryFindings").map(|c| &c.message);
-    let anything = !inventory_findings.is_empty() || !other_findings.is_empty();
-    if anything && old_inventory != Some(&inventory_text) {
-        let type_ = if notable { EventType::Warning } else { EventType::Normal };
-        publish_on_migration(ctx, gpm, type_, "InventoryFindings", "Inventory", &inventory_text).await;
-    }
-    // A Forward migration keeps its pool on DRA: nodes that join after Completed (an autoscaled
-    // node group, a relabelled node) move too, and the phase says so until they have.
-    if old.phase == Some(Phase::Completed) && p.counts.total > old.nodes.total {
-        let joined: Vec<&String> = p.to_start.iter().chain(&p.queued).collect();
-        let shown: Vec<&str> = joined.iter().take(NAMES_IN_EVENT).map(|n| n.as_str()).collect();
-        let note = format!(
-            "{} node(s) joined the pool after it completed ({}{}); they migrate now, and the phase reads Progressing (or Pending while a gate is closed) until they have",
-            joined.len(),
-            shown.join(", "),
-            if joined.len() > shown.len() { ", ..." } else { "" }
-        );
-        publish_on_migration(ctx, gpm, EventType::Normal, "NodesJoined", "SelectNodes", &note).await;
-    }
-    // The acknowledged capacity change, once, under a reason of its own: the events API folds
-    // events of one reason into a series that keeps the first note, so a changed
-    // InventoryFindings note would not show.
-    if let Some(ack) = verdict.warnings.iter().find(|w| w.contains(prerequisites::SHARING_ACKNOWLEDGED))
-        && old_inventory.is_none_or(|m| !m.contains(ack.as_str()))
-    {
-        let reason = "GpuSharingLossAcknowledged";
-        publish_on_migration(ctx, gpm, EventType::Normal, reason, "CheckPrerequisites", ack).await;
-    }
-    // One Warning event when the pool's nodes keep it from starting (or the reason changes).
-    let old_prereq = old.conditions.iter().find(|c| c.type_ == "PrerequisitesMet");
-    use crate::capacity::Block;
-    if [Block::UnmappedResources.reason(), Block::GpuSharingNotAcknowledged.reason()]
-        .contains(&verdict.reason)
-        && old_prereq.map(|c| (c.reason.as_str(), c.message.as_str()))
-            != Some((verdict.reason, verdict.message.as_str()))
-    {
-        let (reason, note) = (verdict.reason, &verdict.message);
-        publish_on_migration(ctx, gpm, EventType::Warning, reason, "CheckPrerequisites", note).await;
-    }
-    // One Warning event when the conflict starts (or changes), not one per reconcile.
-    let old_conflict = old.conditions.iter().find(|c| c.type_ == "NodeConflict" && c.status == "True");
-    if let Some(message) = &conflict
-        && old_conflict.map(|c| &c.message) != Some(message)
-    {
-        publish_on_migration(ctx, gpm, EventType::Warning, "NodeConflict", "SelectNodes", message).await;
-    }
-
-    // Metrics.
-    let mut per_state: BTreeMap<String, (NodeState, i64)> = BTreeMap::new();
-    for n in pool.iter().filter(|n| p.owned.contains(&n.name)) {
-        let s = n.state();
-        per_state.entry(plan::state_str(s)).or_insert((s, 0)).1 += 1;
-    }
-    ctx.metrics.set_nodes(&name, &per_state.into_values().collect::<Vec<_>>());
-    let (mut dp_gpus, mut dra_gpus) = (0, 0);
-    for n in &nodes {
-        let pn = PoolNode::from_node(n);
-        match pn.backend() {
-            Backend::DevicePlugin => dp_gpus += overlap::allocatable_total(n, &res),
-            Backend::Dra => dra_gpus += overlap::dra_devices(&slices, &spec.driver.name, &pn.name),
-        }
-    }
-    ctx.metrics.set_gpus(&name, dp_gpus, dra_gpus);
-    ctx.metrics
-        .backend_overlap_nodes
-        .get_or_create(&crate::metrics::MigrationLabels { migration: name.clone() })
-        .set(overlaps.len() as i64);
-
-    if step_errors > 0 {
-        // Retry the failed steps soon, with the status written and the other nodes stepped.
-        return Ok(Requeue::requeue(REQUEUE_ERROR));
-    }
-    Ok(Requeue::requeue(if moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
-}
-
-/// Why queued nodes do not start, when nothing else says so: the budget is used by nodes the
-/// migration did not make unavailable (NotReady, failed), or the queued nodes are NotReady.
-pub fn queued_message(p: &plan::Plan, gate_open: bool, moving: usize) -> Option<String> {
-    if p.queued.is_empty() || p.halt.is_some() || !gate_open || moving > 0 {
-        return None;
-    }
-    let names = |v: &[String]| {
-        let mut s = v.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
-        if v.len() > 5 {
-            s.push_str(&format!(" and {} more", v.len() - 5));
-        }
-        s
-    };
-    Some(if p.unavailable >= p.max_unavailable {
-        format!(
-            "{} node(s) queued: maxUnavailable is {} and {} pool node(s) are unavailable ({}); a node counts while it is NotReady or failed and cordoned",
-            p.queued.len(),
-            p.max_unavailable,
-            p.unavailable,
-            names(&p.unavailable_nodes)
-        )
-    } else {
-        format!(
-            "{} node(s) queued and NotReady ({}); each starts when its kubelet reports Ready",
-            p.queued.len(),
-            names(&p.queued)
-        )
-    })
-}
-
-/// The phase from the plan. Pure.
-pub fn phase(spec: &GpuPoolMigrationSpec, p: &plan::Plan, gate_open: bool) -> Phase {
-    let moving = !p.in_flight.is_empty() || !p.to_start.is_empty();
-    if p.halt.is_some() {
-        return Phase::Paused;
-    }
-    if !gate_open && !moving && !p.done() {
-        return Phase::Pending;
-    }
-    match (spec.direction, p.done(), p.failed.is_empty()) {
-        (_, true, false) => Phase::Failed,
-        (Direction::Forward, true, true) => Phase::Completed,
-        (Direction::Forward, false, _) => Phase::Progressing,
-        (Direction::Rollback, true, true) => Phase::RolledBack,
-        (Direction::Rollback, false, _) => Phase::RollingBack,
-    }
 }
 
 /// Before a GpuPoolMigration goes away: nodes mid-switch finish their step (nothing new starts),
@@ -1505,20 +523,23 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                             source,
                         })?
                         .items;
-                let view = PoolView {
-                    gpm,
-                    slices: &slices,
+                let reads = observe::node(ctx, &gpm.spec, &pn).await?;
+                let view = decide::NodeView {
+                    spec: &gpm.spec,
+                    migration: &name,
+                    owner: owner_ref(gpm),
+                    canary_namespace: &ctx.config.canary_namespace,
                     hold: Some(node_state::Hold::Deleting),
                     now,
-                    last_messages: HashMap::new(),
                 };
-                step_node(ctx, &view, node, false).await?;
+                let step = decide::node_step(&view, node, &slices, &reads, false, None);
+                execute::node_step(ctx, gpm, node, &step).await?;
                 busy += 1;
             }
             _ => {
                 let mut patch = release_patch(&pn);
                 patch.metadata.resource_version = node.metadata.resource_version.clone();
-                patch_node(ctx, &pn.name, &patch).await?;
+                execute::patch_node(ctx, &pn.name, &patch).await?;
             }
         }
     }
@@ -1929,79 +950,5 @@ mod tests {
         for (name, node, want) in cases {
             assert_eq!(serde_json::to_value(release_patch(&node)).unwrap(), want, "{name}");
         }
-    }
-
-    #[test]
-    fn queued_message_names_what_holds_the_budget() {
-        let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let held = plan::Plan {
-            queued: v(&["b", "c"]),
-            max_unavailable: 1,
-            unavailable: 1,
-            unavailable_nodes: v(&["a"]),
-            ..Default::default()
-        };
-        let m = queued_message(&held, true, 0).expect("a message");
-        assert!(m.contains("maxUnavailable is 1") && m.contains("(a)"), "{m}");
-        assert_eq!(queued_message(&held, true, 1), None, "nodes moving say it themselves");
-        assert_eq!(queued_message(&held, false, 0), None, "a closed gate has its own condition");
-        let not_ready = plan::Plan { queued: v(&["b"]), max_unavailable: 2, unavailable: 1, ..held.clone() };
-        let m = queued_message(&not_ready, true, 0).expect("a message");
-        assert!(m.contains("NotReady (b)"), "{m}");
-    }
-
-    #[test]
-    fn phase_table() {
-        let spec: GpuPoolMigrationSpec = serde_json::from_value(json!({
-            "nodeSelector": {"matchLabels": {"pool": "a100"}},
-            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
-            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "s", "name": "d"}},
-            "devicePlugin": {"daemonSet": {"namespace": "g", "name": "p"}}
-        }))
-        .unwrap();
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let p = |in_flight: &[&str], queued: &[&str], failed: &[&str], halt: Option<Halt>| plan::Plan {
-            in_flight: s(in_flight),
-            queued: s(queued),
-            failed: s(failed),
-            halt,
-            ..Default::default()
-        };
-        let mut rb = spec.clone();
-        rb.direction = Direction::Rollback;
-        let cases = [
-            (&spec, p(&[], &["a"], &[], None), false, Phase::Pending),
-            (&spec, p(&["a"], &["b"], &[], None), false, Phase::Progressing),
-            (&spec, p(&["a"], &[], &[], None), true, Phase::Progressing),
-            (&spec, p(&[], &[], &[], None), true, Phase::Completed),
-            (&spec, p(&[], &[], &["a"], None), true, Phase::Failed),
-            (&spec, p(&[], &["b"], &["a"], Some(Halt::NodeFailed("a".into()))), true, Phase::Paused),
-            (&spec, p(&[], &["b"], &[], Some(Halt::Paused)), true, Phase::Paused),
-            (&rb, p(&["a"], &[], &[], None), true, Phase::RollingBack),
-            (&rb, p(&[], &[], &[], None), true, Phase::RolledBack),
-        ];
-        for (sp, pl, gate, want) in cases {
-            assert_eq!(phase(sp, &pl, gate), want, "{pl:?}");
-        }
-    }
-
-    #[test]
-    fn inventory_message_lists_the_worst_findings_and_points_at_the_cli() {
-        let f = |severity, object: &str| Finding {
-            severity,
-            kind: "ResourceQuota".into(),
-            object: object.into(),
-            message: "m".into(),
-            advice: "a".into(),
-        };
-        let findings: Vec<Finding> = (0..7).map(|i| f(Severity::Warning, &format!("ns/q{i}"))).collect();
-        let msg = inventory_message("pool", &findings, &["kubelet warning".to_string()]);
-        let lines: Vec<&str> = msg.lines().collect();
-        assert_eq!(lines[0], "7 finding(s): 7 warning");
-        assert_eq!(lines[1], "warning ResourceQuota ns/q0: m");
-        assert_eq!(lines[6], "and 2 more");
-        assert_eq!(lines[7], "kubelet warning");
-        assert_eq!(lines[8], "details and advice: switchyard inventory --migration pool");
-        assert_eq!(inventory_message("pool", &[], &[]), "no findings");
     }
 }

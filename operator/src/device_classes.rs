@@ -170,12 +170,40 @@ pub fn warnings(spec: &GpuPoolMigrationSpec) -> Vec<String> {
         .collect()
 }
 
-/// The DeviceClassesReady verdict: `(ready, reason, message)`.
-pub fn readiness(statuses: &[DeviceClassStatus]) -> (bool, &'static str, String) {
+/// The DeviceClassesReady reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Every class exists as the migration wants it and wins its extended resource name.
+    Effective,
+    /// A class is missing, or differs from the migration's and is being applied.
+    Applying,
+    /// A class created later carries the same extended resource name: the scheduler uses it.
+    Shadowed,
+    /// resource.k8s.io/v1 does not serve DeviceClasses.
+    ApiMissing,
+}
+
+impl Readiness {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Effective => "Effective",
+            Self::Applying => "Applying",
+            Self::Shadowed => "Shadowed",
+            Self::ApiMissing => "ApiMissing",
+        }
+    }
+
+    pub fn ready(self) -> bool {
+        self == Self::Effective
+    }
+}
+
+/// The DeviceClassesReady verdict, with its message. `applying` names the classes whose apply
+/// this reconcile sends: the gate opens once the DeviceClass cache shows them as applied.
+pub fn readiness(statuses: &[DeviceClassStatus], applying: &[String]) -> (Readiness, String) {
     if let Some(s) = statuses.iter().find(|s| !s.shadowed_by.is_empty()) {
         return (
-            false,
-            "Shadowed",
+            Readiness::Shadowed,
             format!(
                 "DeviceClass {} also carries extendedResourceName {} and was created later, so the scheduler uses it instead of {}: remove extendedResourceName from {} or delete it",
                 s.shadowed_by, s.extended_resource_name, s.name, s.shadowed_by
@@ -183,9 +211,18 @@ pub fn readiness(statuses: &[DeviceClassStatus]) -> (bool, &'static str, String)
         );
     }
     if let Some(s) = statuses.iter().find(|s| !s.effective) {
-        return (false, "Applying", format!("DeviceClass {} does not exist yet", s.name));
+        return (Readiness::Applying, format!("DeviceClass {} does not exist yet", s.name));
     }
-    (true, "Effective", format!("{} DeviceClass(es) serve their extended resources", statuses.len()))
+    if !applying.is_empty() {
+        return (
+            Readiness::Applying,
+            format!(
+                "applying DeviceClass {}: its spec, labels or annotations differ from the migration's",
+                applying.join(", ")
+            ),
+        );
+    }
+    (Readiness::Effective, format!("{} DeviceClass(es) serve their extended resources", statuses.len()))
 }
 
 /// Whether `desired` must be applied: the class is missing, its spec differs, or it lacks one of
@@ -310,9 +347,9 @@ mod tests {
         assert_eq!(st[0].shadowed_by, "gpu.nvidia.com");
         assert!(st[1].effective);
         assert_eq!(st[1].shadowed_by, "");
-        let (ready, reason, msg) = readiness(&st);
-        assert!(!ready);
-        assert_eq!(reason, "Shadowed");
+        let (reason, msg) = readiness(&st, &[]);
+        assert!(!reason.ready());
+        assert_eq!(reason, Readiness::Shadowed);
         assert!(msg.contains("remove extendedResourceName from gpu.nvidia.com"), "{msg}");
     }
 
@@ -322,7 +359,7 @@ mod tests {
         let st = statuses(&s, &[class("mig-1g.switchyard.dev", Some("nvidia.com/mig-1g.10gb"), Some(1))]);
         assert!(!st[0].effective);
         assert_eq!(st[0].shadowed_by, "");
-        assert_eq!(readiness(&st).1, "Applying");
+        assert_eq!(readiness(&st, &[]).0, Readiness::Applying);
         let all = statuses(
             &s,
             &[
@@ -330,7 +367,10 @@ mod tests {
                 class("mig-1g.switchyard.dev", Some("nvidia.com/mig-1g.10gb"), Some(1)),
             ],
         );
-        assert!(readiness(&all).0);
+        assert!(readiness(&all, &[]).0.ready());
+        let (reason, msg) = readiness(&all, &["gpu.switchyard.dev".to_string()]);
+        assert_eq!(reason, Readiness::Applying, "an apply in flight keeps the gate closed");
+        assert!(msg.contains("applying DeviceClass gpu.switchyard.dev"), "{msg}");
     }
 
     #[test]

@@ -5,7 +5,6 @@ pub mod api;
 pub mod cache;
 pub mod canary;
 pub mod capacity;
-pub mod cli;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
@@ -22,6 +21,7 @@ pub mod placement;
 pub mod plan;
 pub mod prerequisites;
 pub mod preview;
+pub mod reconcile;
 pub mod runtime;
 #[doc(hidden)]
 pub mod testing;

@@ -77,6 +77,84 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// What discovery says about a v1.37.2 API server that serves every resource.k8s.io/v1 kind.
+pub fn server_v1_37() -> crate::controller::ServerFacts {
+    use crate::prerequisites::{ExtendedResourceProbe, ServedApis};
+    crate::controller::ServerFacts {
+        git_version: "v1.37.2".into(),
+        served: ServedApis {
+            device_classes: true,
+            resource_slices: true,
+            resource_claims: true,
+            device_taint_rules: true,
+        },
+        probe: ExtendedResourceProbe::NotRun,
+    }
+}
+
+/// A Ready v1.37.2 node with containerd 2.1, labelled `pool: a100`, whose device plugin
+/// advertises 8 `nvidia.com/gpu`; `extra` is merged in (RFC 7386).
+pub fn gpu_node(name: &str, extra: &Value) -> k8s_openapi::api::core::v1::Node {
+    let mut v = serde_json::json!({
+        "metadata": {"name": name, "resourceVersion": "7", "labels": {"pool": "a100"}},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.4",
+                "architecture": "amd64", "bootID": "b", "kernelVersion": "6.8", "kubeProxyVersion": "",
+                "machineID": "m", "operatingSystem": "linux", "osImage": "x", "systemUUID": "s"}
+        }
+    });
+    merge_patch(&mut v, extra);
+    serde_json::from_value(v).expect("a valid Node")
+}
+
+/// A DaemonSet whose pod template keeps to `role`'s backend (the affinity Managed placement
+/// adds).
+pub fn placed_daemon_set(
+    namespace: &str,
+    name: &str,
+    role: crate::placement::Role,
+) -> k8s_openapi::api::apps::v1::DaemonSet {
+    let mut ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"selector": {}, "template": {"spec": {"containers": []}}}
+    }))
+    .expect("a valid DaemonSet");
+    let terms = crate::placement::merged_terms(&ds, role);
+    if let Some(pod) = ds.spec.template.spec.as_mut() {
+        pod.affinity = serde_json::from_value(serde_json::json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}))
+        .ok();
+    }
+    ds
+}
+
+/// A snapshot of `gpm`'s pool with only `nodes` in it, taken at `now` seconds: no DaemonSets,
+/// DeviceClasses, slices, other migrations or reads.
+pub fn snapshot(
+    gpm: &crate::api::v1alpha1::GpuPoolMigration,
+    nodes: Vec<k8s_openapi::api::core::v1::Node>,
+    now: i64,
+) -> crate::reconcile::observe::Snapshot<'_> {
+    crate::reconcile::observe::Snapshot {
+        gpm,
+        now: k8s_openapi::jiff::Timestamp::from_second(now).expect("a valid time"),
+        nodes,
+        facts: Default::default(),
+        driver_ds: None,
+        plugin_ds: None,
+        device_classes: None,
+        slices: Default::default(),
+        others: Vec::new(),
+        consuming_pods: Default::default(),
+        node_reads: Default::default(),
+        read_errors: Default::default(),
+        inventory: Vec::new(),
+        canary_namespace: "switchyard-system".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -199,3 +199,142 @@ async fn served_apis_reads_the_resource_group_and_a_missing_group_serves_nothing
     server.await.unwrap();
     assert!(!served.device_classes && !served.resource_slices);
 }
+
+mod execute {
+    //! One reconcile's execute against a mocked API server: one node's failed patch is that
+    //! node's, the other node still moves, and the status is written with both.
+
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::runtime::reflector;
+    use switchyard_operator::api::v1alpha1::GpuPoolMigration;
+    use switchyard_operator::cache::{Caches, NodeWrites};
+    use switchyard_operator::controller::{Config, Context};
+    use switchyard_operator::metrics::Metrics;
+    use switchyard_operator::reconcile::{decide, execute, observe};
+    use switchyard_operator::testing;
+
+    type Seen = Arc<Mutex<Vec<(Method, String, Value)>>>;
+
+    /// Answers every request: a node PATCH of `failing` with a 500, everything else with what
+    /// was sent (events, status, the other node).
+    fn serve(handle: ApiHandle, failing: &'static str, migration: Value) -> Seen {
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let mut handle = pin!(handle);
+            while let Some((req, send)) = handle.next_request().await {
+                let (method, uri) = (req.method().clone(), req.uri().path().to_string());
+                let bytes = req.into_body().collect_bytes().await.unwrap();
+                let sent: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                log.lock().unwrap().push((method.clone(), uri.clone(), sent.clone()));
+                let (status, body) = if method == Method::PATCH && uri == format!("/api/v1/nodes/{failing}") {
+                    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+                    (StatusCode::INTERNAL_SERVER_ERROR, body)
+                } else if uri.starts_with("/api/v1/nodes/") {
+                    let name = uri.trim_start_matches("/api/v1/nodes/");
+                    (
+                        StatusCode::OK,
+                        json!({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": name, "resourceVersion": "8"}}),
+                    )
+                } else if uri.ends_with("/status") {
+                    let mut body = migration.clone();
+                    body["status"] = sent["status"].clone();
+                    (StatusCode::OK, body)
+                } else {
+                    let mut body = sent;
+                    if body.get("metadata").is_none() {
+                        body["metadata"] = json!({"name": "x"});
+                    }
+                    (if method == Method::POST { StatusCode::CREATED } else { StatusCode::OK }, body)
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        seen
+    }
+
+    #[tokio::test]
+    async fn one_nodes_failed_patch_stays_its_own_and_the_status_is_written() {
+        let (client, handle) = mock_client();
+        let (migrations, _w) = reflector::store::<GpuPoolMigration>();
+        let caches = Caches {
+            nodes: reflector::store().0,
+            daemon_sets: reflector::store().0,
+            device_classes: reflector::store().0,
+            resource_slices: reflector::store().0,
+            node_writes: Arc::new(NodeWrites::default()),
+        };
+        let config = Config { canary_namespace: "switchyard-system".into(), migration_selector: None };
+        let ctx = Context::new(client, Arc::new(Metrics::new()), config, migrations, caches);
+
+        let gpm: GpuPoolMigration = serde_json::from_value(json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+            "metadata": {"name": "pool-a", "uid": "uid-1", "generation": 1},
+            "spec": serde_json::to_value(spec()).unwrap()
+        }))
+        .unwrap();
+        let mut gpm = gpm;
+        gpm.spec.strategy.max_unavailable = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2);
+        let seen = serve(handle, "n1", serde_json::to_value(&gpm).unwrap());
+        let mut classes = device_classes::desired_all_synced(&gpm.spec, "pool-a", "uid-1", &[]);
+        for c in &mut classes {
+            c.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(1).unwrap(),
+            ));
+        }
+        use switchyard_operator::placement::Role;
+        let (dn, dp) = (&gpm.spec.driver.daemon_set, &gpm.spec.device_plugin.daemon_set);
+        let nodes = vec![testing::gpu_node("n1", &json!({})), testing::gpu_node("n2", &json!({}))];
+        let snapshot = observe::Snapshot {
+            facts: testing::server_v1_37(),
+            driver_ds: Some(testing::placed_daemon_set(&dn.namespace, &dn.name, Role::Driver)),
+            plugin_ds: Some(testing::placed_daemon_set(&dp.namespace, &dp.name, Role::DevicePlugin)),
+            device_classes: Some(classes),
+            ..testing::snapshot(&gpm, nodes, 1_000_000)
+        };
+        let decision = decide::pool(&snapshot).unwrap();
+        assert_eq!(decision.steps.len(), 2, "both nodes start: {:?}", decision.steps);
+
+        let requeue = execute::pool(&ctx, &snapshot, decision).await.unwrap();
+        assert_eq!(
+            requeue,
+            kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(5)),
+            "a failed step is retried soon"
+        );
+
+        let seen = seen.lock().unwrap().clone();
+        let patched: Vec<&str> = seen
+            .iter()
+            .filter(|(m, u, _)| *m == Method::PATCH && u.starts_with("/api/v1/nodes/"))
+            .map(|(_, u, _)| u.as_str())
+            .collect();
+        assert_eq!(patched, vec!["/api/v1/nodes/n1", "/api/v1/nodes/n2"], "n1's error did not stop n2");
+        let (_, _, status) = seen
+            .iter()
+            .find(|(m, u, _)| *m == Method::PATCH && u.ends_with("/gpupoolmigrations/pool-a/status"))
+            .expect("the status is written");
+        let in_progress = &status["status"]["inProgress"];
+        assert_eq!(in_progress[0]["name"], "n1");
+        assert_eq!(in_progress[0]["state"], "Pending");
+        let message = in_progress[0]["message"].as_str().unwrap();
+        assert!(message.starts_with("StepError: ") && message.contains("request timed out"), "{message}");
+        assert_eq!(in_progress[1]["name"], "n2");
+        assert_eq!(in_progress[1]["state"], "Cordoned");
+        let reasons: Vec<&str> = seen
+            .iter()
+            .filter_map(|(m, _, b)| (*m == Method::POST).then(|| b["reason"].as_str()).flatten())
+            .collect();
+        assert!(reasons.contains(&"NodeStepFailed"), "{reasons:?}");
+        assert!(reasons.contains(&"NodeCordoned"), "{reasons:?}");
+    }
+}

@@ -7,10 +7,10 @@ use kube::Client;
 use kube::api::Api;
 
 use super::{EXIT_FINDINGS, Output, PlanArgs};
-use crate::api::v1alpha1::GpuPoolMigration;
-use crate::inventory_source::Scope;
-use crate::plan::state_str;
-use crate::preview::{self, ClassAction, NodeAction, PlacementAction, PodFlag, Report};
+use switchyard_operator::api::v1alpha1::GpuPoolMigration;
+use switchyard_operator::inventory_source::Scope;
+use switchyard_operator::plan::state_str;
+use switchyard_operator::preview::{self, ClassAction, NodeAction, PlacementAction, PodFlag, Report};
 
 /// Prints the plan; exits [`EXIT_FINDINGS`] when something would block the migration.
 pub async fn run(client: Client, args: &PlanArgs) -> anyhow::Result<u8> {

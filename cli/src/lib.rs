@@ -2,7 +2,7 @@
 //! `plan` shows what a migration would do without changing anything, `inventory` lists what in the
 //! cluster still reads GPU capacity the device-plugin way, `status` follows a migration live.
 //!
-//! Decisions live in the pure modules (`crate::preview`, `crate::inventory`, `crate::plan`, ...);
+//! Decisions live in the pure modules (`switchyard_operator::preview`, `switchyard_operator::inventory`, `switchyard_operator::plan`, ...);
 //! this module gathers from the API, renders and sets the exit code.
 
 use std::path::PathBuf;
@@ -84,7 +84,7 @@ pub struct InventoryArgs {
     #[arg(long = "resource")]
     pub resources: Vec<String>,
     /// The DeviceClass that serves the `--resource` names (its quota keys are checked too).
-    #[arg(long, default_value = crate::well_known::DEFAULT_DRIVER_NAME)]
+    #[arg(long, default_value = switchyard_operator::well_known::DEFAULT_DRIVER_NAME)]
     pub device_class: String,
     /// Only this migration's resources, DeviceClasses and pool nodes.
     #[arg(long, conflicts_with = "resources")]

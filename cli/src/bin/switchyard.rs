@@ -1,5 +1,5 @@
 //! `switchyard`: plan, inventory and status for GPU pool migrations.
 
 fn main() -> std::process::ExitCode {
-    switchyard_operator::cli::main()
+    switchyard_cli::main()
 }

@@ -13,13 +13,13 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
 
-use crate::api::v1alpha1::GpuPoolMigration;
-use crate::controller;
-use crate::inventory::{self, Target};
-use crate::inventory_source::{self, Scope};
-use crate::plan::OtherMigration;
-use crate::preview::Inputs;
-use crate::well_known::NVIDIA_GPU_RESOURCE;
+use switchyard_operator::api::v1alpha1::GpuPoolMigration;
+use switchyard_operator::controller;
+use switchyard_operator::inventory::{self, Target};
+use switchyard_operator::inventory_source::{self, Scope};
+use switchyard_operator::plan::OtherMigration;
+use switchyard_operator::preview::Inputs;
+use switchyard_operator::well_known::NVIDIA_GPU_RESOURCE;
 
 /// Field manager of the CLI's dry-run applies; nothing is persisted under it.
 const CLI_FIELD_MANAGER: &str = "switchyard-cli";

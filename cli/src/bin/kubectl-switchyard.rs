@@ -2,5 +2,5 @@
 //! `kubectl switchyard`.
 
 fn main() -> std::process::ExitCode {
-    switchyard_operator::cli::main()
+    switchyard_cli::main()
 }

@@ -6,8 +6,8 @@ use kube::Client;
 use serde::Serialize;
 
 use super::{EXIT_FINDINGS, InventoryArgs, Output};
-use crate::inventory::{self, Finding, Severity, Target};
-use crate::inventory_source::Scope;
+use switchyard_operator::inventory::{self, Finding, Severity, Target};
+use switchyard_operator::inventory_source::Scope;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]

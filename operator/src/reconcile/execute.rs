@@ -1,0 +1,383 @@
+//! Execute: carries a [`Decision`] out. Each node's writes are that node's: an error goes into
+//! its status message and an event, and the other nodes still get their step. The status is
+//! written on every reconcile that got this far, whatever failed on the way.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use super::decide::{Decision, MigrationEvent, NodeEvent, NodeStep, STATUS_LIST_MAX, parse_since};
+use super::observe::Snapshot;
+use crate::api::v1alpha1::{GpuPoolMigration, GpuPoolMigrationStatus, NodeProgress, NodeState};
+use crate::conditions::ConditionType;
+use crate::controller::{
+    Context, NodePatch, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE, apply_device_class,
+};
+use crate::drain;
+use crate::error::{Error, Result};
+use crate::metrics::{ErrorLabels, EvictionLabels, MigrationLabels};
+use crate::plan::PoolNode;
+use crate::well_known::OPERATOR_FIELD_MANAGER;
+
+/// The events API's limit on a note, in bytes; longer notes are refused.
+const EVENT_NOTE_MAX: usize = 1024;
+
+/// How the status message of a node whose step failed begins.
+const STEP_ERROR: &str = "StepError: ";
+
+/// What one node's step did, for status.
+pub struct NodeOutcome {
+    pub state: NodeState,
+    pub since: Option<k8s_openapi::jiff::Timestamp>,
+    pub message: String,
+}
+
+/// Carries out `d`, decided on `s`.
+pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeue> {
+    let gpm = s.gpm;
+    let name = gpm.name_any();
+    let mut status = d.status;
+    let mut errors = 0;
+
+    // DeviceClasses and placement. The gate is closed while either is being applied, so a
+    // failure here holds the pool; it is counted and told in the condition, and retried soon.
+    for dc in &d.class_applies {
+        if let Err(e) = apply_device_class(&ctx.client, dc).await {
+            errors += 1;
+            report(ctx, &name, &e);
+            note_failure(&mut status, ConditionType::DeviceClassesReady, &e);
+        }
+    }
+    for p in &d.placement_patches {
+        let res = Api::<DaemonSet>::namespaced(ctx.client.clone(), &p.namespace)
+            .patch(&p.name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(&p.patch))
+            .await;
+        match res {
+            Ok(_) => info!(daemonset = %format!("{}/{}", p.namespace, p.name), "added backend node affinity"),
+            Err(source) => {
+                let e =
+                    Error::PatchDaemonSet { namespace: p.namespace.clone(), name: p.name.clone(), source };
+                errors += 1;
+                report(ctx, &name, &e);
+                note_failure(&mut status, ConditionType::PlacementReady, &e);
+            }
+        }
+    }
+
+    // Steps.
+    let by_name: HashMap<&str, &Node> =
+        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
+    let mut progress = Vec::new();
+    for step in &d.steps {
+        let Some(node) = by_name.get(step.node.as_str()) else { continue };
+        let unchanged = || NodeOutcome {
+            state: step.from,
+            since: parse_since(&PoolNode::from_node(node)),
+            message: step.last_message.clone().unwrap_or_default(),
+        };
+        let step_error;
+        let result = match s.read_errors.get(&step.node) {
+            Some(e) => Err(e),
+            None => match node_step(ctx, gpm, node, step).await {
+                Ok(out) => Ok(out),
+                Err(e) => {
+                    step_error = e;
+                    Err(&step_error)
+                }
+            },
+        };
+        let out = match result {
+            Ok(out) => out,
+            Err(e) if matches!(e, Error::PatchNode { .. }) && e.is_not_found() => {
+                // Deleted mid-step: the cache drops it, and with it its status entry.
+                info!(node = %step.node, migration = %name, "node deleted mid-step");
+                continue;
+            }
+            Err(e) if e.is_conflict() => {
+                // The node changed after the snapshot this step was decided on (its kubelet
+                // wrote its status, say): decide again on the fresh node, soon. Not a failure.
+                debug!(node = %step.node, migration = %name, "node changed under the step; retrying");
+                errors += 1;
+                unchanged()
+            }
+            Err(e) => {
+                errors += 1;
+                ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { category: e.category() }).inc();
+                warn!(node = %step.node, migration = %name, category = e.category(), error = %e, "node step failed");
+                let message = format!("{STEP_ERROR}{e}; retrying");
+                if step.last_message.as_deref() != Some(message.as_str()) {
+                    let ev = NodeEvent {
+                        type_: EventType::Warning,
+                        reason: "NodeStepFailed",
+                        note: e.to_string(),
+                    };
+                    publish(ctx, gpm, node, &ev).await;
+                }
+                NodeOutcome { message, ..unchanged() }
+            }
+        };
+        // A node at rest is not listed, unless its step failed: a failed start keeps its error
+        // in the status until the retry lands.
+        let at_rest = matches!(out.state, NodeState::Migrated | NodeState::RolledBack | NodeState::Pending);
+        if !at_rest || out.message.starts_with(STEP_ERROR) {
+            progress.push(NodeProgress {
+                name: step.node.clone(),
+                state: out.state,
+                since: out.since.map(Time),
+                message: out.message,
+            });
+        }
+    }
+    progress.truncate(STATUS_LIST_MAX);
+    status.in_progress = progress;
+
+    if gpm.status.as_ref() != Some(&status) {
+        write_status(ctx, &name, &status).await?;
+    }
+    for ev in &d.events {
+        publish_on_migration(ctx, gpm, ev).await;
+    }
+
+    let m = &d.metrics;
+    ctx.metrics.set_nodes(&name, &m.per_state);
+    ctx.metrics.set_gpus(&name, m.device_plugin_gpus, m.dra_gpus);
+    ctx.metrics
+        .backend_overlap_nodes
+        .get_or_create(&MigrationLabels { migration: name.clone() })
+        .set(m.overlap_nodes);
+
+    if errors > 0 {
+        // Retry the failed writes soon, with the status written and the other nodes stepped.
+        return Ok(Requeue::requeue(REQUEUE_ERROR));
+    }
+    Ok(Requeue::requeue(if d.moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
+}
+
+/// A write outside the node steps failed: logged and counted under its cause.
+fn report(ctx: &Context, migration: &str, e: &Error) {
+    ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { category: e.category() }).inc();
+    warn!(migration = %migration, category = e.category(), error = %e, "apply failed; retrying");
+}
+
+/// Adds a failed write to the message of the condition it holds closed.
+fn note_failure(status: &mut GpuPoolMigrationStatus, type_: ConditionType, e: &Error) {
+    if let Some(c) = status.conditions.iter_mut().find(|c| c.type_ == type_.as_str()) {
+        c.message = format!("{}; the last apply failed: {e}", c.message);
+    }
+}
+
+/// Carries out one node's step: the action's own writes, then the node patch, then its events.
+pub async fn node_step(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    node: &Node,
+    step: &NodeStep,
+) -> Result<NodeOutcome> {
+    let client = &ctx.client;
+    let name = &step.node;
+    let canaries: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
+    let canary_name = crate::canary::pod_name(name);
+    let rules: Api<DeviceTaintRule> = Api::all(client.clone());
+    let mut message = step.message.clone();
+    let mut events = step.events.clone();
+
+    if !step.evict.is_empty() {
+        // Every pod gets its eviction; the first error is returned after the rest were tried.
+        let grace = gpm.spec.strategy.drain.grace_period_seconds;
+        let (mut blocked, mut throttled, mut first_error) = (Vec::new(), 0, None);
+        for p in &step.evict {
+            let r = drain::evict(client.clone(), p, grace).await;
+            let result = match &r {
+                Ok(drain::Evicted::Yes) => "evicted",
+                Ok(drain::Evicted::Gone) => "gone",
+                Ok(drain::Evicted::Blocked(_)) => "blocked",
+                Ok(drain::Evicted::Throttled(_)) => "throttled",
+                Err(_) => "error",
+            };
+            ctx.metrics.evictions.get_or_create(&EvictionLabels { result }).inc();
+            match r {
+                Ok(drain::Evicted::Blocked(m)) => blocked.push(format!("{p}: {m}")),
+                Ok(drain::Evicted::Throttled(_)) => throttled += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if throttled > 0 {
+            message = format!(
+                "{message}; the API server throttled {throttled} eviction(s) (429 without a disruption budget cause); retrying"
+            );
+        }
+        if !blocked.is_empty() {
+            message = format!("eviction blocked by a PodDisruptionBudget: {}", blocked.join("; "));
+            if step.last_message.as_deref() != Some(message.as_str()) {
+                events.push(NodeEvent {
+                    type_: EventType::Warning,
+                    reason: "EvictionBlocked",
+                    note: message.clone(),
+                });
+            }
+        }
+    }
+    if let Some(pod) = &step.create_canary {
+        match canaries.create(&PostParams::default(), pod).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
+        }
+    }
+    if step.delete_canary {
+        match canaries.delete(&canary_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
+        }
+    }
+    let rule_name = crate::controller::taint_rule_name(name);
+    if let Some(rule) = &step.create_taint_rule {
+        match rules.create(&PostParams::default(), rule).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => return Err(Error::CreateDeviceTaintRule { name: rule_name, source }),
+        }
+    } else if step.delete_taint_rule {
+        match rules.delete(&rule_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => return Err(Error::DeleteDeviceTaintRule { name: rule_name, source }),
+        }
+    }
+    if let Some(patch) = &step.patch {
+        patch_node(ctx, name, patch).await?;
+        info!(node = %name, migration = %gpm.name_any(), from = ?step.from, action = ?step.action, "node step");
+        if step.remove_finished_canary {
+            // Best effort: the canary is finished; a leftover one is harmless.
+            let _ = canaries.delete(&canary_name, &DeleteParams::default()).await;
+        }
+        if let Some(seconds) = step.drain_seconds {
+            ctx.metrics
+                .drain_duration
+                .get_or_create(&MigrationLabels { migration: gpm.name_any() })
+                .observe(seconds);
+        }
+    }
+    for ev in &events {
+        publish(ctx, gpm, node, ev).await;
+    }
+    Ok(NodeOutcome { state: step.state, since: step.since, message })
+}
+
+/// Patches a node and records the write, so the next reconcile waits until the node cache shows it
+/// (see `cache::NodeWrites`).
+pub async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<()> {
+    let write = ctx.caches.node_writes.begin(name);
+    let res =
+        Api::<Node>::all(ctx.client.clone()).patch(name, &PatchParams::default(), &Patch::Merge(patch)).await;
+    write.finish(res.as_ref().ok().and_then(|n| n.metadata.resource_version.as_deref()));
+    res.map(|_| ()).map_err(|source| Error::PatchNode { node: name.into(), source })
+}
+
+/// Publishes `ev` on the migration, with the node as the related object, and on the node.
+async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, ev: &NodeEvent) {
+    // On the migration the node is the related object: the recorder folds repeats of one
+    // (reason, regarding, related) into a series, and without it every node's event would fold
+    // into the first node's.
+    let node_ref = node.object_ref(&());
+    let event = |secondary| Event {
+        type_: ev.type_,
+        reason: ev.reason.to_string(),
+        note: Some(cut_note(&ev.note)),
+        action: "MigrateNode".into(),
+        secondary,
+    };
+    let (on_migration, on_node) = (event(Some(node_ref.clone())), event(None));
+    for (e, r) in [(&on_migration, gpm.object_ref(&())), (&on_node, node_ref)] {
+        if let Err(err) = ctx.recorder.publish(e, &r).await {
+            warn!(error = %err, reason = ev.reason, "publishing event failed");
+        }
+    }
+}
+
+/// One event about the migration, related to a node where it names one. A failure to publish is
+/// logged: the status carries the same facts.
+async fn publish_on_migration(ctx: &Context, gpm: &GpuPoolMigration, ev: &MigrationEvent) {
+    let secondary = ev.node.as_ref().map(|n| ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(n.clone()),
+        ..Default::default()
+    });
+    let event = Event {
+        type_: ev.type_,
+        reason: ev.reason.into(),
+        note: Some(cut_note(&ev.note)),
+        action: ev.action.into(),
+        secondary,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &gpm.object_ref(&())).await {
+        warn!(error = %e, reason = ev.reason, "publishing event failed");
+    }
+}
+
+/// `note` cut to the events API's limit on a char boundary.
+fn cut_note(note: &str) -> String {
+    if note.len() <= EVENT_NOTE_MAX {
+        return note.to_string();
+    }
+    let mut cut = EVENT_NOTE_MAX - 3;
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &note[..cut])
+}
+
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+struct StatusApply<'a> {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    status: &'a GpuPoolMigrationStatus,
+}
+
+async fn write_status(ctx: &Context, name: &str, status: &GpuPoolMigrationStatus) -> Result<()> {
+    let body = StatusApply {
+        api_version: GpuPoolMigration::api_version(&()).to_string(),
+        kind: GpuPoolMigration::kind(&()).to_string(),
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status,
+    };
+    Api::<GpuPoolMigration>::all(ctx.client.clone())
+        .patch_status(name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::PatchStatus { name: name.into(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_notes_are_cut_on_a_char_boundary() {
+        let short = "node gpu-1: Pending → Cordoned";
+        assert_eq!(cut_note(short), short);
+        let long = "é".repeat(EVENT_NOTE_MAX);
+        let cut = cut_note(&long);
+        assert!(cut.len() <= EVENT_NOTE_MAX, "{}", cut.len());
+        assert!(cut.ends_with("..."));
+    }
+}

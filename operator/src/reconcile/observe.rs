@@ -1,0 +1,290 @@
+//! Observe: one snapshot of the pool, read from the controller's caches, plus the few reads a
+//! node's step needs that no cache holds (its pods while it drains, its rollback taint rule, its
+//! canary). Nothing here writes.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tracing::warn;
+
+use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
+use crate::cache;
+use crate::controller::{
+    self, Context, INVENTORY_TTL, MAX_CANDIDATES_COUNTED, ServerFacts, pods_on_node, resources,
+    taint_rule_name,
+};
+use crate::drain;
+use crate::error::{Error, Result};
+use crate::inventory::{self, Finding};
+use crate::inventory_source;
+use crate::plan::{self, OtherMigration, PoolNode};
+
+/// Everything one reconcile of a migration decides on.
+pub struct Snapshot<'a> {
+    pub gpm: &'a GpuPoolMigration,
+    pub now: Timestamp,
+    /// The pool's nodes, by name.
+    pub nodes: Vec<Node>,
+    pub facts: ServerFacts,
+    pub driver_ds: Option<DaemonSet>,
+    pub plugin_ds: Option<DaemonSet>,
+    /// Every DeviceClass; `None` where resource.k8s.io/v1 does not serve the kind.
+    pub device_classes: Option<Vec<DeviceClass>>,
+    /// The node-local ResourceSlices of the migration's driver, by node: grouped once, so no
+    /// per-node judgement scans every slice.
+    pub slices: HashMap<String, Vec<ResourceSlice>>,
+    /// The other migrations, to find nodes that two select.
+    pub others: Vec<OtherMigration>,
+    /// GPU consumers per candidate node (at most `MAX_CANDIDATES_COUNTED` nodes are counted), so
+    /// the cheapest start first.
+    pub consuming_pods: HashMap<String, u32>,
+    /// What each moving node's step reads besides the node itself.
+    pub node_reads: HashMap<String, NodeReads>,
+    /// The moving nodes whose reads failed: they get no step this reconcile, and the error is
+    /// theirs alone (their status message, an event); the other nodes carry on.
+    pub read_errors: HashMap<String, Error>,
+    /// The capacity-reader inventory (cached for `INVENTORY_TTL`).
+    pub inventory: Vec<Finding>,
+    /// Where canary pods run (the operator's namespace).
+    pub canary_namespace: String,
+}
+
+/// The reads one node's step needs, by its state.
+#[derive(Clone, Debug, Default)]
+pub struct NodeReads {
+    /// The node's pods: read while Draining (what to evict) and RollingBack (DRA claim holders).
+    pub pods: Vec<Pod>,
+    /// The node's rollback DeviceTaintRule exists: read while RollingBack or Failed.
+    pub taint_rule_exists: bool,
+    /// The node's canary pod, if any: read while Verifying with a canary configured.
+    pub canary: Option<Pod>,
+}
+
+/// Reads the pool. The caches serve nodes, DaemonSets, DeviceClasses and ResourceSlices (see
+/// `cache` for why each is fresh enough); pods are listed per node, only for the nodes whose
+/// state or ordering needs them.
+pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapshot<'a>> {
+    let spec = &gpm.spec;
+    let name = gpm.name_any();
+    let now = Timestamp::now();
+
+    let nodes = cached_pool_nodes(ctx, spec).await?;
+    let versions: Vec<_> = nodes.iter().map(controller::node_versions).collect();
+    let facts = server_facts(ctx, &versions).await?;
+    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
+    cache::synced(&ctx.caches.daemon_sets, "DaemonSet").await?;
+    let driver_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dn.namespace, &dn.name);
+    let plugin_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dp.namespace, &dp.name);
+
+    let device_classes = if facts.served.device_classes {
+        // The DeviceClass watch can only sync where the kind is served, so the wait is here.
+        cache::synced(&ctx.caches.device_classes, "DeviceClass").await?;
+        Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect())
+    } else {
+        None
+    };
+    let mut slices: HashMap<String, Vec<ResourceSlice>> = HashMap::new();
+    if facts.served.resource_slices {
+        cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
+        let ours = cache::slices_for_driver(
+            ctx.caches.resource_slices.state().iter().map(AsRef::as_ref),
+            &spec.driver.name,
+        );
+        for slice in ours {
+            if let Some(node) = slice.spec.node_name.clone() {
+                slices.entry(node).or_default().push(slice);
+            }
+        }
+    }
+    let others: Vec<OtherMigration> = ctx
+        .migrations
+        .state()
+        .iter()
+        .filter(|o| o.name_any() != name)
+        .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
+        .collect();
+
+    // Which nodes need more than the node: a first plan (pure) says which are moving and which
+    // may start. An invalid spec fails here, with the message the decision would give.
+    let pool: Vec<PoolNode> = nodes.iter().map(PoolNode::from_node).collect();
+    let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
+    let res = resources(spec);
+    let mut consuming_pods = HashMap::new();
+    if !first.to_start.is_empty() && !first.queued.is_empty() {
+        for n in first.to_start.iter().chain(&first.queued).take(MAX_CANDIDATES_COUNTED) {
+            // Only the order depends on the count: a failed read leaves the node uncounted.
+            let pods = match pods_on_node(&ctx.client, n).await {
+                Ok(pods) => pods,
+                Err(e) => {
+                    warn!(node = %n, error = %e, "counting a candidate's GPU pods failed");
+                    continue;
+                }
+            };
+            let count = match spec.direction {
+                Direction::Forward => pods.iter().filter(|x| drain::consumes_any(x, &res)).count(),
+                Direction::Rollback => pods.iter().filter(|x| drain::holds_dra_claim(x)).count(),
+            };
+            consuming_pods.insert(n.clone(), count as u32);
+        }
+    }
+    let by_name: HashMap<&str, &PoolNode> = pool.iter().map(|p| (p.name.as_str(), p)).collect();
+    // Only moving nodes read more: a node that starts is Pending (or Migrated, rolling back),
+    // and those states read nothing.
+    let (mut node_reads, mut read_errors) = (HashMap::new(), HashMap::new());
+    for n in &first.in_flight {
+        let Some(pn) = by_name.get(n.as_str()) else { continue };
+        match node(ctx, spec, pn).await {
+            Ok(r) => {
+                node_reads.insert(n.clone(), r);
+            }
+            Err(e) => {
+                read_errors.insert(n.clone(), e);
+            }
+        }
+    }
+
+    let inventory = inventory_for(ctx, gpm, &nodes).await;
+    Ok(Snapshot {
+        gpm,
+        now,
+        nodes,
+        facts,
+        driver_ds,
+        plugin_ds,
+        device_classes,
+        slices,
+        others,
+        consuming_pods,
+        node_reads,
+        read_errors,
+        inventory,
+        canary_namespace: ctx.config.canary_namespace.clone(),
+    })
+}
+
+/// The reads `pn`'s step needs in its state. A node in a state that needs none costs no request.
+pub async fn node(ctx: &Context, spec: &GpuPoolMigrationSpec, pn: &PoolNode) -> Result<NodeReads> {
+    let client = &ctx.client;
+    let state = pn.state();
+    let mut reads = NodeReads::default();
+    if matches!(state, NodeState::Draining | NodeState::RollingBack) {
+        reads.pods = pods_on_node(client, &pn.name).await?;
+    }
+    if matches!(state, NodeState::RollingBack | NodeState::Failed) {
+        let rule_name = taint_rule_name(&pn.name);
+        reads.taint_rule_exists = Api::<DeviceTaintRule>::all(client.clone())
+            .get_opt(&rule_name)
+            .await
+            .map_err(|source| Error::CreateDeviceTaintRule { name: rule_name.clone(), source })?
+            .is_some();
+    }
+    if spec.strategy.verify.canary.is_some() && state == NodeState::Verifying {
+        reads.canary = Api::<Pod>::namespaced(client.clone(), &ctx.config.canary_namespace)
+            .get_opt(&crate::canary::pod_name(&pn.name))
+            .await
+            .map_err(|source| Error::CreateCanary { node: pn.name.clone(), source })?;
+    }
+    Ok(reads)
+}
+
+async fn server_facts(ctx: &Context, nodes: &[crate::prerequisites::NodeVersions]) -> Result<ServerFacts> {
+    if let Ok(guard) = ctx.facts.lock()
+        && let Some((at, f)) = guard.as_ref()
+        && at.elapsed() < controller::FACTS_TTL
+    {
+        return Ok(f.clone());
+    }
+    let facts = controller::discover_server(&ctx.client, nodes).await?;
+    if let Ok(mut guard) = ctx.facts.lock() {
+        *guard = Some((Instant::now(), facts.clone()));
+    }
+    Ok(facts)
+}
+
+/// The nodes `spec.nodeSelector` selects, from the node cache once it has synced and shows this
+/// operator's own node patches (`cache::NodeWrites`). A node whose patch the cache still lags
+/// after `cache::NODE_WRITE_VISIBLE_TIMEOUT` (the watch is reconnecting or relisting) is read
+/// from the API for this reconcile: a step must never be decided on a copy older than our own
+/// last write of that node. A reconcile with no such node makes no request here.
+async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
+    let selector = controller::node_selector(spec)?;
+    cache::synced(&ctx.caches.nodes, "Node").await?;
+    let writes = &ctx.caches.node_writes;
+    let unseen = writes.settle(cache::NODE_WRITE_VISIBLE_TIMEOUT).await;
+    let mut fresh = Vec::new();
+    for name in &unseen {
+        let got = Api::<Node>::all(ctx.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(|source| Error::GetNode { node: name.clone(), source })?;
+        let cached = ctx.caches.nodes.get(&ObjectRef::new(name));
+        let cached_rv = cached.as_ref().and_then(|n| n.meta().resource_version.as_ref());
+        match got {
+            Some(node) => {
+                // The same version in the cache as in a read made after our write: the cache
+                // shows it now.
+                if cached_rv.is_some() && cached_rv == node.metadata.resource_version.as_ref() {
+                    writes.forget(name);
+                }
+                fresh.push(node);
+            }
+            None => writes.forget(name),
+        }
+    }
+    if !unseen.is_empty() {
+        warn!(nodes = ?unseen, "the node cache lags this operator's node patches; read them from the API");
+    }
+    let cached = ctx.caches.nodes.state();
+    let current = cached
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
+    Ok(cache::select_nodes(current.chain(fresh.iter()), &selector))
+}
+
+/// The capacity-reader inventory for this migration, reused for [`INVENTORY_TTL`] unless the spec
+/// changed. A failed read keeps the previous findings (or none) and is logged: the inventory
+/// informs, it never blocks a migration.
+async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Node]) -> Vec<Finding> {
+    let name = gpm.name_any();
+    let generation = gpm.metadata.generation;
+    let cached = ctx.inventory.lock().ok().and_then(|g| g.get(&name).cloned());
+    if let Some((at, g, findings)) = &cached
+        && at.elapsed() < INVENTORY_TTL
+        && *g == generation
+    {
+        return findings.clone();
+    }
+    let observed = inventory_source::observe(
+        &ctx.client,
+        inventory_source::targets(&gpm.spec),
+        Some(gpm.spec.node_selector.clone()),
+        inventory_source::pool_nodes(nodes),
+        inventory_source::Scope {
+            config_maps: false,
+            // The watch's cache; empty where the kind is not served, which is also the truth.
+            device_classes: Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect()),
+        },
+    )
+    .await;
+    match observed {
+        Ok(o) => {
+            let findings = inventory::find(&o);
+            if let Ok(mut g) = ctx.inventory.lock() {
+                g.insert(name, (Instant::now(), generation, findings.clone()));
+            }
+            findings
+        }
+        Err(e) => {
+            warn!(migration = %name, error = %e, "reading the capacity-reader inventory failed");
+            cached.map(|(_, _, f)| f).unwrap_or_default()
+        }
+    }
+}
