@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use futures::StreamExt;
+
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
@@ -30,6 +32,10 @@ use crate::well_known::OPERATOR_FIELD_MANAGER;
 
 /// The events API's limit on a note, in bytes; longer notes are refused.
 const EVENT_NOTE_MAX: usize = 1024;
+
+/// How many nodes' steps run at once: a 10% budget of a large pool moves hundreds of nodes, each
+/// step a few requests.
+const STEP_CONCURRENCY: usize = 16;
 
 /// How the status message of a node whose step failed begins.
 const STEP_ERROR: &str = "StepError: ";
@@ -73,58 +79,25 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         }
     }
 
-    // Steps.
+    // Steps, up to STEP_CONCURRENCY nodes at a time, their outcomes in the decided order.
     let by_name: HashMap<&str, &Node> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
-    let mut progress = Vec::new();
+    let mut runs = Vec::with_capacity(d.steps.len());
     for step in &d.steps {
-        let Some(node) = by_name.get(step.node.as_str()) else { continue };
-        let unchanged = || NodeOutcome {
-            state: step.from,
-            since: parse_since(&PoolNode::from_node(node)),
-            message: step.last_message.clone().unwrap_or_default(),
-        };
-        let step_error;
-        let result = match s.read_errors.get(&step.node) {
-            Some(e) => Err(e),
-            None => match node_step(ctx, gpm, node, step).await {
-                Ok(out) => Ok(out),
-                Err(e) => {
-                    step_error = e;
-                    Err(&step_error)
-                }
-            },
-        };
-        let out = match result {
-            Ok(out) => out,
-            Err(e) if matches!(e, Error::PatchNode { .. }) && e.is_not_found() => {
-                // Deleted mid-step: the cache drops it, and with it its status entry.
-                info!(node = %step.node, migration = %name, "node deleted mid-step");
-                continue;
+        let node = by_name.get(step.node.as_str()).copied();
+        runs.push(async move {
+            match node {
+                Some(node) => carry_out(ctx, s, node, step).await,
+                None => (None, false),
             }
-            Err(e) if e.is_conflict() => {
-                // The node changed after the snapshot this step was decided on (its kubelet
-                // wrote its status, say): decide again on the fresh node, soon. Not a failure.
-                debug!(node = %step.node, migration = %name, "node changed under the step; retrying");
-                errors += 1;
-                unchanged()
-            }
-            Err(e) => {
-                errors += 1;
-                ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { category: e.category() }).inc();
-                warn!(node = %step.node, migration = %name, category = e.category(), error = %e, "node step failed");
-                let message = format!("{STEP_ERROR}{e}; retrying");
-                if step.last_message.as_deref() != Some(message.as_str()) {
-                    let ev = NodeEvent {
-                        type_: EventType::Warning,
-                        reason: "NodeStepFailed",
-                        note: e.to_string(),
-                    };
-                    publish(ctx, gpm, node, &ev).await;
-                }
-                NodeOutcome { message, ..unchanged() }
-            }
-        };
+        });
+    }
+    let outcomes: Vec<(Option<NodeOutcome>, bool)> =
+        futures::stream::iter(runs).buffered(STEP_CONCURRENCY).collect().await;
+    let mut progress = Vec::new();
+    for (step, (out, failed)) in d.steps.iter().zip(outcomes) {
+        errors += usize::from(failed);
+        let Some(out) = out else { continue };
         // A node at rest is not listed, unless its step failed: a failed start keeps its error
         // in the status until the retry lands.
         let at_rest = matches!(out.state, NodeState::Migrated | NodeState::RolledBack | NodeState::Pending);
@@ -160,6 +133,58 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         return Ok(Requeue::requeue(REQUEUE_ERROR));
     }
     Ok(Requeue::requeue(if d.moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
+}
+
+/// One node's step with its error kept to itself: the outcome for the status (`None` for a node
+/// deleted mid-step) and whether it must be retried soon.
+async fn carry_out(
+    ctx: &Context,
+    s: &Snapshot<'_>,
+    node: &Node,
+    step: &NodeStep,
+) -> (Option<NodeOutcome>, bool) {
+    let (gpm, name) = (s.gpm, &step.node);
+    let unchanged = || NodeOutcome {
+        state: step.from,
+        since: parse_since(&PoolNode::from_node(node)),
+        message: step.last_message.clone().unwrap_or_default(),
+    };
+    let step_error;
+    let result = match s.read_errors.get(name) {
+        Some(e) => Err(e),
+        None => match node_step(ctx, gpm, node, step).await {
+            Ok(out) => Ok(out),
+            Err(e) => {
+                step_error = e;
+                Err(&step_error)
+            }
+        },
+    };
+    match result {
+        Ok(out) => (Some(out), false),
+        Err(e) if matches!(e, Error::PatchNode { .. }) && e.is_not_found() => {
+            // Deleted mid-step: the cache drops it, and with it its status entry.
+            info!(node = %name, migration = %gpm.name_any(), "node deleted mid-step");
+            (None, false)
+        }
+        Err(e) if e.is_conflict() => {
+            // The node changed after the snapshot this step was decided on (its kubelet wrote
+            // its status, say): decide again on the fresh node, soon. Not a failure.
+            debug!(node = %name, migration = %gpm.name_any(), "node changed under the step; retrying");
+            (Some(unchanged()), true)
+        }
+        Err(e) => {
+            ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { category: e.category() }).inc();
+            warn!(node = %name, migration = %gpm.name_any(), category = e.category(), error = %e, "node step failed");
+            let message = format!("{STEP_ERROR}{e}; retrying");
+            if step.last_message.as_deref() != Some(message.as_str()) {
+                let ev =
+                    NodeEvent { type_: EventType::Warning, reason: "NodeStepFailed", note: e.to_string() };
+                publish(ctx, gpm, node, &ev).await;
+            }
+            (Some(NodeOutcome { message, ..unchanged() }), true)
+        }
+    }
 }
 
 /// A write outside the node steps failed: logged and counted under its cause.
