@@ -46,9 +46,18 @@ async fn assert_gpu_pods_on_dra(pool: &Pool, pods: &[Pod]) -> anyhow::Result<()>
             assert!(claim.is_none(), "non-GPU pod {} has a claim", p.name_any());
             continue;
         }
-        assert_eq!(backend(&nodes.get(&node).await?), "dra", "GPU pod {} runs on {node}", p.name_any());
-        let claim =
-            claim.unwrap_or_else(|| panic!("GPU pod {} has no extendedResourceClaimStatus", p.name_any()));
+        let n = nodes.get(&node).await?;
+        assert_eq!(backend(&n), "dra", "GPU pod {} runs on {node}", p.name_any());
+        let claim = claim.unwrap_or_else(|| {
+            // When it landed, against when its node moved: a device-plugin pod on a DRA node.
+            panic!(
+                "GPU pod {} on {node} has no extendedResourceClaimStatus: created {:?}, started {:?}; node annotations {:?}",
+                p.name_any(),
+                p.metadata.creation_timestamp,
+                p.status.as_ref().and_then(|s| s.start_time.clone()),
+                n.metadata.annotations
+            )
+        });
         let claim = claims.get(&claim.resource_claim_name).await?;
         let results = claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap_or_default();
         assert_eq!(results.len(), 1);

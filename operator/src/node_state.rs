@@ -315,6 +315,35 @@ fn slices_ready(o: &Observed) -> bool {
     o.gpus_before.is_some_and(|b| o.dra_devices > 0 && o.dra_devices >= b)
 }
 
+/// What a node with selected pods left does: evict them, or wait for what only a person (or the
+/// pods' own termination) resolves. `None` once nothing is left.
+fn undrained(o: &Observed) -> Option<Action> {
+    let d = &o.drain;
+    Some(if d.to_evict > 0 {
+        Action::Evict
+    } else if d.unmanaged > 0 {
+        wait(
+            WaitReason::UnmanagedPodsBlockDrain,
+            format!(
+                "{} pod(s) have no controller, so nothing would re-create them after an eviction; re-create them under a controller, delete them, or set spec.strategy.drain.force: true",
+                d.unmanaged
+            ),
+        )
+    } else if d.blocked > 0 {
+        wait(
+            WaitReason::EmptyDirBlocksDrain,
+            format!(
+                "{} pod(s) use emptyDir volumes; delete them or set spec.strategy.drain.deleteEmptyDirData: true",
+                d.blocked
+            ),
+        )
+    } else if d.terminating > 0 {
+        wait(WaitReason::PodsTerminating, format!("{} pod(s) still terminating", d.terminating))
+    } else {
+        return None;
+    })
+}
+
 /// The next step for one node.
 pub fn next_step(o: &Observed) -> Action {
     use NodeState::*;
@@ -365,17 +394,13 @@ pub fn next_step(o: &Observed) -> Action {
         }
         Draining => {
             // A finished drain is never late: the timeout is for the drain, not for a pause.
-            let drained = o.drain.to_evict == 0
-                && o.drain.blocked == 0
-                && o.drain.terminating == 0
-                && o.drain.unmanaged == 0;
-            if drained {
+            let Some(undrained) = undrained(o) else {
                 return if let Some(h) = o.hold {
                     h.wait("drained, before the switch")
                 } else {
                     Action::SwitchToDra
                 };
-            }
+            };
             if timed_out(o) {
                 return Action::Fail {
                     reason: FailReason::DrainTimeout,
@@ -389,27 +414,7 @@ pub fn next_step(o: &Observed) -> Action {
                     ),
                 };
             }
-            if o.drain.to_evict > 0 {
-                Action::Evict
-            } else if o.drain.unmanaged > 0 {
-                wait(
-                    WaitReason::UnmanagedPodsBlockDrain,
-                    format!(
-                        "{} pod(s) have no controller, so nothing would re-create them after an eviction; re-create them under a controller, delete them, or set spec.strategy.drain.force: true",
-                        o.drain.unmanaged
-                    ),
-                )
-            } else if o.drain.blocked > 0 {
-                wait(
-                    WaitReason::EmptyDirBlocksDrain,
-                    format!(
-                        "{} pod(s) use emptyDir volumes; delete them or set spec.strategy.drain.deleteEmptyDirData: true",
-                        o.drain.blocked
-                    ),
-                )
-            } else {
-                wait(WaitReason::PodsTerminating, format!("{} pod(s) still terminating", o.drain.terminating))
-            }
+            undrained
         }
         Switching | Verifying if rollback => Action::StartRollback,
         Switching => {
@@ -427,6 +432,11 @@ pub fn next_step(o: &Observed) -> Action {
                 }
             } else if o.backend != Backend::Dra {
                 Action::SwitchToDra
+            } else if let Some(late) = undrained(o) {
+                // A pod the scheduler bound before it saw the cordon can land after the drain's
+                // last LIST, on a GPU the device plugin handed out and the driver is about to
+                // publish. It goes before the switch counts as done.
+                late
             } else if o.allocatable > 0 {
                 wait(
                     WaitReason::DevicePluginStillAdvertising,
@@ -713,6 +723,26 @@ mod tests {
                     o.dra_devices = 8
                 },
                 "StartVerify",
+            ),
+            (
+                "switched, but a device-plugin pod landed after the drain",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.drain.to_evict = 1
+                },
+                "Evict",
+            ),
+            (
+                "switched, a late pod still terminating",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.drain.terminating = 1
+                },
+                "Wait:PodsTerminating",
             ),
             (
                 "switched, count unknown: never a guess",

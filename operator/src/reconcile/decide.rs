@@ -576,6 +576,16 @@ pub fn node_step(
     let mut claim_holders = 0;
     match state {
         NodeState::Draining => selection = drain::select(&reads.pods, &res, &spec.strategy.drain),
+        NodeState::Switching => {
+            // Late arrivals only: a pod the scheduler served through a claim is DRA's.
+            let late: Vec<Pod> = reads
+                .pods
+                .iter()
+                .filter(|p| p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none()))
+                .cloned()
+                .collect();
+            selection = drain::select(&late, &res, &spec.strategy.drain);
+        }
         NodeState::RollingBack => {
             claim_holders = reads.pods.iter().filter(|p| drain::holds_dra_claim(p)).count()
         }
@@ -1199,6 +1209,36 @@ mod tests {
         let started: Vec<_> =
             d.steps.iter().filter(|s| s.action == Action::Cordon).map(|s| &s.node).collect();
         assert_eq!(started, vec!["n1", "n2"], "the other nodes still start");
+    }
+
+    #[test]
+    fn a_device_plugin_pod_that_lands_after_the_drain_is_evicted_before_the_switch_counts() {
+        let mut w = world(json!({}));
+        w.nodes.push(node(
+            "n0",
+            Some("Switching"),
+            json!({
+                "metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA},
+                    "annotations": {ANNOTATION_GPUS_BEFORE: r#"{"nvidia.com/gpu":8}"#}},
+                "status": {"allocatable": {"nvidia.com/gpu": "0"}}
+            }),
+        ));
+        w.slices = vec![slice("n0", 8)];
+        let mut on_dra = pod("served-by-dra", true);
+        on_dra.status.get_or_insert_with(Default::default).extended_resource_claim_status =
+            Some(from(json!({"resourceClaimName": "c", "requestMappings": []})));
+        w.reads.insert(
+            "n0".into(),
+            NodeReads { pods: vec![pod("late", true), on_dra.clone()], ..Default::default() },
+        );
+        let d = decide(&w);
+        let step = d.steps.iter().find(|s| s.node == "n0").unwrap();
+        assert_eq!(step.action, Action::Evict);
+        assert_eq!(step.evict.iter().map(ToString::to_string).collect::<Vec<_>>(), vec!["ml/late"]);
+
+        w.reads.insert("n0".into(), NodeReads { pods: vec![on_dra], ..Default::default() });
+        let d = decide(&w);
+        assert_eq!(d.steps.iter().find(|s| s.node == "n0").unwrap().action, Action::StartVerify);
     }
 
     #[test]

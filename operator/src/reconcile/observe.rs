@@ -59,7 +59,8 @@ pub struct Snapshot<'a> {
 /// The reads one node's step needs, by its state.
 #[derive(Clone, Debug, Default)]
 pub struct NodeReads {
-    /// The node's pods: read while Draining (what to evict) and RollingBack (DRA claim holders).
+    /// The node's pods: read while Draining (what to evict), Switching (device-plugin pods that
+    /// landed after the drain) and RollingBack (DRA claim holders).
     pub pods: Vec<Pod>,
     /// The node's rollback DeviceTaintRule exists: read while RollingBack or Failed.
     pub taint_rule_exists: bool,
@@ -174,7 +175,7 @@ pub async fn node(ctx: &Context, spec: &GpuPoolMigrationSpec, pn: &PoolNode) -> 
     let client = &ctx.client;
     let state = pn.state();
     let mut reads = NodeReads::default();
-    if matches!(state, NodeState::Draining | NodeState::RollingBack) {
+    if matches!(state, NodeState::Draining | NodeState::Switching | NodeState::RollingBack) {
         reads.pods = pods_on_node(client, &pn.name).await?;
     }
     if matches!(state, NodeState::RollingBack | NodeState::Failed) {
