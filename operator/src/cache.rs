@@ -8,8 +8,7 @@
 //! - **What others write** (kubelet's allocatable and conditions, the driver's ResourceSlices, an
 //!   admin's cordon or DaemonSet edit): a copy a few milliseconds old is no different from a LIST
 //!   made a few milliseconds earlier, and the change itself arrives as a watch event that triggers
-//!   the next reconcile, which sees it. A node event triggers one only when it changes what a
-//!   reconcile reads ([`node_fingerprint`]): heartbeats and image lists do not.
+//!   the next reconcile, which sees it.
 //! - **Nodes we patch**: a LIST (a quorum read) always showed our own last write; a store does not.
 //!   A reconcile triggered by something else (the GpuPoolMigration event of our own status write, a
 //!   slice event, the requeue) can start before the node's watch event has arrived. Acting on a
@@ -121,70 +120,9 @@ pub fn node_reflector(
     events: impl Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + 'static,
     writes: Arc<NodeWrites>,
 ) -> impl Stream<Item = watcher::Result<Node>> + Send + 'static {
-    let mut seen = NodeFingerprints::default();
     reflector::reflector(writer, events.modify(trim_node))
         .inspect_ok(move |event| writes.observe(event))
-        .try_filter_map(move |event| futures::future::ready(Ok(seen.trigger(event))))
-}
-
-/// The last [`node_fingerprint`] of every node the watch has shown, so that only a change to
-/// what a reconcile reads triggers one. A kubelet rewrites its node's status for heartbeats,
-/// images and condition times; in a pool of thousands that is a reconcile every few
-/// milliseconds, each deciding nothing new. The cache still takes every event.
-#[derive(Default)]
-pub struct NodeFingerprints {
-    by_name: HashMap<String, u64>,
-}
-
-impl NodeFingerprints {
-    /// The node to trigger a reconcile for, if `event` changed what a reconcile reads of it (or
-    /// deleted it).
-    pub fn trigger(&mut self, event: watcher::Event<Node>) -> Option<Node> {
-        match event {
-            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
-                let fingerprint = node_fingerprint(&n);
-                (self.by_name.insert(n.name_any(), fingerprint) != Some(fingerprint)).then_some(n)
-            }
-            watcher::Event::Delete(n) => {
-                self.by_name.remove(&n.name_any());
-                Some(n)
-            }
-            watcher::Event::Init | watcher::Event::InitDone => None,
-        }
-    }
-}
-
-/// A hash of what a reconcile reads of a node: labels, annotations, `spec.unschedulable`, taints,
-/// the pool resources' allocatable and capacity (every resource: which ones are the pool's is a
-/// migration's choice), the Ready condition's status, the kubelet and runtime versions, and
-/// whether it is being deleted. Not the resourceVersion, heartbeat times, images or other
-/// conditions. Pure.
-pub fn node_fingerprint(n: &Node) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    n.metadata.labels.hash(&mut h);
-    n.metadata.annotations.hash(&mut h);
-    n.metadata.deletion_timestamp.is_some().hash(&mut h);
-    if let Some(spec) = &n.spec {
-        spec.unschedulable.hash(&mut h);
-        for t in spec.taints.iter().flatten() {
-            (&t.key, &t.value, &t.effect).hash(&mut h);
-        }
-    }
-    if let Some(status) = &n.status {
-        for list in [&status.allocatable, &status.capacity] {
-            for (k, q) in list.iter().flatten() {
-                (k, &q.0).hash(&mut h);
-            }
-            0xffu8.hash(&mut h);
-        }
-        let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready");
-        ready.map(|c| &c.status).hash(&mut h);
-        if let Some(info) = &status.node_info {
-            (&info.kubelet_version, &info.container_runtime_version).hash(&mut h);
-        }
-    }
-    h.finish()
+        .touched_objects()
 }
 
 /// Drops what no reconcile reads from a cached object: `managedFields` is often the larger half of
@@ -394,76 +332,6 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn fingerprinted() -> Node {
-        serde_json::from_value(json!({
-            "metadata": {"name": "n1", "resourceVersion": "1", "labels": {"pool": "a100"}},
-            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-            "status": {
-                "allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
-                "conditions": [
-                    {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-01T10:00:00Z"},
-                    {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": "2026-12-01T10:00:00Z"}
-                ],
-                "images": [{"names": ["a"], "sizeBytes": 1}]
-            }
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn kubelet_noise_leaves_the_fingerprint_and_what_we_read_changes_it() {
-        let base = node_fingerprint(&fingerprinted());
-        let noise: Vec<(&str, serde_json::Value)> = vec![
-            ("resourceVersion", json!({"metadata": {"resourceVersion": "2"}})),
-            (
-                "heartbeat",
-                json!({"status": {"conditions": [
-                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-01T10:00:40Z"},
-                {"type": "MemoryPressure", "status": "True", "lastHeartbeatTime": "2026-12-01T10:00:40Z"}]}}),
-            ),
-            ("images", json!({"status": {"images": [{"names": ["b"], "sizeBytes": 2}]}})),
-        ];
-        for (what, patch) in noise {
-            let mut v = serde_json::to_value(fingerprinted()).unwrap();
-            crate::testing::merge_patch(&mut v, &patch);
-            let n: Node = serde_json::from_value(v).unwrap();
-            assert_eq!(node_fingerprint(&n), base, "{what} changes nothing a reconcile reads");
-        }
-        let read: Vec<(&str, serde_json::Value)> = vec![
-            ("label", json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "dra"}}})),
-            (
-                "annotation",
-                json!({"metadata": {"annotations": {"switchyard.dev/migration-state": "Cordoned"}}}),
-            ),
-            ("cordon", json!({"spec": {"unschedulable": true}})),
-            ("taint", json!({"spec": {"taints": []}})),
-            ("allocatable", json!({"status": {"allocatable": {"nvidia.com/gpu": "0"}}})),
-            ("capacity", json!({"status": {"capacity": {"nvidia.com/gpu": "4"}}})),
-            ("NotReady", json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})),
-            ("deleting", json!({"metadata": {"deletionTimestamp": "2026-12-01T10:01:00Z"}})),
-        ];
-        for (what, patch) in read {
-            let mut v = serde_json::to_value(fingerprinted()).unwrap();
-            crate::testing::merge_patch(&mut v, &patch);
-            let n: Node = serde_json::from_value(v).unwrap();
-            assert_ne!(node_fingerprint(&n), base, "{what} is read by a reconcile");
-        }
-    }
-
-    #[test]
-    fn only_changes_and_deletions_trigger() {
-        let mut seen = NodeFingerprints::default();
-        let n = fingerprinted();
-        assert!(seen.trigger(watcher::Event::InitApply(n.clone())).is_some(), "first sight");
-        assert!(seen.trigger(watcher::Event::Apply(n.clone())).is_none(), "the same again");
-        let mut cordoned = n.clone();
-        cordoned.spec.as_mut().unwrap().unschedulable = Some(true);
-        assert!(seen.trigger(watcher::Event::Apply(cordoned.clone())).is_some());
-        assert!(seen.trigger(watcher::Event::Delete(cordoned.clone())).is_some());
-        assert!(seen.trigger(watcher::Event::Apply(cordoned)).is_some(), "a node made anew");
-        assert!(seen.trigger(watcher::Event::InitDone).is_none());
-    }
-
     fn node(name: &str, labels: serde_json::Value) -> Node {
         serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
     }
@@ -670,13 +538,13 @@ mod tests {
         assert!(stream.next().await.is_some());
         assert!(reader.is_empty(), "a relist reaches the store at InitDone");
         assert_eq!(writes.unseen(), ["gpu-1"]);
-        // InitDone yields nothing, and the watch event changes nothing a reconcile reads, so it
-        // triggers none; the store and the write record still take it.
-        assert!(stream.next().await.is_none());
+        // InitDone yields nothing; the next item is the watch event.
+        assert!(stream.next().await.is_some());
         let cached = reader.get(&ObjectRef::new("gpu-1")).unwrap();
         assert_eq!(cached.metadata.resource_version.as_deref(), Some("7"));
         assert!(cached.status.as_ref().unwrap().images.is_none(), "trimmed before the store");
         assert!(writes.unseen().is_empty());
+        assert!(stream.next().await.is_none());
     }
 
     #[tokio::test]

@@ -470,6 +470,11 @@ pub fn next_step(o: &Observed) -> Action {
                     ),
                 };
             }
+            // A canary that succeeded is a pass even when this reconcile sees it after the
+            // timeout: the operator learns of it on its next reconcile, not when it happened.
+            if matches!(o.canary, Canary::NotConfigured | Canary::Succeeded) {
+                return Action::Complete;
+            }
             if timed_out(o) {
                 return Action::Fail {
                     reason: FailReason::VerifyTimeout,
@@ -815,6 +820,21 @@ mod tests {
                     o.now = Timestamp::from_second(1_301).unwrap()
                 },
                 "Fail:VerifyTimeout",
+            ),
+            (
+                "a canary seen succeeded after the timeout still passes",
+                Verifying,
+                |o| {
+                    o.canary = Canary::Succeeded;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "Complete",
+            ),
+            (
+                "no canary, past the timeout: nothing left to wait for",
+                Verifying,
+                |o| o.now = Timestamp::from_second(1_301).unwrap(),
+                "Complete",
             ),
             ("migrated", Migrated, |o| o.unschedulable = false, "Nothing"),
             ("failed, pause", Failed, |_| {}, "Wait:NeedsHuman"),
