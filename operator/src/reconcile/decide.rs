@@ -1173,8 +1173,8 @@ mod tests {
         assert!(step.events.is_empty(), "the same message again: no second event");
     }
 
-    #[test]
-    fn a_switch_with_its_devices_published_moves_on_to_verify() {
+    /// n0 labelled for DRA mid-switch: the device plugin gone and its 8 GPUs published.
+    fn switched_world() -> World {
         let mut w = world(json!({}));
         w.nodes.push(node(
             "n0",
@@ -1186,6 +1186,12 @@ mod tests {
             }),
         ));
         w.slices = vec![slice("n0", 8)];
+        w
+    }
+
+    #[test]
+    fn a_switch_with_its_devices_published_moves_on_to_verify() {
+        let w = switched_world();
         let d = decide(&w);
         let step = d.steps.iter().find(|s| s.node == "n0").unwrap();
         assert_eq!(step.action, Action::StartVerify);
@@ -1213,17 +1219,7 @@ mod tests {
 
     #[test]
     fn a_device_plugin_pod_that_lands_after_the_drain_is_evicted_before_the_switch_counts() {
-        let mut w = world(json!({}));
-        w.nodes.push(node(
-            "n0",
-            Some("Switching"),
-            json!({
-                "metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA},
-                    "annotations": {ANNOTATION_GPUS_BEFORE: r#"{"nvidia.com/gpu":8}"#}},
-                "status": {"allocatable": {"nvidia.com/gpu": "0"}}
-            }),
-        ));
-        w.slices = vec![slice("n0", 8)];
+        let mut w = switched_world();
         let mut on_dra = pod("served-by-dra", true);
         on_dra.status.get_or_insert_with(Default::default).extended_resource_claim_status =
             Some(from(json!({"resourceClaimName": "c", "requestMappings": []})));
