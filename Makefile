@@ -76,5 +76,5 @@ demo: deps ## A live migration on a local control plane with simulated GPU nodes
 	@DEMO_KEEP=$${DEMO_KEEP:-$(KEEP)} bash e2e/hack/demo.sh
 
 .PHONY: bench
-bench: deps ## Benchmarks; figures go to docs/benchmarks.md
+bench: deps ## Benchmarks; figures go to docs/benchmarks.md (SCALE=<nodes> sizes the scale pool, default 100)
 	@bash e2e/hack/bench.sh

@@ -256,7 +256,9 @@ pub struct DrainSpec {
     #[serde(default)]
     pub pod_selection: PodSelection,
 
-    /// How long the drain may take before the node fails, in seconds. Default 600.
+    /// How long the drain may take before the node fails, in seconds. Default 600. Keep it well
+    /// above 120: an eviction cut off mid-request counts against its PodDisruptionBudget for 2
+    /// minutes without deleting the pod.
     #[serde(default = "default_timeout_seconds")]
     #[x_kube(validation = Rule::new("self > 0").message("spec.strategy.drain.timeoutSeconds must be greater than 0"))]
     pub timeout_seconds: i64,

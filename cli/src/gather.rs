@@ -1,10 +1,9 @@
 //! Reads what `plan` and `inventory` need. Read-only apart from dry-run requests, which the API
 //! server validates and discards.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use anyhow::Context as _;
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
@@ -23,8 +22,6 @@ use switchyard_operator::well_known::NVIDIA_GPU_RESOURCE;
 
 /// Field manager of the CLI's dry-run applies; nothing is persisted under it.
 const CLI_FIELD_MANAGER: &str = "switchyard-cli";
-/// Pod LISTs in flight at once while gathering a pool's pods.
-const POD_LIST_CONCURRENCY: usize = 8;
 
 /// Reads a GpuPoolMigration manifest (`-` is standard input). Takes the one GpuPoolMigration in
 /// a multi-document file.
@@ -92,12 +89,16 @@ pub async fn plan_inputs(
     let verdict =
         controller::pool_verdict(spec, &facts, versions, &nodes, driver_ds.is_some(), plugin_ds.is_some());
 
-    let node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
-    let pods: BTreeMap<String, Vec<Pod>> = futures::stream::iter(node_names)
-        .map(|n| async move { controller::pods_on_node(client, &n).await.map(|p| (n, p)) })
-        .buffer_unordered(POD_LIST_CONCURRENCY)
-        .try_collect()
-        .await?;
+    // One paged LIST of the cluster's bound pods, not one per node: a 5,000-node pool costs
+    // (cluster pods / 500) requests. Only the pool's pods are kept, without managedFields.
+    let node_names: HashSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+    let pods: BTreeMap<String, Vec<Pod>> = controller::pods_on_nodes(client, &node_names, false, |mut p| {
+        p.metadata.managed_fields = None;
+        Some(p)
+    })
+    .await?
+    .into_iter()
+    .collect();
     let pdbs = Api::<PodDisruptionBudget>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -4,6 +4,7 @@
 //! The scenarios live in `e2e/tests/`.
 
 pub mod cluster;
+pub mod measure;
 pub mod pool;
 pub mod real;
 pub mod sim;

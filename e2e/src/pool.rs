@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -32,6 +32,14 @@ pub const DEVICE_PLUGIN_DS: &str = "nvidia-device-plugin-daemonset";
 /// Name of the DRA-driver DaemonSet in the pool's system namespace.
 pub const DRIVER_DS: &str = "switchyard-driver-agent";
 
+/// `nodes` layouts of `gpus` whole GPUs, without extra labels.
+fn uniform(nodes: u32, gpus: u32) -> Vec<(GpuLayout, BTreeMap<String, String>)> {
+    (0..nodes).map(|_| (GpuLayout::gpus(gpus), BTreeMap::new())).collect()
+}
+
+/// Nodes created at once when a pool is built.
+const NODE_CREATE_CONCURRENCY: usize = 16;
+
 /// Serialises the scenarios that use the real `nvidia.com/gpu` resource name: two pools with
 /// DeviceClasses for the same extended resource name would shadow each other.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -42,6 +50,12 @@ pub struct Operator {
 }
 
 impl Operator {
+    /// An operator process started with [`Pool::spawn_operator_with`], handed to the pool so
+    /// that its cleanup waits for the finalizers with an operator running.
+    pub fn from_child(child: tokio::process::Child) -> Self {
+        Self { child }
+    }
+
     /// Kills the process with SIGKILL, as a node failure or OOM would, and waits for it.
     pub async fn kill(mut self) -> anyhow::Result<()> {
         self.child.kill().await?;
@@ -79,8 +93,7 @@ impl Pool {
         gpus: u32,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
-        let layouts = (0..nodes).map(|_| (GpuLayout::gpus(gpus), BTreeMap::new())).collect();
-        Self::build(prefix, layouts, unregister_delay).await
+        Self::build(prefix, uniform(nodes, gpus), unregister_delay).await
     }
 
     /// A pool of one node per entry of `layouts`, each with that GPU layout and those extra
@@ -92,10 +105,31 @@ impl Pool {
         Self::build(prefix, layouts, Duration::from_secs(1)).await
     }
 
+    /// The scale environment's pool: `nodes` nodes with `gpus` GPUs each on the light simulator
+    /// ([`SimConfig::light`]: Lease-only heartbeats, stub slices, no agent processes), created
+    /// side by side.
+    pub async fn scale(
+        prefix: &str,
+        nodes: u32,
+        gpus: u32,
+        unregister_delay: Duration,
+    ) -> anyhow::Result<Self> {
+        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, true).await
+    }
+
     async fn build(
         prefix: &str,
         layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
         unregister_delay: Duration,
+    ) -> anyhow::Result<Self> {
+        Self::build_with(prefix, layouts, unregister_delay, false).await
+    }
+
+    async fn build_with(
+        prefix: &str,
+        layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
+        unregister_delay: Duration,
+        light: bool,
     ) -> anyhow::Result<Self> {
         let client = cluster::client().await?;
         let id = unique(prefix);
@@ -106,29 +140,35 @@ impl Pool {
         let driver = format!("{id}.gpu.switchyard.dev");
         let work_dir = std::env::temp_dir().join(format!("switchyard-e2e-{id}"));
 
-        let mut config = SimConfig::new(id.clone());
+        let mut config = if light { SimConfig::light(id.clone()) } else { SimConfig::new(id.clone()) };
         config.device_plugin =
             Some(DaemonSetKey { namespace: system_ns.clone(), name: DEVICE_PLUGIN_DS.into() });
         config.dra_driver = Some(DaemonSetKey { namespace: system_ns.clone(), name: DRIVER_DS.into() });
         config.driver_name = driver.clone();
         config.unregister_delay = unregister_delay;
-        config.agent = Some(AgentSettings {
+        config.agent = (!light).then(|| AgentSettings {
             bin: cluster::agent_bin(),
             kubeconfig: cluster::kubeconfig().to_path_buf(),
             work_dir: work_dir.clone(),
             health_hold_seconds: 5,
         });
         let sim = Simulator::start(client.clone(), config).await?;
-        let mut names = Vec::new();
+        let mut specs = Vec::new();
         let mut advertised = Vec::new();
         for (i, (layout, mut labels)) in layouts.into_iter().enumerate() {
             let name = format!("{id}-n{i}");
             labels.insert("pool".to_owned(), id.clone());
             let gpus = layout.device_plugin_resources().get(NVIDIA_GPU_RESOURCE).copied().unwrap_or(0);
             advertised.push((name.clone(), gpus));
-            sim.add_node(SimNode { name: name.clone(), labels, layout }).await?;
-            names.push(name);
+            specs.push(SimNode { name, labels, layout });
         }
+        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+        // Side by side, as machines join a cluster; a few at a time for the small pools.
+        futures::stream::iter(specs)
+            .map(|spec| sim.add_node(spec))
+            .buffer_unordered(NODE_CREATE_CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
         let pool = Self {
             client,
             id,
@@ -176,18 +216,23 @@ impl Pool {
         Ok(())
     }
 
-    /// Waits until each node advertises its `nvidia.com/gpu` count.
+    /// Waits until each node advertises its `nvidia.com/gpu` count (one LIST of the pool a try).
     async fn wait_device_plugin_serving(&self, advertised: &[(String, u32)]) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        wait::until("the device plugin to serve every pool node", Duration::from_secs(90), || {
-            let nodes = nodes.clone();
+        let lp = ListParams::default().labels(&format!("pool={}", self.id));
+        let timeout = Duration::from_secs(90 + advertised.len() as u64 / 20);
+        wait::until("the device plugin to serve every pool node", timeout, || {
+            let (nodes, lp) = (nodes.clone(), lp.clone());
             async move {
-                for (n, gpus) in advertised {
-                    if allocatable(&nodes.get(n).await?, NVIDIA_GPU_RESOURCE) != i64::from(*gpus) {
-                        return Ok(None);
-                    }
-                }
-                Ok(Some(()))
+                let listed: HashMap<String, i64> = nodes
+                    .list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .map(|n| (n.name_any(), allocatable(n, NVIDIA_GPU_RESOURCE)))
+                    .collect();
+                let serving = advertised.iter().all(|(n, gpus)| listed.get(n) == Some(&i64::from(*gpus)));
+                Ok(serving.then_some(()))
             }
         })
         .await
@@ -225,22 +270,33 @@ impl Pool {
     /// Starts one more operator process with `args`, logging to `log` in the pool's work dir;
     /// the caller owns it (it is killed when dropped).
     pub fn spawn_operator(&self, args: &[&str], log: &str) -> anyhow::Result<tokio::process::Child> {
+        Ok(self.spawn_operator_with(args, log, "info,switchyard_operator=debug")?.0)
+    }
+
+    /// Like [`Pool::spawn_operator`], with `RUST_LOG` set to `rust_log`; also returns the address
+    /// its metrics are served on.
+    pub fn spawn_operator_with(
+        &self,
+        args: &[&str],
+        log: &str,
+        rust_log: &str,
+    ) -> anyhow::Result<(tokio::process::Child, std::net::SocketAddr)> {
         std::fs::create_dir_all(&self.work_dir)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.work_dir.join(log))?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let child = tokio::process::Command::new(cluster::operator_bin())
             .args(args)
             .args(["--namespace", &self.system_ns])
             // Only this pool's migrations: a leftover from another scenario is not ours to touch.
             .args(["--selector", &format!("e2e.switchyard.dev/pool={}", self.id)])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-addr", &metrics.to_string()])
             .env("KUBECONFIG", cluster::kubeconfig())
-            .env("RUST_LOG", "info,switchyard_operator=debug")
+            .env("RUST_LOG", rust_log)
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true)
             .spawn()?;
-        Ok(child)
+        Ok((child, metrics))
     }
 
     /// Where the operator and agents of this pool log.
@@ -352,11 +408,37 @@ impl Pool {
         let failed = !matches!(outcome, Ok(Ok(())));
         if failed {
             eprintln!("scenario failed; operator and agent logs are in {}", self.log_dir().display());
+            self.print_workloads().await;
         }
         let cleaned = self.cleanup().await;
         match outcome {
             Err(panic) => std::panic::resume_unwind(panic),
             Ok(result) => result.and(cleaned),
+        }
+    }
+
+    /// Prints the workload pods (node, phase, readiness, terminating) for a failed scenario.
+    async fn print_workloads(&self) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.apps_ns);
+        match pods.list(&ListParams::default()).await {
+            Ok(list) => {
+                for p in list.items {
+                    let status = p.status.as_ref();
+                    let ready = status
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                        .map_or("-", |c| c.status.as_str());
+                    eprintln!(
+                        "  pod {} node={} phase={} ready={ready} terminating={} claim={}",
+                        p.name_any(),
+                        p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("-"),
+                        status.and_then(|s| s.phase.as_deref()).unwrap_or("-"),
+                        p.metadata.deletion_timestamp.is_some(),
+                        status.is_some_and(|s| s.extended_resource_claim_status.is_some()),
+                    );
+                }
+            }
+            Err(e) => eprintln!("  (listing the workload pods failed: {e})"),
         }
     }
 

@@ -25,6 +25,13 @@
 //!
 //! It does not run containers, call CDI, enforce resource limits or report pod metrics.
 //!
+//! **Light mode** ([`SimConfig::light`], the scale environment of `make bench`): after a node's
+//! first status, its heartbeat is one Lease `renewTime` patch and its status is written again only
+//! when its device-plugin resources change (a real kubelet also reports status only every few
+//! minutes when nothing changes; the node lifecycle controller reads the Lease). No agent
+//! processes: a DRA node gets the stub slice. Heartbeats, pod status and plugin writes go out side
+//! by side, a bounded number at a time, as from many kubelets.
+//!
 //! Each [`Simulator`] manages only the nodes it created (label [`LABEL_INSTANCE`]), so concurrent
 //! tests on one cluster do not step on each other.
 
@@ -226,6 +233,10 @@ pub struct SimConfig {
     pub unregister_delay: Duration,
     /// Run the real driver agent for DRA nodes; `None` publishes a stub slice instead.
     pub agent: Option<AgentSettings>,
+    /// The scale environment's light mode: after a node's first status, the heartbeat renews only
+    /// its Lease (one request, as the kubelet between status reports), and the status is written
+    /// again only when its GPU resources change. See [`SimConfig::light`].
+    pub light: bool,
 }
 
 /// How the simulator runs `switchyard-driver-agent` for a node, in simulated-inventory mode.
@@ -256,7 +267,15 @@ impl SimConfig {
             driver_name: switchyard_operator::well_known::DEFAULT_DRIVER_NAME.to_owned(),
             unregister_delay: Duration::from_secs(1),
             agent: None,
+            light: false,
         }
+    }
+
+    /// A simulator for thousands of nodes on 2 cores: light heartbeats (Lease only), stub slices
+    /// instead of agent processes. What it still plays exactly: pods Running and deleted, the
+    /// device-plugin resources and the slices following the plugin pods, the unregister delay.
+    pub fn light(instance: impl Into<String>) -> Self {
+        Self { light: true, ..Self::new(instance) }
     }
 }
 
@@ -324,7 +343,7 @@ impl Simulator {
             agents: agents.clone(),
             tasks: JoinSet::new(),
         };
-        sim.tasks.spawn(heartbeat_loop(sim.client.clone(), sim.state.clone()));
+        sim.tasks.spawn(heartbeat_loop(sim.client.clone(), sim.config.clone(), sim.state.clone()));
         sim.tasks.spawn(pod_loop(
             sim.client.clone(),
             sim.config.clone(),
@@ -450,14 +469,34 @@ impl Simulator {
     }
 }
 
-/// Writes a node's status as the kubelet would: Ready, capacity and allocatable, nodeInfo. The
-/// GPU resources are set only when `gpu_resources` is given; otherwise they are left alone.
+/// A full heartbeat: the node's status ([`write_status`]), the admission taint lifted, the Lease.
 async fn heartbeat(
     client: &Client,
     name: &str,
     gpu_resources: Option<&BTreeMap<String, u32>>,
     ready: bool,
 ) -> anyhow::Result<()> {
+    let node = write_status(client, name, gpu_resources, ready).await?;
+    // Admission puts node.kubernetes.io/not-ready on new nodes; the kubelet's Ready status makes
+    // the node lifecycle controller lift it, but only on its next pass. Lift it now.
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    let kept: Vec<_> = taints.iter().filter(|t| !t.key.starts_with("node.kubernetes.io/not-ready")).collect();
+    if kept.len() != taints.len() {
+        let nodes: Api<Node> = Api::all(client.clone());
+        nodes.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": kept}}))).await?;
+    }
+    renew_lease(client, name, Some(node.uid().unwrap_or_default())).await
+}
+
+/// Writes a node's status as the kubelet would: Ready, capacity and allocatable, nodeInfo. The
+/// GPU resources are set only when `gpu_resources` is given; otherwise they are left alone.
+/// Returns the node as the server answered.
+async fn write_status(
+    client: &Client,
+    name: &str,
+    gpu_resources: Option<&BTreeMap<String, u32>>,
+    ready: bool,
+) -> anyhow::Result<Node> {
     let now = Utc::now();
     let mut resources = serde_json::Map::new();
     resources.insert("cpu".into(), json!("32"));
@@ -496,18 +535,20 @@ async fn heartbeat(
         }
     });
     let nodes: Api<Node> = Api::all(client.clone());
-    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    Ok(nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?)
+}
 
-    // Admission puts node.kubernetes.io/not-ready on new nodes; the kubelet's Ready status makes
-    // the node lifecycle controller lift it, but only on its next pass. Lift it now.
-    let node = nodes.get(name).await?;
-    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-    let kept: Vec<_> = taints.iter().filter(|t| !t.key.starts_with("node.kubernetes.io/not-ready")).collect();
-    if kept.len() != taints.len() {
-        nodes.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": kept}}))).await?;
-    }
-
+/// Renews the node's Lease in `kube-node-lease`, as the kubelet does every 10 s. With the node's
+/// uid (a full heartbeat) the whole Lease is applied, owner reference included; without it (a
+/// light heartbeat) only `renewTime` is patched, one small request.
+async fn renew_lease(client: &Client, name: &str, node_uid: Option<String>) -> anyhow::Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let Some(uid) = node_uid else {
+        let renew = json!({"spec": {"renewTime": now}});
+        leases.patch(name, &PatchParams::default(), &Patch::Merge(&renew)).await?;
+        return Ok(());
+    };
     let lease = Lease {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -515,7 +556,7 @@ async fn heartbeat(
                 api_version: "v1".into(),
                 kind: "Node".into(),
                 name: name.to_owned(),
-                uid: node.uid().unwrap_or_default(),
+                uid,
                 ..Default::default()
             }]),
             ..Default::default()
@@ -523,7 +564,7 @@ async fn heartbeat(
         spec: Some(LeaseSpec {
             holder_identity: Some(name.to_owned()),
             lease_duration_seconds: Some(40),
-            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            renew_time: Some(now),
             ..Default::default()
         }),
     };
@@ -531,18 +572,34 @@ async fn heartbeat(
     Ok(())
 }
 
-async fn heartbeat_loop(client: Client, state: Arc<Mutex<State>>) {
+async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>) {
     loop {
         tokio::time::sleep(HEARTBEAT).await;
-        let nodes: Vec<String> = state.lock().unwrap().nodes.keys().cloned().collect();
-        for name in nodes {
-            let ready = state.lock().unwrap().ready(&name);
-            if let Err(e) = heartbeat(&client, &name, None, ready).await {
-                tracing::warn!(node = %name, error = %e, "heartbeat failed");
-            }
-        }
+        let nodes: Vec<(String, bool)> = {
+            let st = state.lock().unwrap();
+            st.nodes.keys().map(|n| (n.clone(), st.ready(n))).collect()
+        };
+        // Nodes are independent, as kubelets are: their heartbeats go out side by side.
+        futures::stream::iter(nodes)
+            .for_each_concurrent(HEARTBEAT_CONCURRENCY, |(name, ready)| {
+                let client = client.clone();
+                async move {
+                    let result = if config.light {
+                        renew_lease(&client, &name, None).await
+                    } else {
+                        heartbeat(&client, &name, None, ready).await
+                    };
+                    if let Err(e) = result {
+                        tracing::warn!(node = %name, error = %e, "heartbeat failed");
+                    }
+                }
+            })
+            .await;
     }
 }
+
+/// Heartbeats in flight at once.
+const HEARTBEAT_CONCURRENCY: usize = 16;
 
 fn role_of(pod: &Pod, config: &SimConfig) -> Role {
     let owner = pod.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.as_str());
@@ -571,6 +628,9 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
     .boxed();
     let mut finishing: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut completing = std::collections::HashSet::new();
+    // Pods whose Running status is being written, and the writes in flight at once.
+    let marking: Arc<Mutex<std::collections::HashSet<String>>> = Default::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(WRITE_CONCURRENCY));
     while let Some(event) = stream.next().await {
         let pod = match event {
             Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
@@ -639,10 +699,20 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
             continue;
         }
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-        if (phase == "Pending" || phase.is_empty())
-            && let Err(e) = mark_running(&client, &pod).await
-        {
-            tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod running");
+        if phase == "Pending" || phase.is_empty() {
+            // Pods start side by side, as on many kubelets. A plugin serves once its pod is seen
+            // Running (the next event).
+            if marking.lock().unwrap().insert(uid.clone()) {
+                let (client, marking, slots) = (client.clone(), marking.clone(), slots.clone());
+                tokio::spawn(async move {
+                    let _slot = slots.acquire().await;
+                    if let Err(e) = mark_running(&client, &pod).await {
+                        tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod running");
+                    }
+                    marking.lock().unwrap().remove(&pod.uid().unwrap_or_default());
+                });
+            }
+            finishing.retain(|_, h| !h.is_finished());
             continue;
         }
         // A run-to-completion pod (a canary) "exits 0" a moment after it starts.
@@ -719,24 +789,40 @@ async fn plugin_loop(
 ) {
     // node -> what we last applied: (device plugin serving, DRA plugin running)
     let mut applied: HashMap<String, (bool, bool)> = HashMap::new();
+    // node -> since when a plugin that served it has been gone: its resources go after the delay.
+    let mut gone_since: HashMap<String, std::time::Instant> = HashMap::new();
     loop {
         let desired: Vec<(String, GpuLayout, bool, bool, bool)> = {
             let st = state.lock().unwrap();
+            // One pass over the plugins, not one per node.
+            let mut serving: HashMap<&str, (bool, bool)> = HashMap::new();
+            for (node, role) in st.plugins.values() {
+                let entry = serving.entry(node.as_str()).or_default();
+                match role {
+                    Role::DevicePlugin => entry.0 = true,
+                    Role::DraDriver => entry.1 = true,
+                    Role::Workload => {}
+                }
+            }
             st.nodes
                 .iter()
                 .map(|(node, layout)| {
-                    let has = |r: Role| st.plugins.values().any(|(n, role)| n == node && *role == r);
+                    let (dp, dra) = serving.get(node.as_str()).copied().unwrap_or_default();
                     let held = st.held_agents.contains(node);
-                    (node.clone(), layout.clone(), has(Role::DevicePlugin), has(Role::DraDriver), held)
+                    (node.clone(), layout.clone(), dp, dra, held)
                 })
                 .collect()
         };
+        let now = std::time::Instant::now();
+        let mut next_due: Option<std::time::Instant> = None;
+        let mut writes = Vec::new();
         for (node, layout, dp, dra, held) in desired {
             if let Some(settings) = config.agent.as_ref().filter(|_| dra && !held) {
                 ensure_agent(&agents, &state, settings, &config.driver_name, &node, &layout).await;
             }
             let before = applied.get(&node).copied();
             if before == Some((dp, dra)) {
+                gone_since.remove(&node);
                 continue;
             }
             let (was_dp, was_dra) = before.unwrap_or((false, false));
@@ -746,33 +832,82 @@ async fn plugin_loop(
             {
                 let _ = terminate(agent).await;
             }
-            // A plugin that goes away takes its resources with it only after the delay.
+            // A plugin that goes away takes its resources with it only after the delay; each
+            // node waits out its own, so many nodes switching at once do not queue behind each
+            // other.
             if (was_dp && !dp) || (was_dra && !dra) {
-                tokio::time::sleep(config.unregister_delay).await;
+                let due = *gone_since.entry(node.clone()).or_insert(now) + config.unregister_delay;
+                if due > now {
+                    next_due = Some(next_due.map_or(due, |d| d.min(due)));
+                    continue;
+                }
             }
-            let mut ok = true;
-            if before.is_none() || was_dp != dp {
-                let zeroed: BTreeMap<String, u32> =
-                    layout.device_plugin_resources().into_keys().map(|k| (k, 0)).collect();
-                let gpus = if dp { layout.device_plugin_resources() } else { zeroed };
-                let ready = state.lock().unwrap().ready(&node);
-                ok &= heartbeat(&client, &node, Some(&gpus), ready).await.is_ok();
-            }
-            if before.is_none() || was_dra != dra {
-                let result = match (dra, config.agent.is_some()) {
-                    (true, true) => Ok(()),
-                    (true, false) => publish_slice(&client, &config.driver_name, &node, &layout).await,
-                    (false, _) => delete_slices(&client, &config.driver_name, &node).await,
-                };
-                ok &= result.is_ok();
-            }
+            writes.push((node, layout, before, dp, dra));
+        }
+        let done: Vec<(String, bool, (bool, bool))> = futures::stream::iter(writes)
+            .map(|(node, layout, before, dp, dra)| {
+                let (client, config, state) = (client.clone(), config.clone(), state.clone());
+                async move {
+                    let ok = apply_plugins(&client, &config, &state, &node, &layout, before, dp, dra).await;
+                    (node, ok, (dp, dra))
+                }
+            })
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        for (node, ok, serving) in done {
             if ok {
-                applied.insert(node, (dp, dra));
+                applied.insert(node.clone(), serving);
+                gone_since.remove(&node);
             }
         }
-        // Wake on pod changes, and retry failed writes and dead agents after a short pause.
-        let _ = tokio::time::timeout(Duration::from_secs(2), changed.notified()).await;
+        // Wake on pod changes or the next due removal, and retry failed writes and dead agents
+        // after a short pause.
+        let wait = next_due.map_or(Duration::from_secs(2), |d| {
+            d.saturating_duration_since(std::time::Instant::now()).min(Duration::from_secs(2))
+        });
+        let _ = tokio::time::timeout(wait, changed.notified()).await;
     }
+}
+
+/// Simulator writes in flight at once (pod status, node status, slices).
+const WRITE_CONCURRENCY: usize = 16;
+
+/// Writes what a node's plugins serve: its device-plugin resources (the node status) and its stub
+/// slice. Returns whether every write went through.
+#[allow(clippy::too_many_arguments)]
+async fn apply_plugins(
+    client: &Client,
+    config: &SimConfig,
+    state: &Mutex<State>,
+    node: &str,
+    layout: &GpuLayout,
+    before: Option<(bool, bool)>,
+    dp: bool,
+    dra: bool,
+) -> bool {
+    let (was_dp, was_dra) = before.unwrap_or((false, false));
+    let mut ok = true;
+    if before.is_none() || was_dp != dp {
+        let zeroed: BTreeMap<String, u32> =
+            layout.device_plugin_resources().into_keys().map(|k| (k, 0)).collect();
+        let gpus = if dp { layout.device_plugin_resources() } else { zeroed };
+        let ready = state.lock().unwrap().ready(node);
+        ok &= if config.light {
+            write_status(client, node, Some(&gpus), ready).await.is_ok()
+        } else {
+            heartbeat(client, node, Some(&gpus), ready).await.is_ok()
+        };
+    }
+    if before.is_none() || was_dra != dra {
+        let result = match (dra, config.agent.is_some()) {
+            (true, true) => Ok(()),
+            (true, false) => publish_slice(client, &config.driver_name, node, layout).await,
+            (false, _) => delete_slices(client, &config.driver_name, node).await,
+        };
+        ok &= result.is_ok();
+    }
+    ok
 }
 
 /// Starts the agent for `node` unless a live one runs or a test holds it stopped.

@@ -25,7 +25,6 @@ use switchyard_e2e::sim::{
 };
 use switchyard_e2e::wait;
 use switchyard_operator::well_known;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Scheduling, binding and the simulator marking pods Running: seconds on an idle cluster, but the
 /// suite shares two cores with other concurrent tests.
@@ -172,7 +171,7 @@ impl Fixture {
     async fn fault(&self, node: &str, body: Value) -> anyhow::Result<()> {
         let url =
             self.sim().agent_fault_url(node).await.with_context(|| format!("no agent runs for {node}"))?;
-        let status = post_json(&url, &body).await?;
+        let (status, _) = switchyard_e2e::measure::http("POST", &url, Some(&body)).await?;
         anyhow::ensure!(status == 202, "POST {url} {body} answered {status}, want 202");
         Ok(())
     }
@@ -379,26 +378,6 @@ impl Pool {
     fn generation(&self) -> i64 {
         self.slices.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0)
     }
-}
-
-/// POSTs JSON over plain HTTP/1.1 (the agent's loopback fault endpoint) and returns the status
-/// code.
-async fn post_json(url: &str, body: &Value) -> anyhow::Result<u16> {
-    let rest = url.strip_prefix("http://").context("fault URL must be http://")?;
-    let (addr, path) = rest.split_once('/').context("fault URL has no path")?;
-    let body = serde_json::to_vec(body)?;
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let head = format!(
-        "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&body).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let text = String::from_utf8_lossy(&response);
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok());
-    code.with_context(|| format!("not an HTTP response: {text:?}"))
 }
 
 fn string(v: impl Into<String>) -> Value {

@@ -2,7 +2,7 @@
 //! due, applies DeviceClasses and placement, writes status and events. Every decision is made in
 //! `plan`, `node_state`, `drain`, `placement`, `device_classes`, `prerequisites` and `overlap`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,9 +51,12 @@ pub(crate) const FACTS_TTL: Duration = Duration::from_secs(300);
 /// How long an inventory is reused: it LISTs quotas, LimitRanges, HPAs and Deployments
 /// cluster-wide, too much for every reconcile. A spec change refreshes it at once.
 pub(crate) const INVENTORY_TTL: Duration = Duration::from_secs(300);
-/// At most this many candidate nodes get a pod count per reconcile, so ordering a large pool
-/// costs a bounded number of per-node pod LISTs.
-pub(crate) const MAX_CANDIDATES_COUNTED: usize = 32;
+/// How long the candidates' GPU-pod counts are reused. They only order the pool ("fewest GPU pods
+/// first"), and counting reads every bound pod of the cluster in pages, so a migration of a large
+/// pool pays for it a few times a minute, not on every reconcile.
+pub(crate) const POD_COUNT_TTL: Duration = Duration::from_secs(30);
+/// Page size of the cluster-wide pod LISTs: bounds the memory one page takes (a few MiB).
+pub const POD_PAGE: u32 = 500;
 /// The name of the DeviceClass used only in the dry-run probe.
 const PROBE_CLASS: &str = "switchyard-probe-extended-resource";
 /// The extended resource name used only in the dry-run probe.
@@ -64,6 +67,9 @@ const READY_DISCOVERY_RETRY: Duration = Duration::from_secs(5);
 
 /// An inventory result: when it was read, for which generation, and its findings.
 type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
+/// GPU-pod counts of a migration's candidates: when they were read, for which generation and
+/// direction, and the count per node.
+pub(crate) type CachedPodCounts = (Instant, Option<i64>, HashMap<String, u32>);
 
 /// What does not change between reconciles.
 #[derive(Clone, Debug)]
@@ -91,6 +97,10 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// The last inventory per migration: when, for which generation, and its findings.
     pub(crate) inventory: Mutex<HashMap<String, CachedInventory>>,
+    /// The last candidate pod counts per migration (see [`POD_COUNT_TTL`]).
+    pub(crate) pod_counts: Mutex<HashMap<String, CachedPodCounts>>,
+    /// When each migration's status was last written (see `execute::STATUS_COALESCE`).
+    pub(crate) status_writes: Mutex<HashMap<String, Instant>>,
 }
 
 impl Context {
@@ -113,6 +123,8 @@ impl Context {
             facts: Mutex::new(None),
             failures: Mutex::new(HashMap::new()),
             inventory: Mutex::new(HashMap::new()),
+            pod_counts: Mutex::new(HashMap::new()),
+            status_writes: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -322,6 +334,43 @@ pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
         .map_err(|source| Error::ListPods { node: node.into(), source })
 }
 
+/// The pods bound to any node in `nodes`, by node, from paged LISTs of every bound pod in the
+/// cluster ([`POD_PAGE`] a page), each pod passed through `keep` as its page arrives: a pool of
+/// thousands of nodes costs (cluster pods / page) requests, not one per node, and only what `keep`
+/// returns is held. `unfinished` leaves out Succeeded and Failed pods on the server.
+pub async fn pods_on_nodes<T>(
+    client: &Client,
+    nodes: &HashSet<&str>,
+    unfinished: bool,
+    mut keep: impl FnMut(Pod) -> Option<T>,
+) -> Result<HashMap<String, Vec<T>>> {
+    let fields = if unfinished {
+        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    } else {
+        "spec.nodeName!="
+    };
+    let api = Api::<Pod>::all(client.clone());
+    let mut out: HashMap<String, Vec<T>> = HashMap::new();
+    let mut lp = ListParams::default().fields(fields).limit(POD_PAGE);
+    loop {
+        let page = api.list(&lp).await.map_err(|source| Error::ListBoundPods { source })?;
+        for pod in page.items {
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
+            if !nodes.contains(node) {
+                continue;
+            }
+            let node = node.to_owned();
+            if let Some(t) = keep(pod) {
+                out.entry(node).or_default().push(t);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => lp = lp.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
 /// The migration as the owner of what it creates for a node (canary, DeviceTaintRule), so the
 /// garbage collector removes what the operator did not. No `blockOwnerDeletion`: the migration's
 /// deletion never waits on them.
@@ -523,7 +572,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                             source,
                         })?
                         .items;
-                let reads = observe::node(ctx, &gpm.spec, &pn).await?;
+                let reads = observe::node(ctx, &gpm.spec, &pn, node).await?;
                 let view = decide::NodeView {
                     spec: &gpm.spec,
                     migration: &name,
@@ -547,6 +596,15 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         return Err(Error::CleanupWaiting { nodes: busy });
     }
     ctx.metrics.forget_pool(&name);
+    if let Ok(mut g) = ctx.inventory.lock() {
+        g.remove(&name);
+    }
+    if let Ok(mut g) = ctx.pod_counts.lock() {
+        g.remove(&name);
+    }
+    if let Ok(mut g) = ctx.status_writes.lock() {
+        g.remove(&name);
+    }
     Ok(Requeue::await_change())
 }
 

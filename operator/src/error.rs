@@ -19,6 +19,11 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("listing the cluster's bound pods (paged): {source}")]
+    ListBoundPods {
+        #[source]
+        source: kube::Error,
+    },
     #[error("listing pool nodes: {source}")]
     ListNodes {
         #[source]
@@ -123,6 +128,7 @@ impl Error {
         match self {
             Error::EvictPod { .. } => "EvictPod",
             Error::ListPods { .. } => "ListPods",
+            Error::ListBoundPods { .. } => "ListBoundPods",
             Error::ListNodes { .. } => "ListNodes",
             Error::GetNode { .. } => "GetNode",
             Error::PatchNode { .. } => "PatchNode",
@@ -196,6 +202,7 @@ impl Error {
             },
             Error::EvictPod { source, .. }
             | Error::ListPods { source, .. }
+            | Error::ListBoundPods { source }
             | Error::ListNodes { source }
             | Error::GetNode { source, .. }
             | Error::PatchNode { source, .. }

@@ -340,3 +340,47 @@ mod execute {
         assert!(reasons.contains(&"NodeCordoned"), "{reasons:?}");
     }
 }
+
+/// A pod LIST page: pods as (name, node), and the continue token for the next page.
+fn pod_page(pods: &[(&str, &str)], next: Option<&str>) -> Value {
+    let items: Vec<Value> = pods
+        .iter()
+        .map(|(name, node)| json!({"metadata": {"name": name, "namespace": "ml"}, "spec": {"nodeName": node, "containers": []}}))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"continue": next.unwrap_or("")}, "items": items})
+}
+
+#[tokio::test]
+async fn pods_of_a_pool_come_from_paged_lists_of_bound_pods_not_one_per_node() {
+    let (client, handle) = mock_client();
+    let server = tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        let mut uris = Vec::new();
+        let pages = [
+            pod_page(&[("a-0", "n1"), ("b-0", "elsewhere"), ("a-1", "n2")], Some("tok1")),
+            pod_page(&[("a-2", "n1")], None),
+        ];
+        for page in pages {
+            let (req, send) = handle.next_request().await.expect("a LIST page");
+            assert_eq!(req.method(), Method::GET);
+            uris.push(req.uri().to_string());
+            send.send_response(
+                Response::builder().body(Body::from(serde_json::to_vec(&page).unwrap())).unwrap(),
+            );
+        }
+        uris
+    });
+    let nodes = std::collections::HashSet::from(["n1", "n2", "n3"]);
+    let got = controller::pods_on_nodes(&client, &nodes, true, |p| p.metadata.name).await.unwrap();
+    let uris = server.await.unwrap();
+    // Two requests for three nodes; the server filters out unbound and finished pods.
+    assert_eq!(uris.len(), 2, "{uris:?}");
+    let fields = "fieldSelector=spec.nodeName%21%3D%2Cstatus.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed";
+    assert!(uris[0].starts_with("/api/v1/pods?") && uris[0].contains(fields), "{}", uris[0]);
+    assert!(uris[0].contains("limit=500") && !uris[0].contains("continue="), "{}", uris[0]);
+    assert!(uris[1].contains("continue=tok1") && uris[1].contains("limit=500"), "{}", uris[1]);
+    // Only the pool's nodes, in page order; a node without pods has no entry.
+    assert_eq!(got.get("n1"), Some(&vec!["a-0".to_owned(), "a-2".to_owned()]));
+    assert_eq!(got.get("n2"), Some(&vec!["a-1".to_owned()]));
+    assert_eq!(got.len(), 2, "{got:?}");
+}

@@ -24,15 +24,15 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use switchyard_e2e::cluster::{self, unique};
+use switchyard_e2e::measure::{cpu_time, percentile, proc_status};
 use switchyard_e2e::sim::{
     AgentSettings, DaemonSetKey, GpuLayout, LABEL_INSTANCE, SimConfig, SimNode, Simulator,
     placeholder_daemon_set,
 };
 use switchyard_e2e::wait;
 use switchyard_operator::well_known;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// From creating the DaemonSet to the agent's first publication, on a busy 2-core machine.
 const AGENT_UP: Duration = Duration::from_secs(120);
@@ -199,7 +199,7 @@ impl Bench {
                 json!({"device": target, "kind": "recover"})
             };
             let sent = Instant::now();
-            let status = post_json(&url, &body).await?;
+            let (status, _) = switchyard_e2e::measure::http("POST", &url, Some(&body)).await?;
             let posted = Instant::now();
             anyhow::ensure!(status == 202, "POST {body} answered {status}");
             let shows = |current: &BTreeMap<String, ResourceSlice>| {
@@ -273,64 +273,6 @@ fn devices<'a>(
     slices: impl Iterator<Item = &'a ResourceSlice>,
 ) -> BTreeMap<String, &'a k8s_openapi::api::resource::v1::Device> {
     slices.flat_map(|s| s.spec.devices.iter().flatten()).map(|d| (d.name.clone(), d)).collect()
-}
-
-/// POSTs JSON over plain HTTP/1.1 (the agent's loopback fault endpoint) and returns the status
-/// code.
-async fn post_json(url: &str, body: &Value) -> anyhow::Result<u16> {
-    let rest = url.strip_prefix("http://").context("fault URL must be http://")?;
-    let (addr, path) = rest.split_once('/').context("fault URL has no path")?;
-    let body = serde_json::to_vec(body)?;
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let head = format!(
-        "POST /{path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&body).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let text = String::from_utf8_lossy(&response);
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok());
-    code.with_context(|| format!("not an HTTP response: {text:?}"))
-}
-
-/// A `kB` line of `/proc/<pid>/status`, in KiB.
-fn proc_status(pid: u32, key: &str) -> anyhow::Result<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .with_context(|| format!("no {key} in /proc/{pid}/status"))
-}
-
-/// User plus system CPU time of a process, from `/proc/<pid>/stat`.
-fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name start at field 3 (state); utime and stime are
-    // fields 14 and 15.
-    let rest = text.rsplit_once(')').context("malformed stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11).context("no utime")?.parse::<u64>()?
-        + fields.get(12).context("no stime")?.parse::<u64>()?;
-    Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second() as f64))
-}
-
-/// `CLK_TCK`, the unit of the stat times (100 on every Linux this runs on; asked anyway).
-fn clock_ticks_per_second() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(100)
-}
-
-/// Nearest-rank percentile of sorted durations.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn ms(d: Duration) -> String {

@@ -7,13 +7,13 @@
 //! Deployment of 3 and a non-GPU Deployment of 3; `maxUnavailable: 2`. Wall time runs from the
 //! GpuPoolMigration's creation (operator already running and synced) to phase Completed.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kube::api::PostParams;
 use serde_json::json;
 use switchyard_e2e::cluster;
+use switchyard_e2e::measure::{now, requests_by};
 use switchyard_e2e::pool::Pool;
 use switchyard_operator::api::v1alpha1::Phase;
 
@@ -25,32 +25,6 @@ struct Args {
     /// The API server's audit log (default: next to the e2e cluster's kubeconfig).
     #[arg(long, env = "SWITCHYARD_E2E_AUDIT_LOG")]
     audit_log: Option<std::path::PathBuf>,
-}
-
-/// Audit events from one user agent between two instants (RFC 3339 strings compare in order).
-fn requests_by(
-    log: &std::path::Path,
-    agent_prefix: &str,
-    from: &str,
-    to: &str,
-) -> anyhow::Result<BTreeMap<String, u64>> {
-    let mut by_kind = BTreeMap::new();
-    for line in std::fs::read_to_string(log)?.lines() {
-        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        let agent = e["userAgent"].as_str().unwrap_or_default();
-        let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
-        if !agent.starts_with(agent_prefix) || at < from || at > to {
-            continue;
-        }
-        let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
-        let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
-        *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() += 1;
-    }
-    Ok(by_kind)
-}
-
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
 #[tokio::main]

@@ -79,12 +79,22 @@ pub struct MigrationEvent {
     pub node: Option<String>,
 }
 
-/// An event on the migration and on the node, published once the node's writes have landed.
+/// An event on the node (the migration its related object), published once the node's writes
+/// have landed; also on the migration when [`NodeEvent::on_migration`] says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeEvent {
     pub type_: EventType,
     pub reason: &'static str,
     pub note: String,
+}
+
+impl NodeEvent {
+    /// Whether the migration's own events show it too: every Warning (what needs a person), and
+    /// the node's arrival. The steps in between are told on the node and in the status, so a pool
+    /// of thousands does not cost five more events per node on the migration.
+    pub fn on_migration(&self) -> bool {
+        self.type_ == EventType::Warning || matches!(self.reason, "NodeMigrated" | "NodeRolledBack")
+    }
 }
 
 /// The pool gauges.
@@ -137,7 +147,16 @@ pub struct NodeStep {
     pub since: Option<Timestamp>,
     /// How long the drain took, when this step ends it.
     pub drain_seconds: Option<f64>,
+    /// When to look at this node again: pods are not watched, so nothing else says when the
+    /// evicted or terminating ones are gone. Set for an eviction (its grace period) and for pods
+    /// terminating (their deletionTimestamp), each plus [`POD_GONE_SLACK`].
+    pub recheck_after: Option<std::time::Duration>,
 }
+
+/// How long after a pod's grace period its kubelet has usually removed it.
+pub const POD_GONE_SLACK: std::time::Duration = std::time::Duration::from_millis(250);
+/// The grace period a pod without `terminationGracePeriodSeconds` gets (the API's default).
+const DEFAULT_GRACE_SECONDS: i64 = 30;
 
 impl NodeStep {
     /// A step that does nothing and changes nothing: the base of every step, and the whole step
@@ -160,8 +179,37 @@ impl NodeStep {
             state: pn.state(),
             since: parse_since(pn),
             drain_seconds: None,
+            recheck_after: None,
         }
     }
+}
+
+/// When the pods a draining step evicts, or waits on, should be gone. Pure. An eviction takes
+/// `spec.strategy.drain.gracePeriodSeconds`, else each pod's own grace period; a terminating pod
+/// goes at its deletionTimestamp. The longest wait wins, plus [`POD_GONE_SLACK`].
+pub fn recheck_after(
+    pods: &[Pod],
+    evict: &[PodRef],
+    terminating: &[PodRef],
+    grace_override: Option<i64>,
+    now: Timestamp,
+) -> Option<std::time::Duration> {
+    let named = |refs: &[PodRef], p: &Pod| {
+        refs.iter().any(|r| {
+            Some(&r.name) == p.metadata.name.as_ref() && Some(&r.namespace) == p.metadata.namespace.as_ref()
+        })
+    };
+    let evicted = pods.iter().filter(|p| named(evict, p)).map(|p| {
+        let grace = grace_override
+            .or_else(|| p.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .unwrap_or(DEFAULT_GRACE_SECONDS);
+        std::time::Duration::from_secs(grace.max(0) as u64)
+    });
+    let going = pods.iter().filter(|p| named(terminating, p)).filter_map(|p| {
+        let at = p.metadata.deletion_timestamp.as_ref()?.0;
+        Some(std::time::Duration::from_millis(at.duration_since(now).as_millis().max(0) as u64))
+    });
+    evicted.chain(going).max().map(|d| d + POD_GONE_SLACK)
 }
 
 pub fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
@@ -701,6 +749,15 @@ pub fn node_step(
         _ => {}
     }
 
+    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
+        step.recheck_after = recheck_after(
+            &reads.pods,
+            &selection.evict,
+            &selection.terminating,
+            spec.strategy.drain.grace_period_seconds,
+            v.now,
+        );
+    }
     if state == NodeState::Draining
         && action == Action::SwitchToDra
         && let Some(since) = parse_since(&pn)
@@ -1293,6 +1350,31 @@ mod tests {
         let not_ready = plan::Plan { queued: v(&["b"]), max_unavailable: 2, unavailable: 1, ..held.clone() };
         let m = queued_message(&not_ready, true, 0).expect("a message");
         assert!(m.contains("NotReady (b)"), "{m}");
+    }
+
+    #[test]
+    fn a_drain_looks_again_when_its_pods_should_be_gone() {
+        let now: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        let pod = |name: &str, grace: Option<i64>, deleting_at: Option<&str>| -> Pod {
+            from(json!({
+                "metadata": {"name": name, "namespace": "ml", "deletionTimestamp": deleting_at},
+                "spec": {"containers": [], "terminationGracePeriodSeconds": grace}
+            }))
+        };
+        let r = |n: &str| PodRef { namespace: "ml".into(), name: n.into() };
+        let pods =
+            vec![pod("a", Some(5), None), pod("b", None, None), pod("c", None, Some("2026-12-01T10:00:02Z"))];
+        let ms = |m: u64| Some(std::time::Duration::from_millis(m) + POD_GONE_SLACK);
+        // An eviction takes the pod's own grace period, the API's 30 s default without one.
+        assert_eq!(recheck_after(&pods, &[r("a")], &[], None, now), ms(5000));
+        assert_eq!(recheck_after(&pods, &[r("a"), r("b")], &[], None, now), ms(30_000));
+        // The spec's grace period overrides the pods'.
+        assert_eq!(recheck_after(&pods, &[r("a"), r("b")], &[], Some(0), now), ms(0));
+        // A terminating pod goes at its deletionTimestamp; the longest wait wins.
+        assert_eq!(recheck_after(&pods, &[], &[r("c")], None, now), ms(2000));
+        assert_eq!(recheck_after(&pods, &[r("a")], &[r("c")], Some(1), now), ms(2000));
+        // Nothing evicted or terminating: nothing to look at.
+        assert_eq!(recheck_after(&pods, &[], &[], None, now), None);
     }
 
     #[test]

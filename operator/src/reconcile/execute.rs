@@ -45,6 +45,9 @@ pub struct NodeOutcome {
     pub state: NodeState,
     pub since: Option<k8s_openapi::jiff::Timestamp>,
     pub message: String,
+    /// The step's `recheck_after`, unless an eviction was refused (a PDB, throttling): those are
+    /// retried at the usual pace, not at the grace period.
+    pub recheck_after: Option<std::time::Duration>,
 }
 
 /// Carries out `d`, decided on `s`.
@@ -95,9 +98,13 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     let outcomes: Vec<(Option<NodeOutcome>, bool)> =
         futures::stream::iter(runs).buffered(STEP_CONCURRENCY).collect().await;
     let mut progress = Vec::new();
+    let mut recheck: Option<std::time::Duration> = None;
     for (step, (out, failed)) in d.steps.iter().zip(outcomes) {
         errors += usize::from(failed);
         let Some(out) = out else { continue };
+        if let Some(r) = out.recheck_after {
+            recheck = Some(recheck.map_or(r, |x| x.min(r)));
+        }
         // A node at rest is not listed, unless its step failed: a failed start keeps its error
         // in the status until the retry lands.
         let at_rest = matches!(out.state, NodeState::Migrated | NodeState::RolledBack | NodeState::Pending);
@@ -113,8 +120,22 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     progress.truncate(STATUS_LIST_MAX);
     status.in_progress = progress;
 
-    if gpm.status.as_ref() != Some(&status) {
-        write_status(ctx, &name, &status).await?;
+    // A status that changed only in its progress lines waits for the next write (coalesced); the
+    // node annotations hold the truth meanwhile, so nothing is lost.
+    let warned = errors > 0
+        || !d.events.is_empty()
+        || d.steps.iter().flat_map(|st| &st.events).any(|e| e.type_ == EventType::Warning);
+    let last = ctx.status_writes.lock().ok().and_then(|g| g.get(&name).copied());
+    let mut coalesced = None;
+    match status_write(gpm.status.as_ref(), &status, warned, last, std::time::Instant::now()) {
+        StatusWrite::Unchanged => {}
+        StatusWrite::Now => {
+            write_status(ctx, &name, &status).await?;
+            if let Ok(mut g) = ctx.status_writes.lock() {
+                g.insert(name.clone(), std::time::Instant::now());
+            }
+        }
+        StatusWrite::After(wait) => coalesced = Some(wait),
     }
     for ev in &d.events {
         publish_on_migration(ctx, gpm, ev).await;
@@ -128,11 +149,61 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         .get_or_create(&MigrationLabels { migration: name.clone() })
         .set(m.overlap_nodes);
 
-    if errors > 0 {
+    let mut next = if errors > 0 {
         // Retry the failed writes soon, with the status written and the other nodes stepped.
-        return Ok(Requeue::requeue(REQUEUE_ERROR));
+        REQUEUE_ERROR
+    } else if d.moving > 0 {
+        REQUEUE_ACTIVE
+    } else {
+        REQUEUE_IDLE
+    };
+    for wait in [coalesced, recheck].into_iter().flatten() {
+        next = next.min(wait);
     }
-    Ok(Requeue::requeue(if d.moving > 0 { REQUEUE_ACTIVE } else { REQUEUE_IDLE }))
+    Ok(Requeue::requeue(next))
+}
+
+/// Progress-only status changes are written at most this often per migration; a change of
+/// phase, conditions, pool size or generation, a Warning, or a failed write goes out at once.
+pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What to do with the status a reconcile computed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StatusWrite {
+    Unchanged,
+    Now,
+    /// Only progress changed and the last write was recent: write it once this has passed.
+    After(std::time::Duration),
+}
+
+/// Whether `new` is written now. Pure. `warned`: this reconcile published a Warning or a
+/// migration event, or a write failed: those are told from the status the next reconcile reads
+/// (a message published once per change), so their status cannot wait.
+pub fn status_write(
+    old: Option<&GpuPoolMigrationStatus>,
+    new: &GpuPoolMigrationStatus,
+    warned: bool,
+    last_write: Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> StatusWrite {
+    let Some(old) = old.filter(|o| *o != new) else {
+        return if old.is_some() { StatusWrite::Unchanged } else { StatusWrite::Now };
+    };
+    fn headline(s: &GpuPoolMigrationStatus) -> impl PartialEq + '_ {
+        let conditions: Vec<_> = s
+            .conditions
+            .iter()
+            .map(|c| (&c.type_, &c.status, &c.reason, &c.message, c.observed_generation))
+            .collect();
+        (s.phase, s.observed_generation, s.nodes.total, s.failed.len(), conditions)
+    }
+    if warned || headline(old) != headline(new) {
+        return StatusWrite::Now;
+    }
+    match last_write.map(|at| now.saturating_duration_since(at)) {
+        Some(elapsed) if elapsed < STATUS_COALESCE => StatusWrite::After(STATUS_COALESCE - elapsed),
+        _ => StatusWrite::Now,
+    }
 }
 
 /// One node's step with its error kept to itself: the outcome for the status (`None` for a node
@@ -148,6 +219,7 @@ async fn carry_out(
         state: step.from,
         since: parse_since(&PoolNode::from_node(node)),
         message: step.last_message.clone().unwrap_or_default(),
+        recheck_after: None,
     };
     let step_error;
     let result = match s.read_errors.get(name) {
@@ -214,6 +286,7 @@ pub async fn node_step(
     let rules: Api<DeviceTaintRule> = Api::all(client.clone());
     let mut message = step.message.clone();
     let mut events = step.events.clone();
+    let mut recheck_after = step.recheck_after;
 
     if !step.evict.is_empty() {
         // Every pod gets its eviction; the first error is returned after the rest were tried.
@@ -240,6 +313,9 @@ pub async fn node_step(
         }
         if let Some(e) = first_error {
             return Err(e);
+        }
+        if throttled > 0 || !blocked.is_empty() {
+            recheck_after = None;
         }
         if throttled > 0 {
             message = format!(
@@ -302,7 +378,7 @@ pub async fn node_step(
     for ev in &events {
         publish(ctx, gpm, node, ev).await;
     }
-    Ok(NodeOutcome { state: step.state, since: step.since, message })
+    Ok(NodeOutcome { state: step.state, since: step.since, message, recheck_after })
 }
 
 /// Patches a node and records the write, so the next reconcile waits until the node cache shows it
@@ -315,12 +391,13 @@ pub async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<
     res.map(|_| ()).map_err(|source| Error::PatchNode { node: name.into(), source })
 }
 
-/// Publishes `ev` on the migration, with the node as the related object, and on the node.
+/// Publishes `ev` on the node, with the migration as the related object, and, where
+/// [`NodeEvent::on_migration`], on the migration with the node as the related object.
 async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, ev: &NodeEvent) {
-    // On the migration the node is the related object: the recorder folds repeats of one
-    // (reason, regarding, related) into a series, and without it every node's event would fold
-    // into the first node's.
-    let node_ref = node.object_ref(&());
+    // Related objects keep series apart: the recorder folds repeats of one (reason, regarding,
+    // related), and without the node every node's event on the migration would fold into the
+    // first node's.
+    let (node_ref, gpm_ref) = (node.object_ref(&()), gpm.object_ref(&()));
     let event = |secondary| Event {
         type_: ev.type_,
         reason: ev.reason.to_string(),
@@ -328,9 +405,12 @@ async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, ev: &NodeEv
         action: "MigrateNode".into(),
         secondary,
     };
-    let (on_migration, on_node) = (event(Some(node_ref.clone())), event(None));
-    for (e, r) in [(&on_migration, gpm.object_ref(&())), (&on_node, node_ref)] {
-        if let Err(err) = ctx.recorder.publish(e, &r).await {
+    let mut targets = vec![(event(Some(gpm_ref.clone())), node_ref.clone())];
+    if ev.on_migration() {
+        targets.push((event(Some(node_ref)), gpm_ref));
+    }
+    for (e, r) in &targets {
+        if let Err(err) = ctx.recorder.publish(e, r).await {
             warn!(error = %err, reason = ev.reason, "publishing event failed");
         }
     }
@@ -395,6 +475,8 @@ async fn write_status(ctx: &Context, name: &str, status: &GpuPoolMigrationStatus
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::v1alpha1::Phase;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn long_notes_are_cut_on_a_char_boundary() {
@@ -404,5 +486,65 @@ mod tests {
         let cut = cut_note(&long);
         assert!(cut.len() <= EVENT_NOTE_MAX, "{}", cut.len());
         assert!(cut.ends_with("..."));
+    }
+
+    fn status(phase: Phase, message: &str) -> GpuPoolMigrationStatus {
+        GpuPoolMigrationStatus {
+            phase: Some(phase),
+            in_progress: vec![NodeProgress {
+                name: "n1".into(),
+                state: NodeState::Draining,
+                since: None,
+                message: message.into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn progress_only_changes_are_coalesced_and_the_rest_is_written_at_once() {
+        let now = Instant::now();
+        let recent = Some(now - Duration::from_millis(300));
+        let old = status(Phase::Progressing, "evicting 1 pod(s)");
+        let progressed = status(Phase::Progressing, "Wait: DevicePluginStillAdvertising");
+        // Nothing changed: nothing to write.
+        assert_eq!(status_write(Some(&old), &old, false, recent, now), StatusWrite::Unchanged);
+        // A first status is written at once.
+        assert_eq!(status_write(None, &old, false, recent, now), StatusWrite::Now);
+        // Progress only, 300 ms after the last write: after the remaining 700 ms.
+        assert_eq!(
+            status_write(Some(&old), &progressed, false, recent, now),
+            StatusWrite::After(Duration::from_millis(700))
+        );
+        // ... at once when the last write is older than the interval, or unknown.
+        assert_eq!(
+            status_write(Some(&old), &progressed, false, Some(now - STATUS_COALESCE), now),
+            StatusWrite::Now
+        );
+        assert_eq!(status_write(Some(&old), &progressed, false, None, now), StatusWrite::Now);
+        // A phase change, a condition change, or a Warning never waits.
+        let completed = status(Phase::Completed, "evicting 1 pod(s)");
+        assert_eq!(status_write(Some(&old), &completed, false, recent, now), StatusWrite::Now);
+        let mut conditioned = progressed.clone();
+        conditioned.conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Stalled".into(),
+            status: "True".into(),
+            reason: "NodeFailed".into(),
+            message: "n1 failed".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+            observed_generation: None,
+        });
+        assert_eq!(status_write(Some(&old), &conditioned, false, recent, now), StatusWrite::Now);
+        assert_eq!(status_write(Some(&old), &progressed, true, recent, now), StatusWrite::Now);
+    }
+
+    #[test]
+    fn a_nodes_steps_are_told_on_the_node_and_its_warnings_and_arrival_on_the_migration() {
+        let ev = |type_, reason| NodeEvent { type_, reason, note: String::new() };
+        assert!(!ev(EventType::Normal, "NodeCordoned").on_migration());
+        assert!(!ev(EventType::Normal, "NodeSwitching").on_migration());
+        assert!(ev(EventType::Normal, "NodeMigrated").on_migration());
+        assert!(ev(EventType::Normal, "NodeRolledBack").on_migration());
+        assert!(ev(EventType::Warning, "UnmanagedPodsBlockDrain").on_migration());
     }
 }

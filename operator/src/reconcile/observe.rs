@@ -2,9 +2,10 @@
 //! node's step needs that no cache holds (its pods while it drains, its rollback taint rule, its
 //! canary). Nothing here writes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
@@ -17,7 +18,7 @@ use tracing::warn;
 use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
 use crate::cache;
 use crate::controller::{
-    self, Context, INVENTORY_TTL, MAX_CANDIDATES_COUNTED, ServerFacts, pods_on_node, resources,
+    self, Context, INVENTORY_TTL, POD_COUNT_TTL, ServerFacts, pods_on_node, pods_on_nodes, resources,
     taint_rule_name,
 };
 use crate::drain;
@@ -25,6 +26,9 @@ use crate::error::{Error, Result};
 use crate::inventory::{self, Finding};
 use crate::inventory_source;
 use crate::plan::{self, OtherMigration, PoolNode};
+
+/// Moving nodes whose reads (pods, taint rule, canary) are in flight at once.
+const NODE_READ_CONCURRENCY: usize = 16;
 
 /// Everything one reconcile of a migration decides on.
 pub struct Snapshot<'a> {
@@ -42,8 +46,8 @@ pub struct Snapshot<'a> {
     pub slices: HashMap<String, Vec<ResourceSlice>>,
     /// The other migrations, to find nodes that two select.
     pub others: Vec<OtherMigration>,
-    /// GPU consumers per candidate node (at most `MAX_CANDIDATES_COUNTED` nodes are counted), so
-    /// the cheapest start first.
+    /// GPU consumers per candidate node, every candidate of the pool, so the cheapest start first
+    /// (counted at most every `POD_COUNT_TTL`).
     pub consuming_pods: HashMap<String, u32>,
     /// What each moving node's step reads besides the node itself.
     pub node_reads: HashMap<String, NodeReads>,
@@ -116,37 +120,29 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // may start. An invalid spec fails here, with the message the decision would give.
     let pool: Vec<PoolNode> = nodes.iter().map(PoolNode::from_node).collect();
     let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
-    let res = resources(spec);
-    let mut consuming_pods = HashMap::new();
-    if !first.to_start.is_empty() && !first.queued.is_empty() {
-        for n in first.to_start.iter().chain(&first.queued).take(MAX_CANDIDATES_COUNTED) {
-            // Only the order depends on the count: a failed read leaves the node uncounted.
-            let pods = match pods_on_node(&ctx.client, n).await {
-                Ok(pods) => pods,
-                Err(e) => {
-                    warn!(node = %n, error = %e, "counting a candidate's GPU pods failed");
-                    continue;
-                }
-            };
-            let count = match spec.direction {
-                Direction::Forward => pods.iter().filter(|x| drain::consumes_any(x, &res)).count(),
-                Direction::Rollback => pods.iter().filter(|x| drain::holds_dra_claim(x)).count(),
-            };
-            consuming_pods.insert(n.clone(), count as u32);
-        }
-    }
-    let by_name: HashMap<&str, &PoolNode> = pool.iter().map(|p| (p.name.as_str(), p)).collect();
+    let consuming_pods = if !first.to_start.is_empty() && !first.queued.is_empty() {
+        candidate_counts(ctx, gpm, first.to_start.iter().chain(&first.queued)).await
+    } else {
+        HashMap::new()
+    };
+    let by_name: HashMap<&str, (&PoolNode, &Node)> =
+        pool.iter().zip(&nodes).map(|(p, n)| (p.name.as_str(), (p, n))).collect();
     // Only moving nodes read more: a node that starts is Pending (or Migrated, rolling back),
-    // and those states read nothing.
+    // and those states read nothing. Nodes read side by side, a bounded number at a time.
+    let mut runs = Vec::new();
+    for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
+        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n).await) });
+    }
+    let reads: Vec<(String, Result<NodeReads>)> =
+        futures::stream::iter(runs).buffered(NODE_READ_CONCURRENCY).collect().await;
     let (mut node_reads, mut read_errors) = (HashMap::new(), HashMap::new());
-    for n in &first.in_flight {
-        let Some(pn) = by_name.get(n.as_str()) else { continue };
-        match node(ctx, spec, pn).await {
+    for (n, r) in reads {
+        match r {
             Ok(r) => {
-                node_reads.insert(n.clone(), r);
+                node_reads.insert(n, r);
             }
             Err(e) => {
-                read_errors.insert(n.clone(), e);
+                read_errors.insert(n, e);
             }
         }
     }
@@ -170,12 +166,66 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     })
 }
 
+/// GPU consumers on each candidate, so the whole pool starts cheapest first. One paged LIST of the
+/// cluster's unfinished bound pods counts them all; the counts are reused for [`POD_COUNT_TTL`]
+/// unless the spec changed. Only the order depends on them: a failed read keeps the previous
+/// counts (or none, and the order falls back to the name) and is logged.
+async fn candidate_counts<'n>(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    candidates: impl Iterator<Item = &'n String>,
+) -> HashMap<String, u32> {
+    let name = gpm.name_any();
+    let generation = gpm.metadata.generation;
+    let cached = ctx.pod_counts.lock().ok().and_then(|g| g.get(&name).cloned());
+    if let Some((at, g, counts)) = &cached
+        && at.elapsed() < POD_COUNT_TTL
+        && *g == generation
+    {
+        return counts.clone();
+    }
+    let candidates: HashSet<&str> = candidates.map(String::as_str).collect();
+    let spec = &gpm.spec;
+    let res = resources(spec);
+    let consumes = |pod: &Pod| match spec.direction {
+        Direction::Forward => drain::consumes_any(pod, &res),
+        Direction::Rollback => drain::holds_dra_claim(pod),
+    };
+    match pods_on_nodes(&ctx.client, &candidates, true, |pod| consumes(&pod).then_some(())).await {
+        Ok(by_node) => {
+            // A candidate with no consumer is counted too: 0 is a count, and the cheapest.
+            let counts: HashMap<String, u32> = candidates
+                .iter()
+                .map(|n| ((*n).to_owned(), by_node.get(*n).map_or(0, |v| v.len() as u32)))
+                .collect();
+            if let Ok(mut g) = ctx.pod_counts.lock() {
+                g.insert(name, (Instant::now(), generation, counts.clone()));
+            }
+            counts
+        }
+        Err(e) => {
+            warn!(migration = %name, error = %e, "counting the candidates' GPU pods failed");
+            cached.map(|(_, _, c)| c).unwrap_or_default()
+        }
+    }
+}
+
 /// The reads `pn`'s step needs in its state. A node in a state that needs none costs no request.
-pub async fn node(ctx: &Context, spec: &GpuPoolMigrationSpec, pn: &PoolNode) -> Result<NodeReads> {
+/// A Switching node's pods are read only once its device plugin has left (allocatable 0): until
+/// then the switch waits on that anyway, and a late pod is evicted before it counts as done.
+pub async fn node(
+    ctx: &Context,
+    spec: &GpuPoolMigrationSpec,
+    pn: &PoolNode,
+    node: &Node,
+) -> Result<NodeReads> {
     let client = &ctx.client;
     let state = pn.state();
     let mut reads = NodeReads::default();
-    if matches!(state, NodeState::Draining | NodeState::Switching | NodeState::RollingBack) {
+    let plugin_gone = || crate::overlap::allocatable_total(node, &resources(spec)) == 0;
+    if matches!(state, NodeState::Draining | NodeState::RollingBack)
+        || (state == NodeState::Switching && plugin_gone())
+    {
         reads.pods = pods_on_node(client, &pn.name).await?;
     }
     if matches!(state, NodeState::RollingBack | NodeState::Failed) {

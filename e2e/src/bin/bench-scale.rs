@@ -1,0 +1,484 @@
+//! `make bench SCALE=<nodes>`: pools of simulated GPU nodes migrated three ways on the real
+//! control plane, in one run:
+//!
+//! 1. a pool of 2 × `--serial-nodes` nodes: half of it migrated by **Switchyard at
+//!    `maxUnavailable: 1`** (label `wave=serial`), then the other half by **the kubectl runbook**
+//!    (`e2e/hack/runbook-kubectl.sh`, `wave=kubectl`), one node at a time, with the DeviceClass
+//!    and the DaemonSets' placement the first half left in place;
+//! 2. a pool of `--nodes` nodes migrated by **Switchyard at `maxUnavailable: 10%`**.
+//!
+//! The pool: light simulated nodes (Lease heartbeats, stub ResourceSlices, no agent processes; see
+//! `sim::SimConfig::light`) with `--gpus` GPUs each; per node one GPU pod (a Deployment with one
+//! replica per node, `nvidia.com/gpu: 1`) and `--pods-per-node - 1` bare non-GPU pods bound to it.
+//! Pods terminate at once (grace 0).
+//!
+//! Intrinsic time: the only wait the environment imposes per node is the plugin's unregister
+//! delay (`--unregister-delay-ms`: the device plugin's resources leave that long after its pod
+//! does). A serial migration's intrinsic time is nodes × delay; one at `maxUnavailable: k` is
+//! ceil(nodes / k) × delay. Everything above it is the tool's overhead plus the control plane's
+//! own work (DaemonSet controller, scheduler) on this machine's 2 cores.
+//!
+//! Also measured: the operator's RSS after its caches synced and at the end, its CPU seconds per
+//! migrated node (`/proc/<pid>/stat`), reconcile duration p50/p99 (its own histogram, between
+//! scrapes), and its API requests per migrated node from the audit log.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use switchyard_e2e::cluster;
+use switchyard_e2e::measure::{self, cpu_time, histogram, histogram_quantile, now, proc_status, requests_by};
+use switchyard_e2e::pool::Pool;
+use switchyard_operator::api::v1alpha1::Phase;
+use switchyard_operator::well_known::{LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
+
+#[derive(Parser)]
+struct Args {
+    /// Pool size.
+    #[arg(long, default_value_t = 100)]
+    nodes: u32,
+    /// Pods per node: one GPU pod, the rest bare non-GPU pods.
+    #[arg(long, default_value_t = 10)]
+    pods_per_node: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 4)]
+    gpus: u32,
+    /// Nodes migrated one at a time by Switchyard, and as many by the kubectl runbook.
+    #[arg(long, default_value_t = 10)]
+    serial_nodes: u32,
+    /// The plugin unregister delay, the intrinsic wait per node, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    unregister_delay_ms: u64,
+    /// `maxUnavailable` of the wide migration, in percent of its pool.
+    #[arg(long, default_value_t = 10)]
+    percent: u32,
+    /// Append the figures as one JSON line to this file (for `e2e/hack/plot-scale.py`).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// The API server's audit log (default: next to the e2e cluster's kubeconfig).
+    #[arg(long, env = "SWITCHYARD_E2E_AUDIT_LOG")]
+    audit_log: Option<std::path::PathBuf>,
+}
+
+const RECONCILE_HISTOGRAM: &str = "switchyard_reconcile_duration_seconds";
+const GPU_POD_LABEL: &str = "bench.switchyard.dev/gpu";
+
+/// What one measured migration cost.
+struct Measured {
+    what: String,
+    nodes: u32,
+    wall: Duration,
+    intrinsic: Duration,
+    /// Operator CPU time over the window, and requests (`None` for the runbook).
+    operator: Option<OperatorCost>,
+}
+
+struct OperatorCost {
+    cpu: Duration,
+    requests: BTreeMap<String, u64>,
+    p50: Option<f64>,
+    p99: Option<f64>,
+    reconciles: f64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.serial_nodes >= 1 && args.nodes >= 1,
+        "--nodes and --serial-nodes must be at least 1"
+    );
+    let audit = args
+        .audit_log
+        .clone()
+        .unwrap_or_else(|| cluster::kubeconfig().parent().unwrap().join("logs/audit.log"));
+    let delay = Duration::from_millis(args.unregister_delay_ms);
+    let mut results = Vec::new();
+
+    let mut serial = Pool::scale("scale-serial", 2 * args.serial_nodes, args.gpus, delay).await?;
+    let outcome = one_at_a_time(&args, &mut serial, &audit, delay, &mut results).await;
+    let outcome = finish(serial, outcome).await;
+
+    let wide = match outcome {
+        Ok(()) => {
+            let t = Instant::now();
+            let mut pool = Pool::scale("scale", args.nodes, args.gpus, delay).await?;
+            println!(
+                "pool: {} light nodes x {} GPUs in {:.1} s",
+                args.nodes,
+                args.gpus,
+                t.elapsed().as_secs_f64()
+            );
+            let outcome = at_a_percentage(&args, &mut pool, &audit, delay, &mut results).await;
+            finish(pool, outcome).await
+        }
+        Err(e) => Err(e),
+    };
+    let memory = wide?;
+    report(&args, &results, &memory);
+    if let Some(path) = &args.json {
+        use std::io::Write as _;
+        let line = json!({
+            "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
+            "unregister_delay_ms": args.unregister_delay_ms,
+            "rss_synced_kib": memory.synced, "rss_end_kib": memory.end, "rss_peak_kib": memory.peak,
+            "migrations": results.iter().map(|r| json!({
+                "what": r.what, "nodes": r.nodes, "wall_s": r.wall.as_secs_f64(),
+                "intrinsic_s": r.intrinsic.as_secs_f64(),
+                "cpu_s": r.operator.as_ref().map(|o| o.cpu.as_secs_f64()),
+                "reconcile_p50_s": r.operator.as_ref().and_then(|o| o.p50),
+                "reconcile_p99_s": r.operator.as_ref().and_then(|o| o.p99),
+                "reconciles": r.operator.as_ref().map(|o| o.reconciles),
+                "requests": r.operator.as_ref().map(|o| o.requests.values().sum::<u64>()),
+            })).collect::<Vec<_>>(),
+        });
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        writeln!(f, "{line}")?;
+    }
+    Ok(())
+}
+
+/// Cleans the pool up whatever the outcome.
+async fn finish<T>(pool: Pool, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
+    if outcome.is_err() {
+        eprintln!("bench-scale failed; operator log in {}", pool.log_dir().display());
+    }
+    let cleaned = pool.cleanup().await;
+    let value = outcome?;
+    cleaned?;
+    Ok(value)
+}
+
+/// Labels the pool's nodes `wave=<name>` as `waves` says, and starts the workloads.
+async fn populate(args: &Args, pool: &Pool, waves: &[(&str, &[String])]) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(pool.client.clone());
+    let labels: Vec<(String, &str)> =
+        waves.iter().flat_map(|(w, ns)| ns.iter().map(move |n| (n.clone(), *w))).collect();
+    futures::stream::iter(labels)
+        .map(|(n, w)| {
+            let nodes = nodes.clone();
+            async move {
+                let patch = json!({"metadata": {"labels": {"wave": w}}});
+                nodes.patch(&n, &PatchParams::default(), &Patch::Merge(&patch)).await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+
+    // One GPU pod per node through a Deployment, the rest bare and bound.
+    let t = Instant::now();
+    let count = pool.nodes.len() as u32;
+    gpu_deployment(pool, count).await?;
+    let fillers: Vec<(String, u32)> =
+        pool.nodes.iter().flat_map(|n| (1..args.pods_per_node).map(move |i| (n.clone(), i))).collect();
+    let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+    futures::stream::iter(fillers)
+        .map(|(node, i)| {
+            let pods = pods.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("{node}-filler-{i}"), "labels": {"app": "filler"}},
+                    "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                             "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}
+                }))?;
+                pods.create(&PostParams::default(), &pod).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let total = (count * args.pods_per_node) as usize;
+    wait_running(pool, total).await?;
+    println!("{}: {total} pods Running in {:.1} s", pool.id, t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The operator as shipped (release, at the caller's `SWITCHYARD_OPERATOR_BIN`), logging at info;
+/// handed to the pool (whose cleanup needs it for the finalizers); returns its pid and metrics URL
+/// once its caches have had time to sync.
+async fn operator(pool: &mut Pool) -> anyhow::Result<(u32, String)> {
+    let (child, metrics) = pool.spawn_operator_with(&["--no-leader-election"], "operator.log", "info")?;
+    let pid = child.id().context("the operator exited at once")?;
+    pool.operator = Some(switchyard_e2e::pool::Operator::from_child(child));
+    let metrics_url = format!("http://{metrics}/metrics");
+    switchyard_e2e::wait::until("the operator's /metrics", Duration::from_secs(30), || {
+        let url = metrics_url.clone();
+        async move { Ok(measure::http("GET", &url, None).await.ok().map(|_| ())) }
+    })
+    .await?;
+    // The caches list every node and slice first; let them sync.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    Ok((pid, metrics_url))
+}
+
+/// Switchyard at `maxUnavailable: 1` on one half of the pool, then the kubectl runbook on the
+/// other half.
+async fn one_at_a_time(
+    args: &Args,
+    pool: &mut Pool,
+    audit: &std::path::Path,
+    delay: Duration,
+    results: &mut Vec<Measured>,
+) -> anyhow::Result<()> {
+    let s = args.serial_nodes as usize;
+    let (ours, theirs) = (pool.nodes[..s].to_vec(), pool.nodes[s..].to_vec());
+    populate(args, pool, &[("serial", &ours), ("kubectl", &theirs)]).await?;
+    let (pid, metrics_url) = operator(pool).await?;
+    let name = pool.id.clone();
+    let gpm = pool.migration(
+        &name,
+        json!({"nodeSelector": {"matchLabels": {"wave": "serial"}},
+               "strategy": {"maxUnavailable": 1, "drain": {"gracePeriodSeconds": 0}}}),
+    )?;
+    let (wall, cost) = measured(pid, &metrics_url, audit, || async {
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.wait_phase(&name, Phase::Completed, Duration::from_secs(60 + 60 * args.serial_nodes as u64))
+            .await?;
+        Ok(())
+    })
+    .await?;
+    results.push(Measured {
+        what: "Switchyard, maxUnavailable 1".into(),
+        nodes: args.serial_nodes,
+        wall,
+        intrinsic: delay * args.serial_nodes,
+        operator: Some(cost),
+    });
+
+    let t = Instant::now();
+    let out = tokio::process::Command::new("bash")
+        .arg(cluster::repo_root().join("e2e/hack/runbook-kubectl.sh"))
+        .args(&theirs)
+        .env("KUBECTL", cluster::bin_dir().join("kubectl"))
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .env("DRIVER", &pool.driver)
+        .env("GPU_POD_SELECTOR", format!("{GPU_POD_LABEL}=true"))
+        .env("BACKEND_LABEL", format!("{LABEL_GPU_BACKEND}=dra"))
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "the kubectl runbook failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    results.push(Measured {
+        what: "kubectl runbook, one at a time".into(),
+        nodes: args.serial_nodes,
+        wall: t.elapsed(),
+        intrinsic: delay * args.serial_nodes,
+        operator: None,
+    });
+    all_on_dra(pool).await?;
+    Ok(())
+}
+
+/// Operator memory in the wide pool: after its caches synced, at the end, and the peak (KiB).
+struct Memory {
+    synced: u64,
+    end: u64,
+    peak: u64,
+}
+
+/// Switchyard at `maxUnavailable: <percent>%` on the whole pool.
+async fn at_a_percentage(
+    args: &Args,
+    pool: &mut Pool,
+    audit: &std::path::Path,
+    delay: Duration,
+    results: &mut Vec<Measured>,
+) -> anyhow::Result<Memory> {
+    let nodes = pool.nodes.clone();
+    populate(args, pool, &[("wide", &nodes)]).await?;
+    let (pid, metrics_url) = operator(pool).await?;
+    let synced = proc_status(pid, "VmRSS")?;
+    let name = pool.id.clone();
+    let k = (args.nodes * args.percent / 100).max(1);
+    let gpm = pool.migration(
+        &name,
+        json!({"strategy": {"maxUnavailable": format!("{}%", args.percent), "drain": {"gracePeriodSeconds": 0}}}),
+    )?;
+    let (wall, cost) = measured(pid, &metrics_url, audit, || async {
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.wait_phase(&name, Phase::Completed, Duration::from_secs(600 + 2 * args.nodes as u64)).await?;
+        Ok(())
+    })
+    .await?;
+    results.push(Measured {
+        what: format!("Switchyard, maxUnavailable {}% ({k} nodes)", args.percent),
+        nodes: args.nodes,
+        wall,
+        intrinsic: delay * args.nodes.div_ceil(k),
+        operator: Some(cost),
+    });
+    let memory = Memory { synced, end: proc_status(pid, "VmRSS")?, peak: proc_status(pid, "VmHWM")? };
+    all_on_dra(pool).await?;
+    Ok(memory)
+}
+
+/// Every node of the pool is on DRA: labelled so, advertising no `nvidia.com/gpu`.
+async fn all_on_dra(pool: &Pool) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(pool.client.clone());
+    let listed = nodes.list(&ListParams::default().labels(&format!("pool={}", pool.id))).await?.items;
+    let on_dra = listed
+        .iter()
+        .filter(|n| n.labels().get(LABEL_GPU_BACKEND).map(String::as_str) == Some("dra"))
+        .filter(|n| switchyard_e2e::pool::allocatable(n, NVIDIA_GPU_RESOURCE) == 0)
+        .count();
+    anyhow::ensure!(
+        on_dra == pool.nodes.len(),
+        "{on_dra} of {} nodes of {} ended on DRA",
+        pool.nodes.len(),
+        pool.id
+    );
+    Ok(())
+}
+
+fn report(args: &Args, results: &[Measured], memory: &Memory) {
+    println!();
+    println!(
+        "SCALE={} ({} pods, {} ms unregister delay): operator RSS {:.1} MiB synced, {:.1} MiB at the end, peak {:.1} MiB",
+        args.nodes,
+        args.nodes * args.pods_per_node,
+        args.unregister_delay_ms,
+        memory.synced as f64 / 1024.0,
+        memory.end as f64 / 1024.0,
+        memory.peak as f64 / 1024.0
+    );
+    println!(
+        "| migration | nodes | wall | intrinsic | wall / intrinsic | overhead per node | CPU s per node | reconcile p50 / p99 | requests per node |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in results {
+        let over = (r.wall.as_secs_f64() - r.intrinsic.as_secs_f64()) / f64::from(r.nodes);
+        let (cpu, quantiles, reqs) = match &r.operator {
+            Some(o) => (
+                format!("{:.3}", o.cpu.as_secs_f64() / f64::from(r.nodes)),
+                format!("{} / {} ms ({} reconciles)", ms(o.p50), ms(o.p99), o.reconciles),
+                format!("{:.1}", o.requests.values().sum::<u64>() as f64 / f64::from(r.nodes)),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {:.1} s | {:.1} s | {:.2} | {:.2} s | {cpu} | {quantiles} | {reqs} |",
+            r.what,
+            r.nodes,
+            r.wall.as_secs_f64(),
+            r.intrinsic.as_secs_f64(),
+            r.wall.as_secs_f64() / r.intrinsic.as_secs_f64(),
+            over
+        );
+    }
+    let (sw, kc) = (&results[0], &results[1]);
+    println!(
+        "maxUnavailable 1: Switchyard {:.1} s, kubectl runbook {:.1} s, ratio {:.2}",
+        sw.wall.as_secs_f64(),
+        kc.wall.as_secs_f64(),
+        sw.wall.as_secs_f64() / kc.wall.as_secs_f64()
+    );
+    for r in results {
+        if let Some(o) = &r.operator {
+            println!("operator API requests, {} ({} nodes):", r.what, r.nodes);
+            for (kind, n) in &o.requests {
+                println!("    {kind:<40} {n:>7}  ({:.2}/node)", *n as f64 / f64::from(r.nodes));
+            }
+        }
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |s| format!("{:.1}", s * 1000.0))
+}
+
+/// Runs `what` and measures the operator over it: wall time, CPU, reconcile quantiles, requests.
+async fn measured<F, Fut>(
+    pid: u32,
+    metrics_url: &str,
+    audit: &std::path::Path,
+    what: F,
+) -> anyhow::Result<(Duration, OperatorCost)>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let (_, before) = measure::http("GET", metrics_url, None).await?;
+    let (cpu0, from, t) = (cpu_time(pid)?, now(), Instant::now());
+    what().await?;
+    let wall = t.elapsed();
+    let (cpu1, to) = (cpu_time(pid)?, now());
+    let (_, after) = measure::http("GET", metrics_url, None).await?;
+    // The audit log is written asynchronously; give it a moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let requests = requests_by(audit, "switchyard-operator/", &from, &to)?;
+    let (b, _) = histogram(&before, RECONCILE_HISTOGRAM);
+    let (a, total) = histogram(&after, RECONCILE_HISTOGRAM);
+    let reconciles = total - b.last().map_or(0.0, |x| x.1);
+    Ok((
+        wall,
+        OperatorCost {
+            cpu: cpu1.saturating_sub(cpu0),
+            requests,
+            p50: histogram_quantile(&b, &a, 0.5),
+            p99: histogram_quantile(&b, &a, 0.99),
+            reconciles,
+        },
+    ))
+}
+
+/// One GPU pod per node: a Deployment of `replicas`, each pod asking for one `nvidia.com/gpu`,
+/// spread one per node.
+async fn gpu_deployment(pool: &Pool, replicas: u32) -> anyhow::Result<()> {
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "trainer"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "trainer"}},
+            "template": {
+                "metadata": {"labels": {"app": "trainer", GPU_POD_LABEL: "true"}},
+                "spec": {
+                    "nodeSelector": {"pool": pool.id},
+                    "terminationGracePeriodSeconds": 0,
+                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "trainer"}}}],
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {"limits": {NVIDIA_GPU_RESOURCE: "1"}}}],
+                }
+            }
+        }
+    }))?;
+    Api::<Deployment>::namespaced(pool.client.clone(), &pool.apps_ns)
+        .create(&PostParams::default(), &d)
+        .await?;
+    Ok(())
+}
+
+/// Waits until `count` pods of the apps namespace are Running (one paged LIST a try).
+async fn wait_running(pool: &Pool, count: usize) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+    let timeout = Duration::from_secs(120 + count as u64 / 20);
+    switchyard_e2e::wait::until(&format!("{count} running workload pods"), timeout, || {
+        let pods = pods.clone();
+        async move {
+            let mut running = 0;
+            let mut lp = ListParams::default().fields("status.phase=Running").limit(500);
+            loop {
+                let page = pods.list(&lp).await?;
+                running += page.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).count();
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(c) => lp = lp.continue_token(&c),
+                    None => break,
+                }
+            }
+            Ok((running >= count).then_some(()))
+        }
+    })
+    .await
+}

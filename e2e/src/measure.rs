@@ -1,0 +1,211 @@
+//! What the benchmarks measure with: a process's memory and CPU time from `/proc`, plain HTTP/1.1
+//! on loopback (the operator's `/metrics`, the agent's fault endpoint), the API server's audit log
+//! counted by user agent, and quantiles of samples and of Prometheus histograms.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A `kB` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB.
+pub fn proc_status(pid: u32, key: &str) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .with_context(|| format!("no {key} in /proc/{pid}/status"))
+}
+
+/// User plus system CPU time of a process, from `/proc/<pid>/stat`.
+pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name start at field 3 (state); utime and stime are
+    // fields 14 and 15.
+    let rest = text.rsplit_once(')').context("malformed stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).context("no utime")?.parse::<u64>()?
+        + fields.get(12).context("no stime")?.parse::<u64>()?;
+    Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second() as f64))
+}
+
+/// `CLK_TCK`, the unit of the stat times (100 on every Linux this runs on; asked anyway).
+fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(100)
+}
+
+/// One HTTP/1.1 request over plain TCP (`Connection: close`); returns the status code and body.
+/// A GET that fails (a reset connection) is tried twice more.
+pub async fn http(
+    method: &str,
+    url: &str,
+    json_body: Option<&serde_json::Value>,
+) -> anyhow::Result<(u16, String)> {
+    let tries = if method == "GET" { 3 } else { 1 };
+    let mut attempt = 1;
+    loop {
+        match http_once(method, url, json_body).await {
+            Err(e) if attempt < tries => {
+                tracing::debug!(%url, error = %e, "HTTP request failed; retrying");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+async fn http_once(
+    method: &str,
+    url: &str,
+    json_body: Option<&serde_json::Value>,
+) -> anyhow::Result<(u16, String)> {
+    let rest = url.strip_prefix("http://").context("the URL must be http://")?;
+    let (addr, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let body = json_body.map(serde_json::to_vec).transpose()?.unwrap_or_default();
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let content_type = if json_body.is_some() { "Content-Type: application/json\r\n" } else { "" };
+    let head = format!(
+        "{method} /{path} HTTP/1.1\r\nHost: {addr}\r\n{content_type}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(&body).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok());
+    let code = code.with_context(|| format!("not an HTTP response: {text:?}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Audit events from one user agent between two instants (RFC 3339 strings compare in order),
+/// counted by verb and resource (`patch nodes`, `create pods/eviction`).
+pub fn requests_by(
+    log: &std::path::Path,
+    agent_prefix: &str,
+    from: &str,
+    to: &str,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    use std::io::BufRead as _;
+    let mut by_kind = BTreeMap::new();
+    let file = std::fs::File::open(log).with_context(|| format!("opening {}", log.display()))?;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        // Cheap filters before parsing: most lines are other clients'.
+        if !line.contains(agent_prefix) {
+            continue;
+        }
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let agent = e["userAgent"].as_str().unwrap_or_default();
+        let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
+        if !agent.starts_with(agent_prefix) || at < from || at > to {
+            continue;
+        }
+        let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
+        let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
+        *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() += 1;
+    }
+    Ok(by_kind)
+}
+
+/// Now, as the audit log writes its timestamps.
+pub fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// The cumulative buckets `(le, count)` of a histogram in Prometheus or OpenMetrics text, and its
+/// total count. `name` is the metric name without `_bucket`.
+pub fn histogram(text: &str, name: &str) -> (Vec<(f64, f64)>, f64) {
+    let prefix = format!("{name}_bucket{{");
+    let mut buckets = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
+        let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::NAN) };
+        let Some(count) = line.rsplit(' ').next().and_then(|c| c.parse::<f64>().ok()) else { continue };
+        buckets.push((le, count));
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    (buckets, total)
+}
+
+/// The `q` quantile of a histogram's observations between two scrapes (`before` may be empty),
+/// interpolated linearly inside its bucket as Prometheus's `histogram_quantile` does. `None`
+/// without observations; the upper bound of the last finite bucket when it falls in `+Inf`.
+pub fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+    let at = |le: f64| before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1);
+    let delta: Vec<(f64, f64)> = after.iter().map(|&(le, c)| (le, c - at(le))).collect();
+    let total = delta.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, count) in &delta {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(lower.0);
+            }
+            let width = count - lower.1;
+            let within = if width > 0.0 { (rank - lower.1) / width } else { 1.0 };
+            return Some(lower.0 + (le - lower.0) * within);
+        }
+        lower = (le, count);
+    }
+    Some(lower.0)
+}
+
+/// Nearest-rank percentile of sorted samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = "# TYPE switchyard_reconcile_duration_seconds histogram
+switchyard_reconcile_duration_seconds_sum 1.5
+switchyard_reconcile_duration_seconds_count 10
+switchyard_reconcile_duration_seconds_bucket{le=\"0.001\"} 0
+switchyard_reconcile_duration_seconds_bucket{le=\"0.002\"} 4
+switchyard_reconcile_duration_seconds_bucket{le=\"0.004\"} 8
+switchyard_reconcile_duration_seconds_bucket{le=\"0.008\"} 9
+switchyard_reconcile_duration_seconds_bucket{le=\"+Inf\"} 10
+";
+
+    #[test]
+    fn histogram_quantiles_interpolate_inside_the_bucket() {
+        let (buckets, total) = histogram(SCRAPE, "switchyard_reconcile_duration_seconds");
+        assert_eq!(total, 10.0);
+        assert_eq!(buckets.len(), 5);
+        // Rank 5 of 10 falls in (0.002, 0.004], one quarter of the way through its 4 counts.
+        let p50 = histogram_quantile(&[], &buckets, 0.5).unwrap();
+        assert!((p50 - 0.0025).abs() < 1e-9, "{p50}");
+        // Rank 9.9 falls in +Inf: the last finite bound is all a histogram can say.
+        assert_eq!(histogram_quantile(&[], &buckets, 0.99), Some(0.008));
+        // Between two scrapes only the new observations count; none means no quantile.
+        assert_eq!(histogram_quantile(&buckets, &buckets, 0.5), None);
+    }
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
+        let s = ms(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(percentile(&s, 50.0), Duration::from_millis(5));
+        assert_eq!(percentile(&s, 99.0), Duration::from_millis(10));
+        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+    }
+}
