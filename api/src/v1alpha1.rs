@@ -30,9 +30,13 @@ const DNS_SUBDOMAIN_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z
     status = "GpuPoolMigrationStatus",
     doc = "Moves the GPU nodes that spec.nodeSelector selects from the NVIDIA device plugin to a DRA driver, node by node, or back.",
     printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the migration stands"}"#,
+    printcolumn = r#"{"name": "Direction", "type": "string", "jsonPath": ".spec.direction", "description": "Forward (to DRA) or Rollback (to the device plugin)"}"#,
     printcolumn = r#"{"name": "Migrated", "type": "integer", "jsonPath": ".status.nodes.migrated", "description": "Nodes served by the DRA driver"}"#,
     printcolumn = r#"{"name": "Total", "type": "integer", "jsonPath": ".status.nodes.total", "description": "Nodes in the pool"}"#,
+    printcolumn = r#"{"name": "Moving", "type": "integer", "jsonPath": ".status.nodes.inProgress", "description": "Nodes moving now"}"#,
     printcolumn = r#"{"name": "Failed", "type": "integer", "jsonPath": ".status.nodes.failed", "description": "Nodes that failed to move"}"#,
+    printcolumn = r#"{"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason", "description": "Why the migration is not Ready: what it waits for, or what stalls it (Stalled has the same reason and the message)"}"#,
+    printcolumn = r#"{"name": "Paused", "type": "boolean", "priority": 1, "jsonPath": ".spec.paused", "description": "spec.paused"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -69,7 +73,9 @@ pub struct GpuPoolMigrationSpec {
     /// Who keeps the two DaemonSets off each other's nodes. `Managed` (default): Switchyard adds
     /// a required node affinity on `switchyard.dev/gpu-backend` to both pod templates, once.
     /// `Verify`: Switchyard only checks them and reports the exact YAML to add, for DaemonSets
-    /// that Helm or a GitOps tool owns.
+    /// that Helm or a GitOps tool owns. `GpuOperator`: for a device plugin the NVIDIA GPU
+    /// Operator deploys; Switchyard edits no DaemonSet and turns the plugin off per node with the
+    /// `nvidia.com/gpu.deploy.device-plugin` label, restoring it as it was on rollback.
     #[serde(default)]
     pub placement: PlacementMode,
 
@@ -193,6 +199,11 @@ pub enum PlacementMode {
     Managed,
     /// Switchyard only checks the DaemonSets and reports the YAML to add.
     Verify,
+    /// For a device plugin that the NVIDIA GPU Operator deploys: Switchyard edits no DaemonSet and
+    /// switches each node by its `nvidia.com/gpu.deploy.device-plugin` label (`false` while the
+    /// node is on DRA, restored as it was on rollback). The driver's DaemonSet must already run
+    /// only on `switchyard.dev/gpu-backend=dra` nodes; PlacementReady says what to add if not.
+    GpuOperator,
 }
 
 /// Which way the pool moves.

@@ -28,6 +28,17 @@ pub const ANNOTATION_STATE_SINCE: &str = "switchyard.dev/state-since";
 /// switch (JSON object), which the DRA side must at least match before the node counts as switched.
 pub const ANNOTATION_GPUS_BEFORE: &str = "switchyard.dev/gpus-before";
 
+/// Node label through which the NVIDIA GPU Operator deploys its device plugin on a node: its
+/// device-plugin DaemonSet selects `true`, and it honours any other value an admin sets
+/// (`placement: GpuOperator` sets `false` to take the plugin off a node).
+pub const LABEL_GPU_OPERATOR_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
+/// Value of [`LABEL_GPU_OPERATOR_DEVICE_PLUGIN`] that keeps the GPU Operator's device plugin off
+/// a node.
+pub const GPU_OPERATOR_DEPLOY_OFF: &str = "false";
+/// Node annotation with [`LABEL_GPU_OPERATOR_DEVICE_PLUGIN`] as it was before Switchyard set it,
+/// as JSON: the string value, or `null` when the label was absent. A rollback puts it back exactly.
+pub const ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE: &str = "switchyard.dev/device-plugin-deploy-before";
+
 /// Field manager for every object the operator writes with server-side apply.
 pub const OPERATOR_FIELD_MANAGER: &str = "switchyard-operator";
 /// Field manager for every ResourceSlice the driver agent writes with server-side apply.

@@ -172,10 +172,17 @@ pub fn render(r: &Report) -> String {
             PlacementAction::AddNodeAffinity => {
                 "the operator adds this node affinity (placement: Managed); the template change restarts the DaemonSet's pod on every node once"
             }
-            PlacementAction::AddByHand => "ADD this node affinity yourself (placement: Verify)",
+            PlacementAction::AddByHand => "CHANGE it yourself",
+            PlacementAction::SwitchByNodeLabel => {
+                "the GPU Operator's; no DaemonSet is edited (placement: GpuOperator)"
+            }
+            PlacementAction::UseGpuOperatorPlacement => "REFUSED: set spec.placement: GpuOperator",
             PlacementAction::Missing => "MISSING: the DaemonSet does not exist",
         };
         let _ = writeln!(out, "  {} DaemonSet {}: {what}", pl.role, pl.daemon_set);
+        for line in pl.message.lines() {
+            let _ = writeln!(out, "      {line}");
+        }
         for line in pl.snippet.lines() {
             let _ = writeln!(out, "      {line}");
         }

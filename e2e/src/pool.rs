@@ -13,12 +13,16 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
-use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
+use switchyard_operator::well_known::{
+    ANNOTATION_MIGRATION_STATE, LABEL_GPU_BACKEND, LABEL_GPU_OPERATOR_DEVICE_PLUGIN, NVIDIA_GPU_RESOURCE,
+};
 use tokio::task::JoinHandle;
 
 use crate::cluster::{self, unique};
@@ -35,6 +39,27 @@ pub const DRIVER_DS: &str = "switchyard-driver-agent";
 /// `nodes` layouts of `gpus` whole GPUs, without extra labels.
 fn uniform(nodes: u32, gpus: u32) -> Vec<(GpuLayout, BTreeMap<String, String>)> {
     (0..nodes).map(|_| (GpuLayout::gpus(gpus), BTreeMap::new())).collect()
+}
+
+/// How the pool's device plugin is deployed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DevicePluginFlavor {
+    /// From a manifest or the Helm chart: on every pool node, no backend affinity.
+    #[default]
+    Plain,
+    /// As the NVIDIA GPU Operator renders it: owned by a ClusterPolicy (a stand-in object of a
+    /// stand-in CRD; what matters is what its DaemonSet does with labels), on the nodes labelled
+    /// `nvidia.com/gpu.deploy.device-plugin=true`, which the pool's nodes are, as the GPU
+    /// Operator labels GPU nodes.
+    GpuOperator,
+}
+
+/// The GPU Operator's ClusterPolicy kind.
+fn cluster_policy_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("nvidia.com", "v1", "ClusterPolicy"),
+        "clusterpolicies",
+    )
 }
 
 /// Nodes created at once when a pool is built.
@@ -75,6 +100,7 @@ pub struct Pool {
     pub nodes: Vec<String>,
     pub sim: Option<Simulator>,
     pub operator: Option<Operator>,
+    pub flavor: DevicePluginFlavor,
     work_dir: std::path::PathBuf,
 }
 
@@ -114,7 +140,20 @@ impl Pool {
         gpus: u32,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
-        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, true).await
+        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, true, DevicePluginFlavor::Plain)
+            .await
+    }
+
+    /// A pool whose device plugin the GPU Operator deploys ([`DevicePluginFlavor::GpuOperator`]).
+    pub async fn gpu_operator(prefix: &str, nodes: u32, gpus: u32) -> anyhow::Result<Self> {
+        Self::build_with(
+            prefix,
+            uniform(nodes, gpus),
+            Duration::from_secs(1),
+            false,
+            DevicePluginFlavor::GpuOperator,
+        )
+        .await
     }
 
     async fn build(
@@ -122,7 +161,7 @@ impl Pool {
         layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
-        Self::build_with(prefix, layouts, unregister_delay, false).await
+        Self::build_with(prefix, layouts, unregister_delay, false, DevicePluginFlavor::Plain).await
     }
 
     async fn build_with(
@@ -130,6 +169,7 @@ impl Pool {
         layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
         unregister_delay: Duration,
         light: bool,
+        flavor: DevicePluginFlavor,
     ) -> anyhow::Result<Self> {
         let client = cluster::client().await?;
         let id = unique(prefix);
@@ -158,6 +198,9 @@ impl Pool {
         for (i, (layout, mut labels)) in layouts.into_iter().enumerate() {
             let name = format!("{id}-n{i}");
             labels.insert("pool".to_owned(), id.clone());
+            if flavor == DevicePluginFlavor::GpuOperator {
+                labels.insert(LABEL_GPU_OPERATOR_DEVICE_PLUGIN.to_owned(), "true".to_owned());
+            }
             let gpus = layout.device_plugin_resources().get(NVIDIA_GPU_RESOURCE).copied().unwrap_or(0);
             advertised.push((name.clone(), gpus));
             specs.push(SimNode { name, labels, layout });
@@ -178,6 +221,7 @@ impl Pool {
             nodes: names,
             sim: Some(sim),
             operator: None,
+            flavor,
             work_dir,
         };
         pool.create_daemonsets().await?;
@@ -207,13 +251,69 @@ impl Pool {
             {"matchExpressions": [{"key": LABEL_GPU_BACKEND, "operator": "In", "values": ["dra"]}]}]}}});
         let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &self.system_ns);
         let on_pool = json!({"pool": self.id});
-        api.create(
-            &PostParams::default(),
-            &placeholder_daemon_set(DEVICE_PLUGIN_DS, on_pool.clone(), json!({}))?,
-        )
-        .await?;
+        let plugin = match self.flavor {
+            DevicePluginFlavor::Plain => {
+                placeholder_daemon_set(DEVICE_PLUGIN_DS, on_pool.clone(), json!({}))?
+            }
+            DevicePluginFlavor::GpuOperator => {
+                let owner = self.cluster_policy().await?;
+                let mut ds = placeholder_daemon_set(
+                    DEVICE_PLUGIN_DS,
+                    json!({"pool": self.id, LABEL_GPU_OPERATOR_DEVICE_PLUGIN: "true"}),
+                    json!({}),
+                )?;
+                ds.metadata.owner_references = Some(vec![owner]);
+                ds
+            }
+        };
+        api.create(&PostParams::default(), &plugin).await?;
         api.create(&PostParams::default(), &placeholder_daemon_set(DRIVER_DS, on_pool, dra_only)?).await?;
         Ok(())
+    }
+
+    /// The pool's stand-in ClusterPolicy (named after the pool; its CRD is created once for the
+    /// shared cluster), as the controller owner reference the GPU Operator puts on its DaemonSets.
+    async fn cluster_policy(&self) -> anyhow::Result<OwnerReference> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "metadata": {"name": "clusterpolicies.nvidia.com"},
+            "spec": {
+                "group": "nvidia.com", "scope": "Cluster",
+                "names": {"plural": "clusterpolicies", "singular": "clusterpolicy", "kind": "ClusterPolicy", "listKind": "ClusterPolicyList"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                              "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+            }
+        }))?;
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let resource = cluster_policy_resource();
+        let policies: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let policy = DynamicObject::new(&self.id, &resource)
+            .data(json!({"spec": {"devicePlugin": {"enabled": true}}}));
+        // The CRD may be seconds from Established on a fresh cluster.
+        let created =
+            wait::until("the stand-in ClusterPolicy to be created", Duration::from_secs(30), || {
+                let (policies, policy) = (policies.clone(), policy.clone());
+                async move {
+                    match policies.create(&PostParams::default(), &policy).await {
+                        Ok(p) => Ok(Some(p)),
+                        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+                        Err(e) => Err(e.into()),
+                    }
+                }
+            })
+            .await?;
+        Ok(OwnerReference {
+            api_version: resource.api_version,
+            kind: resource.kind,
+            name: created.name_any(),
+            uid: created.uid().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        })
     }
 
     /// Waits until each node advertises its `nvidia.com/gpu` count (one LIST of the pool a try).
@@ -484,6 +584,10 @@ impl Pool {
         let _ = classes.delete(&format!("{}.gpu", self.id), &dp).await;
         let _ =
             classes.delete_collection(&dp, &ListParams::default().labels(&format!("pool={}", self.id))).await;
+        if self.flavor == DevicePluginFlavor::GpuOperator {
+            let policies = Api::<DynamicObject>::all_with(self.client.clone(), &cluster_policy_resource());
+            let _ = policies.delete(&self.id, &dp).await;
+        }
         Ok(())
     }
 }
@@ -532,8 +636,9 @@ pub struct Samples {
     pub events: u64,
     /// Every instant a node was served by both backends: (node, allocatable, schedulable devices).
     pub overlaps: Vec<(String, i64, usize)>,
-    /// Every instant a pod held a DRA claim on a node where no DRA-driver pod was running.
-    pub orphaned_claim_holders: Vec<(String, String)>,
+    /// Every instant a pod held a DRA claim on a node where no DRA-driver pod was running:
+    /// (pod, node, its phase and whether it was being deleted).
+    pub orphaned_claim_holders: Vec<(String, String, String)>,
     /// UIDs of workload pods that were ever deleted, with whether they requested a GPU.
     pub deleted_pods: Vec<(String, bool)>,
     /// Per PDB-protected app: the fewest Ready pods seen while at least one existed.
@@ -549,7 +654,7 @@ struct View {
     slices: HashMap<String, ResourceSlice>,
     rules: HashMap<String, DeviceTaintRule>,
     driver_pods: HashMap<String, String>,
-    claim_holders: HashMap<String, (String, String)>,
+    claim_holders: HashMap<String, (String, String, String)>,
     ready_by_app: HashMap<String, BTreeSet<String>>,
 }
 
@@ -679,7 +784,12 @@ impl View {
                 let holds_claim =
                     p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some();
                 if live && holds_claim && !node.is_empty() {
-                    self.claim_holders.insert(uid.clone(), (p.name_any(), node.clone()));
+                    let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                    let how = match p.metadata.deletion_timestamp {
+                        Some(_) => format!("{phase}, deleting"),
+                        None => phase,
+                    };
+                    self.claim_holders.insert(uid.clone(), (p.name_any(), node.clone(), how));
                 } else {
                     self.claim_holders.remove(&uid);
                 }
@@ -750,13 +860,13 @@ impl View {
             samples.max_in_flight = (in_flight.len(), in_flight);
         }
         let driver_nodes: BTreeSet<&String> = self.driver_pods.values().collect();
-        for (pod, node) in self.claim_holders.values() {
+        for (pod, node, how) in self.claim_holders.values() {
             let in_pool = self
                 .nodes
                 .get(node)
                 .is_some_and(|n| n.labels().get("pool").map(String::as_str) == Some(pool));
             if in_pool && !driver_nodes.contains(node) {
-                samples.orphaned_claim_holders.push((pod.clone(), node.clone()));
+                samples.orphaned_claim_holders.push((pod.clone(), node.clone(), how.clone()));
             }
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -712,6 +713,139 @@ async fn a_node_whose_driver_never_publishes_times_out_and_rolls_back_under_on_f
         .await?;
         let samples = sampler.stop();
         assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gpu_operator_device_plugin_is_refused_under_managed_and_switched_by_its_deploy_label()
+-> anyhow::Result<()> {
+    use switchyard_operator::well_known::{
+        ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE as RECORD, LABEL_GPU_OPERATOR_DEVICE_PLUGIN as DEPLOY,
+    };
+    let _serial = pool::SERIAL.lock().await;
+    let pool = Pool::gpu_operator("gpuop", 3, 2).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("trainer", 3, 1).await?;
+        pool.wait_running(3).await?;
+        let daemonsets: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        let plugin_before = daemonsets.get(pool::DEVICE_PLUGIN_DS).await?;
+
+        // Managed (the default) would edit a DaemonSet the GPU Operator reverts: refused, with
+        // the mode to use, before any node is touched.
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let refused = pool
+            .wait_status(&name, "PrerequisitesMet False for the GPU Operator", MIGRATION, |g| {
+                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "GpuOperatorOwnsDevicePlugin")
+            })
+            .await?;
+        let prereq = condition(&refused, "PrerequisitesMet").unwrap();
+        assert_eq!(prereq.status, "False");
+        assert!(prereq.message.contains(&format!("ClusterPolicy {}", pool.id)), "{}", prereq.message);
+        assert!(prereq.message.contains("set spec.placement: GpuOperator"), "{}", prereq.message);
+        assert_eq!(
+            condition(&refused, "PlacementReady").map(|c| c.reason.as_str()),
+            Some("GpuOperatorOwnsDevicePlugin")
+        );
+        // The printer columns say the same at a glance.
+        let table = switchyard_e2e::real::kubectl(&["get", "gpm", &name, "-o", "wide"])?;
+        let mut lines = table.lines().map(|l| l.split_whitespace().collect::<Vec<_>>());
+        let header = lines.next().unwrap_or_default();
+        assert_eq!(
+            header,
+            [
+                "NAME",
+                "PHASE",
+                "DIRECTION",
+                "MIGRATED",
+                "TOTAL",
+                "MOVING",
+                "FAILED",
+                "REASON",
+                "PAUSED",
+                "AGE"
+            ],
+            "{table}"
+        );
+        let row = lines.next().unwrap_or_default();
+        assert_eq!(
+            &row[..row.len().min(9)],
+            [name.as_str(), "Pending", "Forward", "0", "3", "0", "0", "PrerequisitesNotMet", "false"],
+            "{table}"
+        );
+        let (code, plan) = plan_json(&name).await?;
+        assert_eq!(code, 2, "plan blocks: {plan}");
+        assert_eq!(plan["placement"][0]["action"], "UseGpuOperatorPlacement", "{plan}");
+        assert!(
+            plan["blockers"].to_string().contains("set spec.placement: GpuOperator"),
+            "{}",
+            plan["blockers"]
+        );
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        for node in &pool.nodes {
+            let n = nodes.get(node).await?;
+            assert_ne!(
+                n.spec.as_ref().unwrap().unschedulable,
+                Some(true),
+                "{node} was cordoned while refused"
+            );
+            assert_eq!(backend(&n), "device-plugin", "{node}");
+        }
+
+        // GpuOperator: each node switches by the label the GPU Operator's DaemonSet selects.
+        let sampler = pool.sample();
+        patch_spec(&pool.migrations(), &name, json!({"placement": "GpuOperator"})).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.migrated, 3);
+        for node in &pool.nodes {
+            let n = nodes.get(node).await?;
+            assert_eq!(backend(&n), "dra", "{node}");
+            assert_eq!(n.labels().get(DEPLOY).map(String::as_str), Some("false"), "{node}");
+            assert_eq!(
+                n.annotations().get(RECORD).map(String::as_str),
+                Some("\"true\""),
+                "{node}: the record"
+            );
+            assert_eq!(pool::allocatable(&n, "nvidia.com/gpu"), 0, "{node}: the GPU Operator's plugin left");
+        }
+        let on_dra = pool.wait_running(3).await?;
+        assert_gpu_pods_on_dra(pool, &on_dra).await?;
+        let plugin_after = daemonsets.get(pool::DEVICE_PLUGIN_DS).await?;
+        assert_eq!(
+            (plugin_after.metadata.generation, &plugin_after.spec.template),
+            (plugin_before.metadata.generation, &plugin_before.spec.template),
+            "the GPU Operator's DaemonSet was edited"
+        );
+
+        // Rollback puts the label back as it was; the GPU Operator's plugin serves again.
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        for node in &pool.nodes {
+            let n = nodes.get(node).await?;
+            assert_eq!(n.labels().get(DEPLOY).map(String::as_str), Some("true"), "{node}: restored");
+            assert!(!n.annotations().contains_key(RECORD), "{node}: the record is dropped");
+            assert_eq!(backend(&n), "device-plugin", "{node}");
+            assert_eq!(
+                pool::allocatable(&n, "nvidia.com/gpu"),
+                2,
+                "{node}: served by the device plugin again"
+            );
+            assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{node} is left cordoned");
+        }
+        let samples = sampler.stop();
+        assert!(samples.events > 0, "the sampler saw the migration");
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(samples.orphaned_claim_holders.is_empty(), "{:?}", samples.orphaned_claim_holders);
+        assert!(
+            samples.deleted_pods.iter().all(|(_, gpu)| *gpu),
+            "only GPU pods were evicted: {:?}",
+            samples.deleted_pods
+        );
+        assert_eq!(samples.max_in_flight.0, 1, "maxUnavailable 1: {:?}", samples.max_in_flight);
         Ok(())
     })
     .await

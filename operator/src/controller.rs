@@ -25,7 +25,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
+use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState, PlacementMode};
 use crate::cache::{self, Caches};
 use crate::error::{Error, Result};
 use crate::inventory::Finding;
@@ -462,6 +462,38 @@ impl NodePatch {
         self.spec = Some(NodeSpecPatch { unschedulable: admin_cordoned });
         self.annotate(ANNOTATION_INITIALLY_UNSCHEDULABLE, None);
     }
+    /// `placement: GpuOperator` takes the GPU Operator's device plugin off the node: the deploy
+    /// label goes to `false`, and what it was is recorded once (a retried switch keeps the first
+    /// record, so a rollback restores what the admin had, never our own `false`).
+    fn gpu_operator_off(&mut self, node: &PoolNode) {
+        if !node.annotations.contains_key(ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE) {
+            let before = node.labels.get(LABEL_GPU_OPERATOR_DEVICE_PLUGIN);
+            self.annotate(ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE, serde_json::to_string(&before).ok());
+        }
+        self.label(LABEL_GPU_OPERATOR_DEVICE_PLUGIN, Some(GPU_OPERATOR_DEPLOY_OFF.to_string()));
+    }
+    /// The deploy label as it was before the switch, wherever a switch recorded it (whatever the
+    /// mode is now: a node switched under `GpuOperator` and rolled back under another mode still
+    /// gets its device plugin back). Without a record, under `GpuOperator`, a `false` label goes,
+    /// so the GPU Operator deploys its device plugin there again. `forget` drops the record.
+    fn gpu_operator_restore(&mut self, node: &PoolNode, placement: PlacementMode, forget: bool) {
+        let recorded = node.annotations.get(ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE);
+        match recorded.map(|v| serde_json::from_str::<Option<String>>(v)) {
+            Some(Ok(before)) => self.label(LABEL_GPU_OPERATOR_DEVICE_PLUGIN, before),
+            // Unreadable (edited by hand): leave the label to the admin, as with no record.
+            Some(Err(_)) => {}
+            None if placement == PlacementMode::GpuOperator
+                && node.labels.get(LABEL_GPU_OPERATOR_DEVICE_PLUGIN).map(String::as_str)
+                    == Some(GPU_OPERATOR_DEPLOY_OFF) =>
+            {
+                self.label(LABEL_GPU_OPERATOR_DEVICE_PLUGIN, None)
+            }
+            None => {}
+        }
+        if forget && recorded.is_some() {
+            self.annotate(ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE, None);
+        }
+    }
 }
 
 /// The node patch an action makes, or `None` for actions that touch other objects. Pure.
@@ -469,6 +501,7 @@ pub fn node_patch(
     action: &Action,
     node: &PoolNode,
     migration: &str,
+    placement: PlacementMode,
     now: Timestamp,
     gpus: &BTreeMap<String, u64>,
 ) -> Option<NodePatch> {
@@ -494,6 +527,9 @@ pub fn node_patch(
         }
         Action::SwitchToDra => {
             p.label(LABEL_GPU_BACKEND, Some(BACKEND_DRA.to_string()));
+            if placement == PlacementMode::GpuOperator {
+                p.gpu_operator_off(node);
+            }
             p.state(NodeState::Switching, now);
         }
         Action::StartVerify => p.state(NodeState::Verifying, now),
@@ -515,10 +551,14 @@ pub fn node_patch(
             p.label(LABEL_MIGRATION, Some(migration.to_string()));
             p.state(NodeState::RollingBack, now);
         }
-        Action::SwitchToDevicePlugin => p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string())),
+        Action::SwitchToDevicePlugin => {
+            p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
+            p.gpu_operator_restore(node, placement, false);
+        }
         Action::FinishRollback => {
             p.uncordon(node);
             p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
+            p.gpu_operator_restore(node, placement, true);
             p.annotate(ANNOTATION_GPUS_BEFORE, None);
             p.state(NodeState::RolledBack, now);
         }
@@ -825,7 +865,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn pn(annotations: &[(&str, &str)], unschedulable: bool) -> PoolNode {
         PoolNode {
@@ -838,9 +878,13 @@ mod tests {
     }
 
     fn patch_json(a: &Action, node: &PoolNode) -> serde_json::Value {
+        patch_json_in(PlacementMode::Managed, a, node)
+    }
+
+    fn patch_json_in(placement: PlacementMode, a: &Action, node: &PoolNode) -> serde_json::Value {
         let alloc = BTreeMap::from([("nvidia.com/gpu".to_string(), 8u64)]);
         let now = Timestamp::from_second(1_000).unwrap();
-        serde_json::to_value(node_patch(a, node, "pool-a", now, &alloc)).unwrap()
+        serde_json::to_value(node_patch(a, node, "pool-a", placement, now, &alloc)).unwrap()
     }
 
     const NOW: &str = "1970-01-01T00:16:40Z";
@@ -919,7 +963,122 @@ mod tests {
             Action::DeleteTaintRule,
             Action::CreateCanary,
         ] {
-            assert!(node_patch(&a, &ours, "pool-a", Timestamp::now(), &BTreeMap::new()).is_none(), "{a:?}");
+            assert!(
+                node_patch(&a, &ours, "pool-a", PlacementMode::Managed, Timestamp::now(), &BTreeMap::new())
+                    .is_none(),
+                "{a:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn gpu_operator_placement_turns_the_deploy_label_off_and_restores_it_exactly() {
+        const L: &str = LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
+        const A: &str = ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE;
+        let with = |labels: &[(&str, &str)], annotations: &[(&str, &str)]| PoolNode {
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..pn(&[annotations, &[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false")]].concat(), true)
+        };
+        let (gpu, managed) = (PlacementMode::GpuOperator, PlacementMode::Managed);
+        let set = |v: &str| Some(json!(v));
+        let removed = Some(Value::Null);
+        // (name, mode, action, node, the label in the patch, the record in the patch); None: not
+        // in the patch, Some(null): removed.
+        let cases = vec![
+            (
+                "the GPU Operator's true is recorded",
+                gpu,
+                Action::SwitchToDra,
+                with(&[(L, "true")], &[]),
+                set("false"),
+                set("\"true\""),
+            ),
+            (
+                "an absent label is recorded as null",
+                gpu,
+                Action::SwitchToDra,
+                with(&[], &[]),
+                set("false"),
+                set("null"),
+            ),
+            (
+                "a retried switch keeps the first record",
+                gpu,
+                Action::SwitchToDra,
+                with(&[(L, "false")], &[(A, "\"true\"")]),
+                set("false"),
+                None,
+            ),
+            (
+                "Managed leaves the label alone",
+                managed,
+                Action::SwitchToDra,
+                with(&[(L, "true")], &[]),
+                None,
+                None,
+            ),
+            (
+                "back to the device plugin restores the value, keeps the record",
+                gpu,
+                Action::SwitchToDevicePlugin,
+                with(&[(L, "false")], &[(A, "\"true\"")]),
+                set("true"),
+                None,
+            ),
+            (
+                "an absent label is removed again",
+                gpu,
+                Action::SwitchToDevicePlugin,
+                with(&[(L, "false")], &[(A, "null")]),
+                removed.clone(),
+                None,
+            ),
+            (
+                "the finished rollback drops the record",
+                gpu,
+                Action::FinishRollback,
+                with(&[(L, "true")], &[(A, "\"true\"")]),
+                set("true"),
+                removed.clone(),
+            ),
+            (
+                "a record is restored under any mode",
+                managed,
+                Action::SwitchToDevicePlugin,
+                with(&[(L, "false")], &[(A, "\"an-admin-value\"")]),
+                set("an-admin-value"),
+                None,
+            ),
+            (
+                "no record under GpuOperator: false goes, the GPU Operator deploys again",
+                gpu,
+                Action::SwitchToDevicePlugin,
+                with(&[(L, "false")], &[]),
+                removed.clone(),
+                None,
+            ),
+            (
+                "no record under Managed: the label is the admin's",
+                managed,
+                Action::SwitchToDevicePlugin,
+                with(&[(L, "false")], &[]),
+                None,
+                None,
+            ),
+            (
+                "a record edited into nonsense is left to the admin",
+                gpu,
+                Action::FinishRollback,
+                with(&[(L, "false")], &[(A, "tru")]),
+                None,
+                removed.clone(),
+            ),
+        ];
+        for (name, mode, action, node, label, record) in cases {
+            let v = patch_json_in(mode, &action, &node);
+            let get = |m: &str, k: &str| v["metadata"][m].as_object().and_then(|o| o.get(k)).cloned();
+            assert_eq!(get("labels", L), label, "{name}: label");
+            assert_eq!(get("annotations", A), record, "{name}: record");
         }
     }
 

@@ -145,10 +145,16 @@ pub fn select(pods: &[Pod], resources: &[&str], drain: &DrainSpec) -> Selection 
     s
 }
 
-/// True when a running pod holds a DRA claim: a generated one for an extended resource, or one
-/// from `spec.resourceClaims`. Rollback waits until no pod on the node does.
+/// True while a pod may still hold a prepared DRA claim: a generated one for an extended
+/// resource, or one from `spec.resourceClaims`. Rollback waits until no pod on the node does,
+/// since the driver must outlive every claim it prepared.
+///
+/// A pod being deleted holds its claim until it is gone, even once its phase is terminal: the
+/// kubelet removes it only after reclaiming its node resources, claims unprepared included, and a
+/// terminal phase can come first (the kubelet's own eviction, a deadline). A finished pod nobody
+/// deletes (a completed Job's) was unprepared when the kubelet terminated it.
 pub fn holds_dra_claim(pod: &Pod) -> bool {
-    if is_finished(pod) {
+    if is_finished(pod) && pod.metadata.deletion_timestamp.is_none() {
         return false;
     }
     let generated = pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some());
@@ -366,9 +372,15 @@ mod tests {
             "f",
             json!({"status": {"phase": "Failed", "extendedResourceClaimStatus": {"resourceClaimName": "x", "requestMappings": []}}}),
         );
+        let leaving = pod(
+            "l",
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                   "status": {"phase": "Failed", "extendedResourceClaimStatus": {"resourceClaimName": "y", "requestMappings": []}}}),
+        );
         assert!(holds_dra_claim(&generated));
         assert!(holds_dra_claim(&explicit));
         assert!(!holds_dra_claim(&finished));
+        assert!(holds_dra_claim(&leaving), "a finished pod being deleted holds its claim until it is gone");
         assert!(!holds_dra_claim(&pod("plain", gpu_limits())));
     }
 

@@ -9,7 +9,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
-use crate::well_known::{BACKEND_DRA, LABEL_GPU_BACKEND};
+use crate::api::v1alpha1::PlacementMode;
+use crate::well_known::{BACKEND_DRA, LABEL_GPU_BACKEND, LABEL_GPU_OPERATOR_DEVICE_PLUGIN};
+
+/// The label the NVIDIA GPU Operator puts on its operands' DaemonSets and pods.
+const GPU_OPERATOR_MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gpu-operator");
 
 /// Which of the two DaemonSets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +92,112 @@ pub fn has_placement(ds: &DaemonSet, role: Role) -> bool {
             .iter()
             .all(|t| t.match_expressions.as_deref().unwrap_or_default().iter().any(|r| satisfies(role, r))),
         _ => false,
+    }
+}
+
+/// Who owns the DaemonSet when the NVIDIA GPU Operator does: its `ClusterPolicy` owner, or the
+/// operator's `app.kubernetes.io/managed-by: gpu-operator` label on it or its pod template. The
+/// GPU Operator reconciles its DaemonSets back to what the ClusterPolicy renders, so an edit to
+/// one does not last.
+pub fn gpu_operator_owner(ds: &DaemonSet) -> Option<String> {
+    if let Some(o) = ds
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "ClusterPolicy" && o.api_version.starts_with("nvidia.com/"))
+    {
+        return Some(format!("ClusterPolicy {}", o.name));
+    }
+    let (k, v) = GPU_OPERATOR_MANAGED_BY;
+    let labelled = |l: Option<&std::collections::BTreeMap<String, String>>| {
+        l.and_then(|l| l.get(k)).is_some_and(|x| x == v)
+    };
+    let template = ds.spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
+    (labelled(ds.metadata.labels.as_ref()) || labelled(template)).then(|| format!("label {k}={v}"))
+}
+
+/// True when the device plugin's pods run only where [`LABEL_GPU_OPERATOR_DEVICE_PLUGIN`] is
+/// `true` (the GPU Operator's `nodeSelector`, or an `In [true]` requirement in every required
+/// term), so that setting the label to `false` takes the plugin off a node.
+pub fn selects_by_deploy_label(ds: &DaemonSet) -> bool {
+    if ds
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.node_selector.as_ref())
+        .and_then(|ns| ns.get(LABEL_GPU_OPERATOR_DEVICE_PLUGIN))
+        .is_some_and(|v| v == "true")
+    {
+        return true;
+    }
+    let selects = |r: &NodeSelectorRequirement| {
+        r.key == LABEL_GPU_OPERATOR_DEVICE_PLUGIN
+            && r.operator == "In"
+            && r.values.as_deref().is_some_and(|v| !v.is_empty() && v.iter().all(|x| x == "true"))
+    };
+    match required_terms(ds) {
+        Some(terms) if !terms.is_empty() => {
+            terms.iter().all(|t| t.match_expressions.as_deref().unwrap_or_default().iter().any(selects))
+        }
+        _ => false,
+    }
+}
+
+/// What one DaemonSet needs before the pool may start, in a placement mode.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Need {
+    /// It keeps to its backend already.
+    Placed,
+    /// `Managed`: the operator applies this patch.
+    Patch(Box<PlacementApply>),
+    /// An admin must change it; the message says how (with the YAML where there is one).
+    ByHand { message: String, snippet: String },
+    /// The NVIDIA GPU Operator owns the device plugin and the mode is not `GpuOperator`: an edit
+    /// would be reverted, so the pool must not start.
+    GpuOperatorOwned { message: String },
+}
+
+/// The reason PrerequisitesMet and PlacementReady carry for [`Need::GpuOperatorOwned`].
+pub const REASON_GPU_OPERATOR_OWNED: &str = "GpuOperatorOwnsDevicePlugin";
+
+/// What `ds` in `role` needs under `mode`. Pure.
+pub fn need(mode: PlacementMode, ds: &DaemonSet, role: Role) -> Need {
+    let id = format!(
+        "{}/{}",
+        ds.metadata.namespace.as_deref().unwrap_or_default(),
+        ds.metadata.name.as_deref().unwrap_or_default()
+    );
+    let placed = has_placement(ds, role);
+    if role == Role::DevicePlugin && mode == PlacementMode::GpuOperator {
+        if placed || selects_by_deploy_label(ds) {
+            return Need::Placed;
+        }
+        return Need::ByHand {
+            message: format!(
+                "device plugin DaemonSet {id} does not select nodes by {LABEL_GPU_OPERATOR_DEVICE_PLUGIN}=true, so spec.placement: GpuOperator cannot take it off a node; give it nodeSelector {LABEL_GPU_OPERATOR_DEVICE_PLUGIN}: \"true\", or use spec.placement: Managed or Verify"
+            ),
+            snippet: String::new(),
+        };
+    }
+    if placed {
+        return Need::Placed;
+    }
+    if role == Role::DevicePlugin
+        && let Some(owner) = gpu_operator_owner(ds)
+    {
+        return Need::GpuOperatorOwned {
+            message: format!(
+                "device plugin DaemonSet {id} belongs to the NVIDIA GPU Operator ({owner}), which reverts edits to it, so spec.placement: {mode:?} cannot keep it off DRA nodes; set spec.placement: GpuOperator, which switches each node by its {LABEL_GPU_OPERATOR_DEVICE_PLUGIN} label and edits no DaemonSet"
+            ),
+        };
+    }
+    match mode {
+        PlacementMode::Managed => Need::Patch(Box::new(apply_patch(ds, role))),
+        PlacementMode::Verify | PlacementMode::GpuOperator => {
+            Need::ByHand { message: verify_message(ds, role), snippet: yaml_snippet(ds, role) }
+        }
     }
 }
 
@@ -283,6 +393,119 @@ mod tests {
         for (name, d, role, want) in cases {
             assert_eq!(has_placement(&d, role), want, "{name}");
         }
+    }
+
+    /// The GPU Operator's device-plugin DaemonSet as it renders it: owned by the ClusterPolicy,
+    /// selecting nodes by the deploy label.
+    fn gpu_operator_ds(owned: bool, labelled: bool, node_selector: serde_json::Value) -> DaemonSet {
+        let mut d = ds(json!({"containers": [], "nodeSelector": node_selector}));
+        if owned {
+            d.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+                "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy", "uid": "u", "controller": true
+            }))
+            .unwrap()]);
+        }
+        if labelled {
+            d.metadata.labels =
+                Some([("app.kubernetes.io/managed-by".to_string(), "gpu-operator".to_string())].into());
+        }
+        d
+    }
+
+    #[test]
+    fn need_table() {
+        use PlacementMode::{GpuOperator, Managed, Verify};
+        let deploy = json!({"nvidia.com/gpu.deploy.device-plugin": "true"});
+        let owned = gpu_operator_ds(true, false, deploy.clone());
+        let labelled = gpu_operator_ds(false, true, deploy.clone());
+        let plain = ds(json!({"containers": []}));
+        let placed =
+            with_terms(json!([{"matchExpressions": [{"key": KEY, "operator": "NotIn", "values": ["dra"]}]}]));
+        let by_affinity = with_terms(json!([{"matchExpressions": [
+            {"key": "nvidia.com/gpu.deploy.device-plugin", "operator": "In", "values": ["true"]}]}]));
+        let not_by_label = gpu_operator_ds(true, false, json!({"nvidia.com/gpu.present": "true"}));
+        let mut owned_placed = placed.clone();
+        owned_placed.metadata.owner_references = owned.metadata.owner_references.clone();
+        let kind = |n: &Need| match n {
+            Need::Placed => "Placed",
+            Need::Patch(_) => "Patch",
+            Need::ByHand { .. } => "ByHand",
+            Need::GpuOperatorOwned { .. } => "GpuOperatorOwned",
+        };
+        // (name, mode, daemonset, role, what it needs)
+        let cases = vec![
+            ("Managed patches a plain plugin", Managed, &plain, Role::DevicePlugin, "Patch"),
+            ("Verify asks for it", Verify, &plain, Role::DevicePlugin, "ByHand"),
+            (
+                "Managed refuses the ClusterPolicy's plugin",
+                Managed,
+                &owned,
+                Role::DevicePlugin,
+                "GpuOperatorOwned",
+            ),
+            (
+                "Verify refuses it too: the admin's edit would be reverted",
+                Verify,
+                &owned,
+                Role::DevicePlugin,
+                "GpuOperatorOwned",
+            ),
+            (
+                "the operator's label is enough to tell",
+                Managed,
+                &labelled,
+                Role::DevicePlugin,
+                "GpuOperatorOwned",
+            ),
+            (
+                "GpuOperator takes the ClusterPolicy's plugin",
+                GpuOperator,
+                &owned,
+                Role::DevicePlugin,
+                "Placed",
+            ),
+            (
+                "GpuOperator: a required In [true] term selects too",
+                GpuOperator,
+                &by_affinity,
+                Role::DevicePlugin,
+                "Placed",
+            ),
+            (
+                "GpuOperator: a plugin with the backend affinity needs nothing",
+                GpuOperator,
+                &placed,
+                Role::DevicePlugin,
+                "Placed",
+            ),
+            (
+                "GpuOperator: a plugin the label cannot move",
+                GpuOperator,
+                &not_by_label,
+                Role::DevicePlugin,
+                "ByHand",
+            ),
+            ("GpuOperator edits no driver DaemonSet either", GpuOperator, &plain, Role::Driver, "ByHand"),
+            (
+                "a GPU Operator plugin already placed is fine under Managed",
+                Managed,
+                &owned_placed,
+                Role::DevicePlugin,
+                "Placed",
+            ),
+        ];
+        for (name, mode, d, role, want) in cases {
+            assert_eq!(kind(&need(mode, d, role)), want, "{name}");
+        }
+        let Need::GpuOperatorOwned { message } = need(Managed, &owned, Role::DevicePlugin) else {
+            unreachable!()
+        };
+        assert!(message.contains("ClusterPolicy cluster-policy"), "{message}");
+        assert!(message.contains("set spec.placement: GpuOperator"), "{message}");
+        let Need::ByHand { message, .. } = need(GpuOperator, &not_by_label, Role::DevicePlugin) else {
+            unreachable!()
+        };
+        assert!(message.contains("nvidia.com/gpu.deploy.device-plugin"), "{message}");
     }
 
     #[test]

@@ -22,9 +22,10 @@ use crate::device_classes::{self, ClassInfo};
 use crate::drain;
 use crate::inventory::{self, Finding, Severity};
 use crate::overlap;
-use crate::placement::{self, Role};
+use crate::placement::{self, Need, Role};
 use crate::plan::{self, Backend, OtherMigration, PoolNode};
 use crate::prerequisites::Verdict;
+use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
 
 /// Everything the preview reads.
 #[derive(Clone, Debug)]
@@ -164,8 +165,14 @@ pub enum PlacementAction {
     AlreadyPlaced,
     /// The operator adds the node affinity (placement: Managed).
     AddNodeAffinity,
-    /// An admin must add it (placement: Verify); `snippet` has the YAML.
+    /// An admin must add it (placement: Verify); `snippet` has the YAML, `message` says how.
     AddByHand,
+    /// The GPU Operator's device plugin under `placement: GpuOperator`: nodes switch by their
+    /// `nvidia.com/gpu.deploy.device-plugin` label and no DaemonSet is edited.
+    SwitchByNodeLabel,
+    /// The GPU Operator owns the device plugin and the mode would edit it: use
+    /// `placement: GpuOperator` (`message` says why).
+    UseGpuOperatorPlacement,
     /// The DaemonSet does not exist.
     Missing,
 }
@@ -178,6 +185,8 @@ pub struct PlacementPlan {
     pub action: PlacementAction,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub snippet: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -337,21 +346,36 @@ fn placement_plans(inputs: &Inputs) -> Vec<PlacementPlan> {
     ]
     .into_iter()
     .map(|(ds, role, r)| {
-        let (action, snippet) = match ds {
-            None => (PlacementAction::Missing, String::new()),
-            Some(ds) if placement::has_placement(ds, role) => (PlacementAction::AlreadyPlaced, String::new()),
-            Some(ds) => match spec.placement {
-                PlacementMode::Managed => {
-                    (PlacementAction::AddNodeAffinity, placement::yaml_snippet(ds, role))
-                }
-                PlacementMode::Verify => (PlacementAction::AddByHand, placement::yaml_snippet(ds, role)),
-            },
+        let by_label = role == Role::DevicePlugin && spec.placement == PlacementMode::GpuOperator;
+        let (action, snippet, message) = match ds
+            .as_ref()
+            .map(|ds| (ds, placement::need(spec.placement, ds, role)))
+        {
+            None => (PlacementAction::Missing, String::new(), String::new()),
+            Some((_, Need::Placed)) if by_label => (
+                PlacementAction::SwitchByNodeLabel,
+                String::new(),
+                format!(
+                    "each node switches by its {LABEL_GPU_OPERATOR_DEVICE_PLUGIN} label, restored on rollback"
+                ),
+            ),
+            Some((_, Need::Placed)) => (PlacementAction::AlreadyPlaced, String::new(), String::new()),
+            Some((ds, Need::Patch(_))) => {
+                (PlacementAction::AddNodeAffinity, placement::yaml_snippet(ds, role), String::new())
+            }
+            Some((_, Need::ByHand { message, snippet })) => {
+                (PlacementAction::AddByHand, snippet, message.lines().next().unwrap_or_default().to_owned())
+            }
+            Some((_, Need::GpuOperatorOwned { message })) => {
+                (PlacementAction::UseGpuOperatorPlacement, String::new(), message)
+            }
         };
         PlacementPlan {
             daemon_set: format!("{}/{}", r.namespace, r.name),
             role: role_name(role).into(),
             action,
             snippet,
+            message,
         }
     })
     .collect()
@@ -481,11 +505,12 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         match pl.action {
             // A missing DaemonSet is already a failed prerequisite.
             PlacementAction::Missing => {}
-            PlacementAction::AddByHand => blockers.push(format!(
-                "{} DaemonSet {} lacks the backend node affinity and spec.placement is Verify",
-                pl.role, pl.daemon_set
-            )),
-            PlacementAction::AlreadyPlaced | PlacementAction::AddNodeAffinity => {}
+            PlacementAction::AddByHand | PlacementAction::UseGpuOperatorPlacement => {
+                blockers.push(format!("placement: {}", pl.message.lines().next().unwrap_or_default()))
+            }
+            PlacementAction::AlreadyPlaced
+            | PlacementAction::AddNodeAffinity
+            | PlacementAction::SwitchByNodeLabel => {}
         }
     }
     if spec.paused {

@@ -14,7 +14,7 @@ use kube::runtime::events::EventType;
 
 use super::observe::{NodeReads, Snapshot};
 use crate::api::v1alpha1::{
-    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase, PlacementMode,
+    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
 };
 use crate::capacity::Block;
 use crate::conditions::{self, ConditionType, Desired, Progress};
@@ -268,24 +268,43 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     // Placement.
     let mut placement_patches = Vec::new();
     let mut placement_problems = Vec::new();
+    let mut gpu_operator_owned = None;
     for (ds, role, r) in [(&s.plugin_ds, Role::DevicePlugin, dp), (&s.driver_ds, Role::Driver, dn)] {
         let Some(ds) = ds else { continue };
-        if placement::has_placement(ds, role) {
-            continue;
-        }
-        match spec.placement {
-            PlacementMode::Managed => placement_patches.push(PlacementPatch {
+        match placement::need(spec.placement, ds, role) {
+            placement::Need::Placed => {}
+            placement::Need::Patch(patch) => placement_patches.push(PlacementPatch {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
-                patch: placement::apply_patch(ds, role),
+                patch: *patch,
             }),
-            PlacementMode::Verify => placement_problems.push(placement::verify_message(ds, role)),
+            placement::Need::ByHand { message, .. } => placement_problems.push(message),
+            placement::Need::GpuOperatorOwned { message } => {
+                placement_problems.push(message.clone());
+                gpu_operator_owned = Some(message);
+            }
         }
     }
     let placement_ready = placement_problems.is_empty()
         && placement_patches.is_empty()
         && s.driver_ds.is_some()
         && s.plugin_ds.is_some();
+    // A GPU Operator device plugin under a mode that edits it is a prerequisite the admin must
+    // change, and says so where admins look first; an earlier block stays the one shown.
+    let placement_reason = if gpu_operator_owned.is_some() {
+        placement::REASON_GPU_OPERATOR_OWNED
+    } else {
+        "NodeAffinityMissing"
+    };
+    let verdict = match gpu_operator_owned {
+        Some(message) if verdict.met => prerequisites::Verdict {
+            met: false,
+            reason: placement::REASON_GPU_OPERATOR_OWNED,
+            message,
+            ..verdict
+        },
+        _ => verdict,
+    };
 
     // The overlap invariant; a node mid-switch is allowed both for the seconds it takes.
     let overlaps: Vec<overlap::Overlap> = s
@@ -460,12 +479,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
             "a DaemonSet is missing; see PrerequisitesMet",
         )
     } else {
-        Desired::new(
-            ConditionType::PlacementReady,
-            false,
-            "NodeAffinityMissing",
-            placement_problems.join("\n"),
-        )
+        Desired::new(ConditionType::PlacementReady, false, placement_reason, placement_problems.join("\n"))
     });
     desired.push(match overlaps.first() {
         Some(o) => Desired::new(
@@ -764,7 +778,7 @@ pub fn node_step(
     {
         step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
     }
-    if let Some(mut patch) = node_patch(&action, &pn, v.migration, v.now, &dp_gpus) {
+    if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
         // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
         patch.metadata.resource_version = node.metadata.resource_version.clone();
         step.patch = Some(patch);
@@ -881,7 +895,7 @@ pub fn phase(spec: &GpuPoolMigrationSpec, p: &plan::Plan, gate_open: bool) -> Ph
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::GpuPoolMigration;
+    use crate::api::v1alpha1::{GpuPoolMigration, PlacementMode};
     use crate::plan::OtherMigration;
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::Pod;
@@ -1108,6 +1122,28 @@ mod tests {
                 "NodeAffinityMissing",
             ),
             (
+                "the GPU Operator's device plugin under Managed is a prerequisite to change",
+                |w| w.plugin_ds = Some(gpu_operator_plugin()),
+                ConditionType::PrerequisitesMet,
+                "GpuOperatorOwnsDevicePlugin",
+            ),
+            (
+                "and PlacementReady says the same",
+                |w| w.plugin_ds = Some(gpu_operator_plugin()),
+                ConditionType::PlacementReady,
+                "GpuOperatorOwnsDevicePlugin",
+            ),
+            (
+                "GpuOperator placement with a plugin the label cannot move",
+                |w| {
+                    w.gpm.spec.placement = PlacementMode::GpuOperator;
+                    w.plugin_ds = Some(from(json!({"metadata": {"namespace": "gpu", "name": "plugin"},
+                    "spec": {"selector": {}, "template": {"spec": {"containers": []}}}})));
+                },
+                ConditionType::PlacementReady,
+                "NodeAffinityMissing",
+            ),
+            (
                 "a missing DaemonSet",
                 |w| w.driver_ds = None,
                 ConditionType::PrerequisitesMet,
@@ -1142,6 +1178,37 @@ mod tests {
             };
             assert_eq!(applies, want, "{name}");
         }
+    }
+
+    /// The device plugin as the GPU Operator renders it.
+    fn gpu_operator_plugin() -> DaemonSet {
+        from(json!({"metadata": {"namespace": "gpu-operator", "name": "nvidia-device-plugin-daemonset",
+            "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy", "uid": "u", "controller": true}]},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [],
+                "nodeSelector": {"nvidia.com/gpu.deploy.device-plugin": "true"}}}}}))
+    }
+
+    #[test]
+    fn gpu_operator_placement_opens_the_gate_and_its_switch_turns_the_deploy_label_off() {
+        let mut w = world(json!({"placement": "GpuOperator"}));
+        w.plugin_ds = Some(gpu_operator_plugin());
+        let mut labels = json!({});
+        labels["metadata"]["labels"] = json!({"nvidia.com/gpu.deploy.device-plugin": "true"});
+        w.nodes.push(node("n0", Some("Draining"), labels));
+        w.reads.insert("n0".into(), NodeReads::default());
+        let d = decide(&w);
+        assert!(d.gate_open, "{:?}", d.status.conditions);
+        assert!(d.placement_patches.is_empty(), "GpuOperator edits no DaemonSet");
+        assert_eq!(condition(&d, ConditionType::PlacementReady).reason, "Placed");
+        let step = d.steps.iter().find(|s| s.node == "n0").expect("a step for n0");
+        assert_eq!(step.action, Action::SwitchToDra);
+        let patch = serde_json::to_value(step.patch.as_ref().expect("the switch patch")).unwrap();
+        assert_eq!(patch["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"], "false", "{patch}");
+        assert_eq!(patch["metadata"]["labels"]["switchyard.dev/gpu-backend"], "dra", "{patch}");
+        assert_eq!(
+            patch["metadata"]["annotations"]["switchyard.dev/device-plugin-deploy-before"], "\"true\"",
+            "{patch}"
+        );
     }
 
     #[test]
