@@ -5,7 +5,8 @@
 #   derived files   e2e/hack/sync-packaging.sh --check (chart CRDs, PrometheusRule, chart files)
 #   Argo CD health  lua5.4 config/argocd/run-health-tests.lua (health.lua over its fixtures)
 #   Flux / kstatus  go test in e2e/kstatus (sigs.k8s.io/cli-utils status.Compute, same fixtures)
-#   Helm chart      helm lint --strict, helm template (defaults, and every toggle on)
+#   Helm chart      helm lint --strict, helm template (defaults, and every toggle on), and
+#                   e2e/hack/test-helm-values.sh (each admin value rendered, bad ones rejected)
 #   alerts          promtool check rules, promtool test rules
 #   dashboard       JSON parses; every PromQL expression parses (promtool, as recording rules)
 #   kustomize       kubectl kustomize config/, e2e/overlays/monitoring and e2e/overlays/real-nodes
@@ -57,6 +58,9 @@ grep -qF "agent.simulatedInventory is required" <<<"$err" || { echo "unexpected 
 if "$helm" template switchyard "$chart" --set agent.inventory=fake >/dev/null 2>&1; then
   echo "values.schema.json accepted agent.inventory=fake" >&2; exit 1
 fi
+# Every admin value (logging, selector, scheduling, kubelet and CDI dirs, images, pull secrets)
+# rendered into its object, and the bad ones rejected.
+HELM="$helm" bash e2e/hack/test-helm-values.sh
 
 step "Prometheus rules (promtool)"
 promtool check rules config/prometheus/rules.yaml
@@ -83,7 +87,8 @@ for m in switchyard_nodes switchyard_pool_gpus switchyard_backend_overlap_nodes 
          switchyard_agent_publish_failures_total switchyard_agent_event_to_taint_seconds_bucket \
          switchyard_agent_nvml_errors_total scheduler_pending_pods scheduler_plugin_execution_duration_seconds_bucket \
          scheduler_framework_extension_point_duration_seconds_bucket dynamic_resource_allocation_resourceclaim_creates_total \
-         resourceclaim_controller_create_failures_total dynamic_resource_allocation_resource_claims; do
+         resourceclaim_controller_create_failures_total dynamic_resource_allocation_resource_claims \
+         switchyard_leader switchyard_migration_stalled; do
   grep -q "$m" "$dash" || { echo "dashboard: no panel queries $m" >&2; exit 1; }
 done
 

@@ -2,7 +2,7 @@
 //! on loopback (the operator's `/metrics`, the agent's fault endpoint), the API server's audit log
 //! counted by user agent, and quantiles of samples and of Prometheus histograms.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -114,6 +114,45 @@ pub fn requests_by(
         *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() += 1;
     }
     Ok(by_kind)
+}
+
+/// One request as RBAC sees it: API group ("" for core), resource (with `/subresource`), verb.
+pub type RbacRequest = (String, String, String);
+
+/// What `user` asked of the API between `from` and `to` (audit-log timestamps), with the
+/// response codes each got. Non-resource requests (discovery, `/version`) are left out: RBAC's
+/// `system:discovery` grants those to every user.
+pub fn requests_of_user(
+    log: &std::path::Path,
+    user: &str,
+    from: &str,
+    to: &str,
+) -> anyhow::Result<BTreeMap<RbacRequest, BTreeSet<u16>>> {
+    use std::io::BufRead as _;
+    let needle = format!("\"{user}\"");
+    let mut out: BTreeMap<RbacRequest, BTreeSet<u16>> = BTreeMap::new();
+    let file = std::fs::File::open(log).with_context(|| format!("opening {}", log.display()))?;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line?;
+        if !line.contains(&needle) {
+            continue;
+        }
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
+        if e["user"]["username"].as_str() != Some(user) || at < from || at > to || e["objectRef"].is_null() {
+            continue;
+        }
+        let group = e["objectRef"]["apiGroup"].as_str().unwrap_or_default().to_owned();
+        let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
+        let resource = match e["objectRef"]["subresource"].as_str() {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource.to_owned(),
+        };
+        let verb = e["verb"].as_str().unwrap_or_default().to_owned();
+        let code = e["responseStatus"]["code"].as_u64().unwrap_or_default() as u16;
+        out.entry((group, resource, verb)).or_default().insert(code);
+    }
+    Ok(out)
 }
 
 /// Now, as the audit log writes its timestamps.

@@ -109,7 +109,140 @@ fn diagnostics(id: &str) -> String {
     .join("\n")
 }
 
+/// `kubectl cordon` of `node` by an admin who wants the cordon to outlive the migration, as the
+/// README says to do it. A cordon of a node Switchyard holds cordoned mid-move changes nothing in
+/// the API, so Switchyard cannot see it; the admin then also sets
+/// `switchyard.dev/initially-unschedulable=true` (with the resourceVersion read, so a step that
+/// lands in between is seen and decided again). A node not started yet, or already moved, needs
+/// only the cordon: Switchyard records it when it starts the node, or never touches it again.
+async fn admin_cordon(nodes: &Api<Node>, node: &str) -> anyhow::Result<()> {
+    use switchyard_operator::well_known::{ANNOTATION_INITIALLY_UNSCHEDULABLE, ANNOTATION_MIGRATION_STATE};
+    real::kubectl(&["cordon", node])?;
+    for _ in 0..20 {
+        let n = nodes.get(node).await?;
+        if n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true) {
+            // Switchyard finished the node's move (and uncordoned it) in between: cordon again.
+            real::kubectl(&["cordon", node])?;
+            continue;
+        }
+        let state = n.annotations().get(ANNOTATION_MIGRATION_STATE).map(String::as_str).unwrap_or_default();
+        let mid_move = ["Cordoned", "Draining", "Switching", "Verifying", "RollingBack"].contains(&state);
+        if !mid_move
+            || n.annotations().get(ANNOTATION_INITIALLY_UNSCHEDULABLE).map(String::as_str) == Some("true")
+        {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"resourceVersion": n.resource_version(),
+            "annotations": {ANNOTATION_INITIALLY_UNSCHEDULABLE: "true"}}});
+        match nodes.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("could not cordon {node} for good in 20 tries")
+}
+
+/// The operator's ServiceAccount, as the audit log names it.
+const OPERATOR_USER: &str = "system:serviceaccount:switchyard-system:switchyard-operator";
+
+/// Grants of the packaged operator role that this scenario does not exercise, and why each is
+/// still needed. Everything else the role grants must show up in the audit log of the run.
+const NOT_EXERCISED_HERE: [(&str, &str, &str, &str); 7] = [
+    (
+        "events.k8s.io",
+        "events",
+        "patch",
+        "kube's Recorder patches an event that repeats within its series window; whether one repeats is timing",
+    ),
+    (
+        "",
+        "nodes",
+        "get",
+        "observe::cached_pool_nodes reads a node when its cache lags the operator's own patch",
+    ),
+    (
+        "resource.k8s.io",
+        "deviceclasses",
+        "create",
+        "the DRAExtendedResource dry-run probe, run only against a 1.36 API server",
+    ),
+    ("kueue.x-k8s.io", "clusterqueues", "list", "the inventory lists Kueue objects where Kueue is installed"),
+    (
+        "kueue.x-k8s.io",
+        "resourceflavors",
+        "list",
+        "the inventory lists Kueue objects where Kueue is installed",
+    ),
+    (
+        "karpenter.sh",
+        "nodepools",
+        "list",
+        "the inventory lists Karpenter NodePools where Karpenter is installed",
+    ),
+    (
+        "monitoring.coreos.com",
+        "prometheusrules",
+        "list",
+        "the inventory lists PrometheusRules where the Prometheus Operator is installed",
+    ),
+];
+
+/// Least privilege, from both sides: every request the operator made with its own ServiceAccount
+/// (the API server's audit log, `from` to now) is one its packaged ClusterRole or Role grants, and
+/// every grant was used, or is listed in [`NOT_EXERCISED_HERE`] with the code path that needs it.
+async fn operator_rbac_is_what_it_uses(client: &Client, from: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+    let log = cluster::kubeconfig().parent().unwrap_or(std::path::Path::new(".")).join("logs/audit.log");
+    let used = switchyard_e2e::measure::requests_of_user(
+        &log,
+        OPERATOR_USER,
+        from,
+        &switchyard_e2e::measure::now(),
+    )?;
+    let cluster_role = Api::<ClusterRole>::all(client.clone()).get("switchyard-operator").await?;
+    let role = Api::<Role>::namespaced(client.clone(), SYSTEM_NS).get("switchyard-operator").await?;
+    let flatten = |rules: &[PolicyRule]| -> BTreeSet<(String, String, String)> {
+        let mut out = BTreeSet::new();
+        for r in rules {
+            for g in r.api_groups.iter().flatten() {
+                for res in r.resources.iter().flatten() {
+                    for v in &r.verbs {
+                        out.insert((g.clone(), res.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let granted: BTreeSet<_> = flatten(cluster_role.rules.as_deref().unwrap_or_default())
+        .into_iter()
+        .chain(flatten(role.rules.as_deref().unwrap_or_default()))
+        .collect();
+    assert!(!used.is_empty(), "no operator request in {} since {from}", log.display());
+    let ungranted: Vec<_> = used.iter().filter(|(k, _)| !granted.contains(*k)).collect();
+    assert!(ungranted.is_empty(), "the operator made requests its role does not grant: {ungranted:?}");
+    let exempt: BTreeSet<(String, String, String)> =
+        NOT_EXERCISED_HERE.iter().map(|(g, r, v, _)| (g.to_string(), r.to_string(), v.to_string())).collect();
+    let stale: Vec<_> = exempt.difference(&granted).collect();
+    assert!(stale.is_empty(), "NOT_EXERCISED_HERE lists what the role no longer grants: {stale:?}");
+    let unused: Vec<_> = granted.iter().filter(|k| !used.contains_key(*k) && !exempt.contains(*k)).collect();
+    assert!(
+        unused.is_empty(),
+        "the role grants what the operator never used here: {unused:?}; used: {:?}",
+        used.keys()
+    );
+    // A 403 on a granted request is the authorizer catching up with a new binding; say so.
+    for (k, codes) in &used {
+        if codes.contains(&403) {
+            eprintln!("note: {k:?} was refused (403) at least once before it was allowed: {codes:?}");
+        }
+    }
+    Ok(())
+}
+
 async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let started = switchyard_e2e::measure::now();
     let gpus_per_node = uuids_in_inventory().len() as i64;
     for n in names {
         real::label(client, n, json!({"pool": id, LABEL_GPU_PRESENT: "true"})).await?;
@@ -198,7 +331,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     // once the replacement of the deleted pod is Ready as a standby; kubectl retries until then.
     // The standby takes the Lease; the migration goes on with the node cordoned by the admin.
     let leader_node = new_leader.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-    real::kubectl(&["cordon", &leader_node])?;
+    admin_cordon(&node_api, &leader_node).await?;
     let phase_at_cordon = status(&migrations.get(id).await?).phase;
     assert_ne!(phase_at_cordon, Some(Phase::Completed), "the drain must land mid-migration");
     real::kubectl(&[
@@ -355,7 +488,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         "only GPU pods were evicted: {:?}",
         samples.deleted_pods
     );
-    Ok(())
+    operator_rbac_is_what_it_uses(client, &started).await
 }
 
 /// Leaves the shared cluster as it found it, whatever the outcome: the migration deleted while the

@@ -2,6 +2,9 @@
 //! error category, a node state, a backend, and the GpuPoolMigration name (a handful per cluster,
 //! never a node or pod name).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -37,6 +40,13 @@ pub struct MigrationLabels {
     pub migration: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StalledLabels {
+    pub migration: String,
+    /// The Stalled condition's reason (`NodeFailed`, `PrerequisitesNotMet`, ...): a short fixed set.
+    pub reason: String,
+}
+
 /// Histogram constructor for per-pool drain durations: 1 s to ~68 min, since a drain waits for
 /// pods' own termination grace periods and for PodDisruptionBudgets.
 fn drain_histogram() -> Histogram {
@@ -67,6 +77,12 @@ pub struct Metrics {
     pub backend_overlap_nodes: Family<MigrationLabels, Gauge>,
     pub drain_duration: Family<MigrationLabels, Histogram, fn() -> Histogram>,
     pub watch_errors: Family<WatchLabels, Counter>,
+    /// 1 while this replica holds the leader Lease (or runs without leader election).
+    pub leader: Gauge,
+    /// 1 per migration whose Stalled condition is True, labelled with its reason; no series
+    /// otherwise. See [`Metrics::set_stalled`].
+    pub migration_stalled: Family<StalledLabels, Gauge>,
+    stalled_reasons: Mutex<HashMap<String, String>>,
 }
 
 /// Every node state, so a gauge drops to 0 when the last node leaves a state.
@@ -154,6 +170,18 @@ impl Metrics {
             "Watch failures by watched kind; each watch retries on its own within 5 s",
             watch_errors.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and moves the pools, else 0",
+            leader.clone(),
+        );
+        let migration_stalled = Family::<StalledLabels, Gauge>::default();
+        registry.register(
+            "migration_stalled",
+            "1 while a GpuPoolMigration's Stalled condition is True (only a person can unblock it), by the condition's reason",
+            migration_stalled.clone(),
+        );
         Self {
             registry,
             reconciliations,
@@ -165,6 +193,27 @@ impl Metrics {
             backend_overlap_nodes,
             drain_duration,
             watch_errors,
+            leader,
+            migration_stalled,
+            stalled_reasons: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records a pool's stall: `Some(reason)` while its Stalled condition is True. A changed or
+    /// cleared reason removes the old series, so an alert on it resolves.
+    pub fn set_stalled(&self, pool: &str, reason: Option<&str>) {
+        let Ok(mut reasons) = self.stalled_reasons.lock() else { return };
+        let previous = match reason {
+            Some(r) => reasons.insert(pool.to_string(), r.to_string()),
+            None => reasons.remove(pool),
+        };
+        if let Some(old) = previous.filter(|old| Some(old.as_str()) != reason) {
+            self.migration_stalled.remove(&StalledLabels { migration: pool.to_string(), reason: old });
+        }
+        if let Some(r) = reason {
+            self.migration_stalled
+                .get_or_create(&StalledLabels { migration: pool.to_string(), reason: r.to_string() })
+                .set(1);
         }
     }
 
@@ -194,6 +243,7 @@ impl Metrics {
         }
         self.backend_overlap_nodes.remove(&MigrationLabels { migration: pool.to_string() });
         self.drain_duration.remove(&MigrationLabels { migration: pool.to_string() });
+        self.set_stalled(pool, None);
     }
 
     /// The OpenMetrics text for `/metrics`.
@@ -222,6 +272,8 @@ mod tests {
         m.backend_overlap_nodes.get_or_create(&MigrationLabels { migration: "pool-a".into() }).set(1);
         m.drain_duration.get_or_create(&MigrationLabels { migration: "pool-a".into() }).observe(42.0);
         m.watch_errors.get_or_create(&WatchLabels { kind: "Node" }).inc();
+        m.leader.set(1);
+        m.set_stalled("pool-a", Some("NodeFailed"));
         let text = m.encode();
         for want in [
             "switchyard_reconciliations_total 1",
@@ -237,11 +289,39 @@ mod tests {
             "# UNIT switchyard_drain_duration_seconds seconds",
             "switchyard_drain_duration_seconds_bucket{le=\"64.0\",migration=\"pool-a\"} 1",
             "switchyard_watch_errors_total{kind=\"Node\"} 1",
+            "switchyard_leader 1",
+            "switchyard_migration_stalled{migration=\"pool-a\",reason=\"NodeFailed\"} 1",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
         assert!(!text.contains("_total_total"));
         m.forget_pool("pool-a");
         assert!(!m.encode().contains("pool-a"));
+    }
+
+    #[test]
+    fn a_stall_keeps_one_series_per_pool_with_the_current_reason() {
+        let m = Metrics::new();
+        let series = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .filter(|l| l.starts_with("switchyard_migration_stalled{"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        m.set_stalled("a", Some("PrerequisitesNotMet"));
+        m.set_stalled("b", Some("NodeFailed"));
+        m.set_stalled("a", Some("DeviceClassShadowed"));
+        let mut got = series(&m);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "switchyard_migration_stalled{migration=\"a\",reason=\"DeviceClassShadowed\"} 1",
+                "switchyard_migration_stalled{migration=\"b\",reason=\"NodeFailed\"} 1",
+            ]
+        );
+        m.set_stalled("a", None);
+        assert_eq!(series(&m), ["switchyard_migration_stalled{migration=\"b\",reason=\"NodeFailed\"} 1"]);
     }
 }

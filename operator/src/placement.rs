@@ -12,6 +12,9 @@ use serde::Serialize;
 use crate::api::v1alpha1::PlacementMode;
 use crate::well_known::{BACKEND_DRA, LABEL_GPU_BACKEND, LABEL_GPU_OPERATOR_DEVICE_PLUGIN};
 
+/// The `helm.sh/chart` label of the `nvidia-device-plugin` chart's objects: `<chart>-<version>`.
+const DEVICE_PLUGIN_CHART_PREFIX: &str = "nvidia-device-plugin-";
+
 /// The label the NVIDIA GPU Operator puts on its operands' DaemonSets and pods.
 const GPU_OPERATOR_MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gpu-operator");
 
@@ -195,10 +198,62 @@ pub fn need(mode: PlacementMode, ds: &DaemonSet, role: Role) -> Need {
     }
     match mode {
         PlacementMode::Managed => Need::Patch(Box::new(apply_patch(ds, role))),
-        PlacementMode::Verify | PlacementMode::GpuOperator => {
-            Need::ByHand { message: verify_message(ds, role), snippet: yaml_snippet(ds, role) }
-        }
+        PlacementMode::Verify | PlacementMode::GpuOperator => match device_plugin_chart_release(ds) {
+            // From the chart: the change belongs in its values (or the kustomize build of it),
+            // since a `helm upgrade` renders the DaemonSet anew.
+            Some(release) if role == Role::DevicePlugin => {
+                let advice = chart_advice(ds, role, &release);
+                Need::ByHand { message: format!("{}\n{advice}", verify_message(ds, role)), snippet: advice }
+            }
+            _ => Need::ByHand { message: verify_message(ds, role), snippet: yaml_snippet(ds, role) },
+        },
     }
+}
+
+/// The Helm release of the `nvidia-device-plugin` chart that renders `ds` (its
+/// `app.kubernetes.io/instance` label, empty when absent), or `None` when the chart did not.
+pub fn device_plugin_chart_release(ds: &DaemonSet) -> Option<String> {
+    let labels = ds.metadata.labels.as_ref()?;
+    labels.get("helm.sh/chart").filter(|c| c.starts_with(DEVICE_PLUGIN_CHART_PREFIX))?;
+    Some(labels.get("app.kubernetes.io/instance").cloned().unwrap_or_default())
+}
+
+/// The DaemonSet's affinity with the role's requirement in every required term: what the chart's
+/// `affinity` value must hold (Helm replaces the value whole, so the chart's own terms, for
+/// example its default on `feature.node.kubernetes.io/pci-10de.present`, are kept in it).
+pub fn placed_affinity(ds: &DaemonSet, role: Role) -> Affinity {
+    let mut affinity = ds.spec.template.spec.as_ref().and_then(|p| p.affinity.clone()).unwrap_or_default();
+    let node = affinity.node_affinity.get_or_insert_with(Default::default);
+    node.required_during_scheduling_ignored_during_execution =
+        Some(NodeSelector { node_selector_terms: merged_terms(ds, role) });
+    affinity
+}
+
+/// What to add to the `nvidia-device-plugin` chart's values, and the same as a kustomize patch
+/// (a strategic merge patch: `nodeSelectorTerms` is replaced whole, with the terms it had).
+pub fn chart_advice(ds: &DaemonSet, role: Role, release: &str) -> String {
+    #[derive(Serialize)]
+    struct Values {
+        affinity: Affinity,
+    }
+    let name = ds.metadata.name.as_deref().unwrap_or_default();
+    let namespace = ds.metadata.namespace.as_deref().unwrap_or_default();
+    let values = serde_yaml::to_string(&Values { affinity: placed_affinity(ds, role) }).unwrap_or_default();
+    let smp = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": merged_terms(ds, role)}}}}}},
+    });
+    let patch = serde_json::json!({"patches": [{
+        "target": {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": name, "namespace": namespace},
+        "patch": serde_yaml::to_string(&smp).unwrap_or_default(),
+    }]});
+    let release = if release.is_empty() { String::new() } else { format!(" (release {release})") };
+    format!(
+        "# It comes from the nvidia-device-plugin Helm chart{release}: set this in its values\n# (helm upgrade --reuse-values -f this.yaml), keeping the terms it had:\n{values}# Or, where a kustomization renders the chart, add this to it:\n{}",
+        serde_yaml::to_string(&patch).unwrap_or_default()
+    )
 }
 
 /// The required terms after adding the role's requirement to each existing term (or one term
@@ -506,6 +561,45 @@ mod tests {
             unreachable!()
         };
         assert!(message.contains("nvidia.com/gpu.deploy.device-plugin"), "{message}");
+    }
+
+    #[test]
+    fn the_device_plugin_charts_daemonset_gets_values_and_a_kustomize_patch() {
+        // As the chart renders it: its labels and its default affinity on NFD's PCI label.
+        let mut d = with_terms(json!([{"matchExpressions": [
+            {"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}]}]));
+        d.metadata.labels = Some(
+            [
+                ("helm.sh/chart".to_string(), "nvidia-device-plugin-0.17.1".to_string()),
+                ("app.kubernetes.io/instance".to_string(), "ndp".to_string()),
+            ]
+            .into(),
+        );
+        assert_eq!(device_plugin_chart_release(&d).as_deref(), Some("ndp"));
+        assert_eq!(device_plugin_chart_release(&ds(json!({"containers": []}))), None);
+        let Need::ByHand { message, snippet } = need(PlacementMode::Verify, &d, Role::DevicePlugin) else {
+            panic!("Verify asks for it")
+        };
+        assert!(message.contains("nvidia-device-plugin Helm chart (release ndp)"), "{message}");
+        assert!(message.ends_with(&snippet));
+        // The values part: the chart's term kept, ours added; it reads back as a placed template.
+        let values_part = snippet.split("# Or,").next().unwrap().to_string();
+        let values: serde_json::Value = serde_yaml::from_str(&values_part).unwrap();
+        let terms = &values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert!(has_placement(&with_terms(terms.clone()), Role::DevicePlugin), "{values_part}");
+        assert!(values_part.contains("feature.node.kubernetes.io/pci-10de.present"), "{values_part}");
+        // The kustomize part: a patches entry whose strategic merge patch carries the same terms.
+        let kustomize: serde_json::Value =
+            serde_yaml::from_str(snippet.split("add this to it:\n").nth(1).unwrap()).unwrap();
+        let entry = &kustomize["patches"][0];
+        assert_eq!(
+            (entry["target"]["kind"].as_str(), entry["target"]["name"].as_str()),
+            (Some("DaemonSet"), Some("nvidia-device-plugin"))
+        );
+        let smp: serde_json::Value = serde_yaml::from_str(entry["patch"].as_str().unwrap()).unwrap();
+        let patched = &smp["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(patched, terms);
     }
 
     #[test]

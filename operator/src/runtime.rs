@@ -162,6 +162,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         ready.store(false, Ordering::SeqCst);
         info!("leading");
     }
+    metrics.leader.set(1);
 
     // Shutdown fires on SIGTERM or on lost leadership.
     let (lost_tx, mut lost_rx) = watch::channel(false);
@@ -198,6 +199,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let shutdown = async move {
         let _ = shutdown_stop.wait_for(|s| *s).await;
     };
+    let leader = metrics.leader.clone();
     let ctrl = tokio::spawn(controller::run(
         client.clone(),
         metrics,
@@ -216,6 +218,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         Ok(_) = lost_rx.wait_for(|l| *l) => true,
     };
     ready.store(false, Ordering::SeqCst);
+    leader.set(0);
     let _ = stop_tx.send(true);
     if lost {
         // Not one more write: a standby may lead already. Whatever a reconcile left half done

@@ -148,6 +148,8 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         .backend_overlap_nodes
         .get_or_create(&MigrationLabels { migration: name.clone() })
         .set(m.overlap_nodes);
+    let stalled = status.conditions.iter().find(|c| c.type_ == "Stalled" && c.status == "True");
+    ctx.metrics.set_stalled(&name, stalled.map(|c| c.reason.as_str()));
 
     let mut next = if errors > 0 {
         // Retry the failed writes soon, with the status written and the other nodes stepped.

@@ -11,8 +11,13 @@ app.kubernetes.io/name: {{ .name }}
 {{- end }}
 {{- end }}
 
+{{/* [<registry>/]<repository>:<tag>[@<digest>]: registry is image.registry, else global.imageRegistry;
+tag defaults to the chart's appVersion. */}}
 {{- define "switchyard.image" -}}
+{{- $registry := .image.registry | default (.root.Values.global | default dict).imageRegistry -}}
+{{- with $registry }}{{ . }}/{{ end -}}
 {{ .image.repository }}:{{ .image.tag | default .root.Chart.AppVersion }}
+{{- with .image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* The agent's service account as the API server names it in request.userInfo.username. */}}
