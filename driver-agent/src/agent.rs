@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::health::{Applied, Effect, HealthEvent, HealthPolicy, HealthState};
 use crate::inventory::{Inventory, NamedDevice, NodeInventory};
 use crate::metrics::Metrics;
+use crate::node_events::NodeEvents;
 use crate::publish::{Backoff, Publisher, SliceWatch};
 use crate::slices::{NodeTaint, PoolIdentity, desired_slices, published_health};
 
@@ -52,6 +53,8 @@ pub struct Agent<I> {
     pub coexistence: Guard,
     /// Our slices as the API has them, so that a deleted or changed slice is written again.
     pub slices: SliceWatch,
+    /// Events on the Node when the driver's library cannot be loaded (NVML inventory only).
+    pub node_events: Option<NodeEvents>,
 }
 
 /// Record device counts by type and health.
@@ -83,11 +86,17 @@ impl<I: Inventory + EventSource> Agent<I> {
         match self.inventory.discover().await {
             Ok(inv) => {
                 self.metrics.driver_present.set(1);
+                if let Some(events) = &self.node_events {
+                    events.driver_loaded().await;
+                }
                 Some(inv)
             }
-            Err(e @ Error::NoDriver(_)) => {
+            Err(Error::NoDriver(e)) => {
                 self.metrics.driver_present.set(0);
                 tracing::warn!(error = %e, "no NVIDIA driver on this node; publishing an empty pool");
+                if let Some(events) = &self.node_events {
+                    events.driver_unavailable(&e.to_string()).await;
+                }
                 Some(NodeInventory::default())
             }
             Err(e) => {
@@ -402,6 +411,7 @@ mod tests {
             status: status.clone(),
             coexistence: Guard::disabled(),
             slices,
+            node_events: None,
         };
         (agent, metrics, status)
     }

@@ -20,9 +20,10 @@ use crate::coexistence::{self, Guard};
 use crate::error::Error;
 use crate::health::{DEFAULT_BENIGN_XIDS, HealthPolicy, HealthState};
 use crate::inventory::Inventory;
-use crate::inventory::nvml::NvmlInventory;
+use crate::inventory::nvml::{Library, NvmlInventory};
 use crate::inventory::simulated::{self, SimulatedInventory};
 use crate::metrics::Metrics;
+use crate::node_events::NodeEvents;
 use crate::plugin::{self, PluginConfig, RunningPlugin};
 use crate::publish::{Backoff, Publisher, SliceWatch};
 use crate::slices::{PoolIdentity, desired_slices};
@@ -98,12 +99,27 @@ pub struct Args {
     /// Where CDI specs for prepared claims are written (the container runtime's CDI spec dir).
     #[arg(long, default_value = cdi::DEFAULT_CDI_DIR)]
     pub cdi_dir: PathBuf,
+    /// The NVML library to load (`--inventory nvml`), for example
+    /// `/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`. Default: found under
+    /// --driver-root, else the loader's search path.
+    #[arg(long)]
+    pub nvml_library: Option<PathBuf>,
+    /// Where the host's NVIDIA driver files are mounted in the container (the host's `/`, or the
+    /// GPU Operator's `/run/nvidia/driver`): libnvidia-ml.so.1 is looked for in its library
+    /// directories. Not needed when a runtime class (`nvidia`) mounts the library.
+    #[arg(long)]
+    pub driver_root: Option<PathBuf>,
     /// Seconds shutdown keeps the kubelet plugin serving while claims are still prepared.
     #[arg(long, default_value_t = plugin::DEFAULT_DRAIN_TIMEOUT.as_secs())]
     pub plugin_drain_seconds: u64,
 }
 
 impl Args {
+    /// Which libnvidia-ml to load, from --nvml-library and --driver-root.
+    pub fn library(&self) -> Library {
+        Library::resolve(self.nvml_library.as_deref(), self.driver_root.as_deref())
+    }
+
     pub fn policy(&self) -> HealthPolicy {
         HealthPolicy {
             hold: Duration::from_secs(self.health_hold_seconds),
@@ -163,7 +179,7 @@ pub fn render_yaml(slices: &[ResourceSlice]) -> Result<String, Error> {
 pub async fn dry_run(args: &Args) -> Result<String, Error> {
     args.validate()?;
     let inv = match args.inventory {
-        InventoryKind::Nvml => NvmlInventory::new(Metrics::default()).discover().await?,
+        InventoryKind::Nvml => NvmlInventory::new(Metrics::default(), args.library()).discover().await?,
         InventoryKind::Simulated => {
             let path =
                 args.sim_config.as_ref().ok_or_else(|| Error::Config("--sim-config missing".into()))?;
@@ -310,7 +326,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 /// claim, so a MIG layout change is seen at once).
 async fn start_plugin(args: &Args, client: &kube::Client, metrics: &Metrics) -> Result<RunningPlugin, Error> {
     let inventory: std::sync::Arc<dyn Inventory> = match args.inventory {
-        InventoryKind::Nvml => std::sync::Arc::new(NvmlInventory::new(metrics.clone())),
+        InventoryKind::Nvml => std::sync::Arc::new(NvmlInventory::new(metrics.clone(), args.library())),
         InventoryKind::Simulated => {
             let path =
                 args.sim_config.as_ref().ok_or_else(|| Error::Config("--sim-config missing".into()))?;
@@ -347,6 +363,7 @@ async fn run_agent(
         false => Guard::watch(client.clone(), id.node_name.clone(), args.device_plugin_prefix.clone()),
     };
     let slices = SliceWatch::watch(client.clone(), &id);
+    let client_for_events = client.clone();
     let publisher = Publisher::new(client, id.clone());
     // Sized for bursts of XIDs from all GPUs at once; senders wait when it is full.
     let (tx, rx) = mpsc::channel(256);
@@ -354,8 +371,9 @@ async fn run_agent(
     tracing::info!(node = %id.node_name, driver = %id.driver, inventory = ?args.inventory, "starting driver agent");
     match args.inventory {
         InventoryKind::Nvml => {
-            let inventory = NvmlInventory::new(metrics.clone());
-            Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices }
+            let inventory = NvmlInventory::new(metrics.clone(), args.library());
+            let node_events = Some(NodeEvents::new(client_for_events, &id, inventory.library().describe()));
+            Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices, node_events }
                 .run(rx, tx, shutdown.wait())
                 .await
         }
@@ -376,9 +394,19 @@ async fn run_agent(
                     }
                 });
             }
-            let r = Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices }
-                .run(rx, tx, shutdown.wait())
-                .await;
+            let r = Agent {
+                inventory,
+                publisher,
+                id,
+                policy,
+                metrics,
+                status,
+                coexistence,
+                slices,
+                node_events: None,
+            }
+            .run(rx, tx, shutdown.wait())
+            .await;
             let _ = stop_faults.send(());
             r
         }

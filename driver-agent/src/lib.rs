@@ -14,6 +14,7 @@ pub mod error;
 pub mod health;
 pub mod inventory;
 pub mod metrics;
+pub mod node_events;
 pub mod plugin;
 pub mod publish;
 pub mod slices;

@@ -326,6 +326,29 @@ has dirs-sim agent "        - --sim-config=/etc/switchyard/simulated-gpus/invent
 rejects "a relative agent.kubeletRootDir" "/agent/kubeletRootDir" --set agent.kubeletRootDir=var/lib/kubelet
 rejects "agent.cdiDir with a trailing slash" "/agent/cdiDir" --set agent.cdiDir=/etc/cdi/
 
+# --- agent: driverRoot, runtimeClassName -------------------------------------------------------
+render driver-root --set agent.driverRoot=/run/nvidia/driver --set agent.runtimeClassName=nvidia
+has driver-root agent "        - --kubelet-plugin
+        - --driver-root=/driver-root
+        env:"
+has driver-root agent "        - name: driver-root
+          mountPath: /driver-root
+          readOnly: true"
+has driver-root agent "      - name: driver-root
+        hostPath:
+          path: /run/nvidia/driver
+          type: Directory"
+has driver-root agent "      terminationGracePeriodSeconds: 30
+      runtimeClassName: nvidia
+      affinity:"
+render host-root --set agent.driverRoot=/
+has host-root agent "          path: /
+          type: Directory"
+lacks host-root agent "runtimeClassName"
+lacks default agent "driver-root"
+lacks default agent "runtimeClassName"
+rejects "a relative agent.driverRoot" "/agent/driverRoot" --set agent.driverRoot=run/nvidia/driver
+
 # --- agent: extraArgs, extraEnv ---------------------------------------------------------------
 render ag-extra -f "$(values ag-extra <<'EOF'
 agent:

@@ -781,3 +781,105 @@ async fn deleted_or_changed_slices_are_published_again() -> anyhow::Result<()> {
         Ok(())
     })
 }
+
+/// A GPU node whose NVIDIA driver library the agent cannot load (this machine has none): the
+/// agent stays up, says so once on the Node with a Warning event that names where it looked,
+/// reports `switchyard_agent_driver_present 0`, publishes an empty pool, and keeps retrying.
+#[tokio::test]
+async fn a_node_without_the_nvidia_library_gets_one_warning_and_no_crash_loop() -> anyhow::Result<()> {
+    let client = cluster::client().await?;
+    let id = unique("nolib");
+    let node = format!("{id}-n0");
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": node}}))?)
+        .await?;
+    let driver_root = std::env::temp_dir().join(format!("switchyard-e2e-{id}-driver-root"));
+    std::fs::create_dir_all(&driver_root)?;
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let log = std::env::temp_dir().join(format!("switchyard-e2e-{id}.agent.log"));
+    let mut agent = tokio::process::Command::new(cluster::agent_bin())
+        .args([
+            "--node-name",
+            &node,
+            "--driver-name",
+            &format!("{id}.gpu.switchyard.dev"),
+            "--inventory",
+            "nvml",
+        ])
+        .args(["--kubelet-plugin=false", "--listen", &listen.to_string()])
+        .arg("--driver-root")
+        .arg(&driver_root)
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::options().append(true).open(&log)?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let outcome = async {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+        let warnings = || {
+            let events = events.clone();
+            let node = node.clone();
+            async move {
+                let all =
+                    events.list(&ListParams::default().fields(&format!("regarding.name={node}"))).await?;
+                anyhow::Ok(
+                    all.items
+                        .into_iter()
+                        .filter(|e| e.reason.as_deref() == Some("NvidiaDriverUnavailable"))
+                        .collect::<Vec<_>>(),
+                )
+            }
+        };
+        let first = wait::until("the agent's Warning event on its Node", AGENT_UP, || async move {
+            Ok(warnings().await?.into_iter().next())
+        })
+        .await?;
+        assert_eq!(first.type_.as_deref(), Some("Warning"));
+        assert_eq!(first.regarding.as_ref().and_then(|r| r.kind.as_deref()), Some("Node"));
+        let note = first.note.clone().unwrap_or_default();
+        assert!(note.contains(&format!("{}/usr/lib64/libnvidia-ml.so.1", driver_root.display())), "{note}");
+        assert!(note.contains("agent.driverRoot"), "the note says what to change: {note}");
+        let (_, metrics) =
+            switchyard_e2e::measure::http("GET", &format!("http://{listen}/metrics"), None).await?;
+        assert!(metrics.lines().any(|l| l == "switchyard_agent_driver_present 0"), "{metrics}");
+        // The pool is published, empty: the scheduler sees a driver without devices, not a stale pool.
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        let ours = wait::until("the agent's empty pool", AGENT_UP, || {
+            let slices = slices.clone();
+            let node = node.clone();
+            async move {
+                let l = slices.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?;
+                Ok((!l.items.is_empty()).then_some(l.items))
+            }
+        })
+        .await?;
+        assert!(ours.iter().all(|s| s.spec.devices.as_ref().is_none_or(Vec::is_empty)), "{ours:?}");
+        // Up and retrying: the next discovery (a minute on) fails the same way, with no second
+        // Warning.
+        let tries = || {
+            std::fs::read_to_string(&log).unwrap_or_default().matches("no NVIDIA driver on this node").count()
+        };
+        wait::until("the agent's next discovery", Duration::from_secs(100), || async {
+            Ok((tries() >= 2).then_some(()))
+        })
+        .await?;
+        assert!(
+            agent.try_wait()?.is_none(),
+            "the agent exited without a driver: {}",
+            std::fs::read_to_string(&log)?
+        );
+        let all = warnings().await?;
+        assert_eq!(all.len(), 1, "one Warning per change, not per retry: {all:?}");
+        assert_eq!(all[0].series.as_ref().map(|s| s.count), None, "{all:?}");
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = agent.kill().await;
+    let _ = nodes.delete(&node, &DeleteParams::default()).await;
+    let _ = std::fs::remove_dir_all(&driver_root);
+    if outcome.is_err() {
+        eprintln!("agent log:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    }
+    outcome
+}

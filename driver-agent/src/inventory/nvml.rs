@@ -5,7 +5,7 @@
 //! `tokio::task::spawn_blocking` and the event watcher on its own thread.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,36 +33,117 @@ const EVENT_WAIT_MS: u32 = 1000;
 /// notices when a lost or ECC-failed GPU answers cleanly again (after a reset).
 const PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// The NVML library's file name, as the NVIDIA driver installs it.
+pub const LIBRARY_NAME: &str = "libnvidia-ml.so.1";
+
+/// Where the library sits under a driver root (`--driver-root`: the host's `/`, or the GPU
+/// Operator's driver container at `/run/nvidia/driver`), in the order tried: Debian and Ubuntu,
+/// RHEL-like systems, then the generic directories.
+const LIBRARY_DIRS: [&str; 6] = [
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "lib/x86_64-linux-gnu",
+    "lib64",
+    "usr/lib",
+];
+
+/// Which libnvidia-ml the agent loads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Library {
+    /// The file, or `None` for the dynamic loader's search path (the image's own library
+    /// directories, or what a runtime class such as `nvidia` mounts into the container).
+    pub path: Option<PathBuf>,
+    /// Where the agent looked under `--driver-root` before settling, for the message when the
+    /// library cannot be loaded.
+    pub searched: Vec<PathBuf>,
+}
+
+impl Library {
+    /// `--nvml-library` when given; else the first [`LIBRARY_NAME`] in a [`LIBRARY_DIRS`] entry
+    /// of `--driver-root`; else the loader's search path.
+    pub fn resolve(explicit: Option<&Path>, driver_root: Option<&Path>) -> Library {
+        if let Some(p) = explicit {
+            return Library { path: Some(p.to_path_buf()), searched: Vec::new() };
+        }
+        let Some(root) = driver_root else { return Library::default() };
+        let searched: Vec<PathBuf> = LIBRARY_DIRS.iter().map(|d| root.join(d).join(LIBRARY_NAME)).collect();
+        let path = searched.iter().find(|p| p.exists()).cloned();
+        Library { path, searched }
+    }
+
+    /// What a log line or a Node event says about where the library was looked for.
+    pub fn describe(&self) -> String {
+        match (&self.path, self.searched.is_empty()) {
+            (Some(p), _) => p.display().to_string(),
+            (None, true) => format!("{LIBRARY_NAME} on the loader's search path"),
+            (None, false) => format!(
+                "{LIBRARY_NAME} on the loader's search path (not found under the driver root at {})",
+                self.searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+
+    fn load(&self) -> Result<Nvml, NvmlError> {
+        match &self.path {
+            Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => Nvml::init(),
+        }
+    }
+}
+
+/// The file the process mapped for `libnvidia-ml` (from `/proc/self/maps`): which library the
+/// loader really picked, whatever was asked for.
+fn mapped_library(maps: &str) -> Option<&str> {
+    maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.contains("libnvidia-ml"))
+}
+
 /// GPUs discovered through NVML.
 pub struct NvmlInventory {
     nvml: Mutex<Option<Arc<Nvml>>>,
+    library: Library,
     sysfs: PathBuf,
     caps: PathBuf,
     metrics: Metrics,
 }
 
-/// Load NVML; on failure log once and return `None`. No driver is a state, not a crash.
-fn init_nvml() -> Result<Arc<Nvml>, NvmlError> {
-    Nvml::init().map(Arc::new)
+/// Load NVML from `library`, and say which file and which driver it found. No driver is a state,
+/// not a crash: the caller logs and retries.
+fn init_nvml(library: &Library) -> Result<Arc<Nvml>, NvmlError> {
+    let nvml = library.load()?;
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    tracing::info!(
+        library = mapped_library(&maps).unwrap_or(&library.describe()),
+        driver_version = nvml.sys_driver_version().unwrap_or_default(),
+        nvml_version = nvml.sys_nvml_version().unwrap_or_default(),
+        "NVML loaded"
+    );
+    Ok(Arc::new(nvml))
 }
 
 impl NvmlInventory {
-    /// Try to load NVML now. Without it, discovery keeps failing with [`Error::NoDriver`] (and
-    /// retrying the load) until a driver shows up.
-    pub fn new(metrics: Metrics) -> Self {
-        let nvml = match init_nvml() {
+    /// Try to load NVML now from `library`. Without it, discovery keeps failing with
+    /// [`Error::NoDriver`] (and retrying the load) until a driver shows up.
+    pub fn new(metrics: Metrics, library: Library) -> Self {
+        let nvml = match init_nvml(&library) {
             Ok(n) => Some(n),
             Err(e) => {
-                tracing::warn!(error = %e, "no NVIDIA driver: NVML could not be loaded; publishing no devices");
+                tracing::warn!(error = %e, library = %library.describe(), "no NVIDIA driver: NVML could not be loaded; publishing no devices");
                 None
             }
         };
         NvmlInventory {
             nvml: Mutex::new(nvml),
+            library,
             sysfs: PathBuf::from("/sys"),
             caps: PathBuf::from("/proc/driver/nvidia/capabilities"),
             metrics,
         }
+    }
+
+    /// Where the library is looked for.
+    pub fn library(&self) -> &Library {
+        &self.library
     }
 
     pub fn metrics(&self) -> Metrics {
@@ -81,10 +162,11 @@ impl Inventory for NvmlInventory {
             let current = self.nvml();
             let sysfs = self.sysfs.clone();
             let caps = self.caps.clone();
+            let library = self.library.clone();
             let (loaded, result) = tokio::task::spawn_blocking(move || {
                 let nvml = match current {
                     Some(n) => n,
-                    None => match init_nvml() {
+                    None => match init_nvml(&library) {
                         Ok(n) => n,
                         Err(e) => return (None, Err(Error::NoDriver(e))),
                     },
@@ -97,7 +179,6 @@ impl Inventory for NvmlInventory {
             if let (Some(n), Ok(mut slot)) = (loaded, self.nvml.lock())
                 && slot.is_none()
             {
-                tracing::info!("NVML loaded");
                 *slot = Some(n);
             }
             if let Err(Error::Nvml { op, .. }) = &result {
@@ -429,9 +510,45 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_library_comes_from_the_flag_the_driver_root_or_the_loader() {
+        let root = std::env::temp_dir().join(format!("switchyard-nvml-{}", std::process::id()));
+        let rhel = root.join("usr/lib64");
+        std::fs::create_dir_all(&rhel).unwrap();
+        let explicit = PathBuf::from("/opt/nvidia/libnvidia-ml.so.1");
+        assert_eq!(Library::resolve(Some(&explicit), Some(&root)).path, Some(explicit));
+        // Nothing under the root yet: the loader's path, and the message names where it looked.
+        let none = Library::resolve(None, Some(&root));
+        assert_eq!(none.path, None);
+        assert_eq!(none.searched.len(), LIBRARY_DIRS.len());
+        assert!(
+            none.describe().contains(&format!("{}/usr/lib64/{LIBRARY_NAME}", root.display())),
+            "{}",
+            none.describe()
+        );
+        std::fs::write(rhel.join(LIBRARY_NAME), b"").unwrap();
+        assert_eq!(Library::resolve(None, Some(&root)).path, Some(rhel.join(LIBRARY_NAME)));
+        // Debian's directory comes first when both exist.
+        let debian = root.join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&debian).unwrap();
+        std::fs::write(debian.join(LIBRARY_NAME), b"").unwrap();
+        assert_eq!(Library::resolve(None, Some(&root)).path, Some(debian.join(LIBRARY_NAME)));
+        assert_eq!(Library::resolve(None, None), Library::default());
+        assert_eq!(Library::default().describe(), format!("{LIBRARY_NAME} on the loader's search path"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn the_mapped_library_is_read_from_proc_maps() {
+        let maps = "7f1c2a000000-7f1c2a100000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+                    7f1c2b000000-7f1c2b200000 r-xp 00000000 08:01 5678 /driver-root/usr/lib64/libnvidia-ml.so.570.124.06\n";
+        assert_eq!(mapped_library(maps), Some("/driver-root/usr/lib64/libnvidia-ml.so.570.124.06"));
+        assert_eq!(mapped_library("00-01 r-xp 0 0:0 0 [vdso]\n"), None);
+    }
+
     #[tokio::test]
     async fn discovery_reports_gpus_or_a_clear_no_driver_state() {
-        let inv = NvmlInventory::new(Metrics::default());
+        let inv = NvmlInventory::new(Metrics::default(), Library::default());
         match Nvml::init() {
             // A GPU machine: discovery must work and name every GPU.
             Ok(_) => {
