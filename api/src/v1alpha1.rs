@@ -148,6 +148,8 @@ pub struct ResourceMapping {
 /// The DRA driver that serves migrated nodes.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(self.name == 'gpu.nvidia.com' && has(self.devicePluginInterlock) && self.devicePluginInterlock)")
+    .message("spec.driver.devicePluginInterlock must not be true for gpu.nvidia.com: that driver does not taint its devices while the device plugin still serves the node; leave it unset so that the switch runs in sequence"))]
 pub struct DriverSpec {
     /// The DRA driver name, as published in ResourceSlices (`spec.driver`). A DNS subdomain of at
     /// most 63 characters. Immutable, because DeviceClasses and published slices depend on it.
@@ -163,6 +165,29 @@ pub struct DriverSpec {
     /// The DaemonSet that runs the DRA driver's kubelet plugin. It must run only on nodes labelled
     /// `switchyard.dev/gpu-backend=dra`.
     pub daemon_set: DaemonSetRef,
+
+    /// Whether the driver keeps its own devices unschedulable while the node still advertises
+    /// device-plugin GPUs (`nvidia.com/*` in `status.allocatable`). Switchyard's driver does: it
+    /// taints every device `<driver>/device-plugin-active` until the device plugin's resources are
+    /// gone (`--device-plugin-prefix`). With it, a node's switch starts the driver while the device
+    /// plugin leaves. Without it (any other driver, such as NVIDIA's `gpu.nvidia.com`), Switchyard
+    /// switches in sequence: it first labels the node `switchyard.dev/gpu-backend=none`, so that
+    /// neither DaemonSet runs there, waits until the device plugin's pod is gone and allocatable
+    /// is 0, and only then labels it `dra`; the device plugin must then also avoid `none` nodes
+    /// (PlacementReady says so). Unset: true for `gpu.switchyard.dev`, false for every other
+    /// driver name. Setting it true for a driver that has no such interlock lets the scheduler
+    /// see the node's GPUs through both backends during the switch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_plugin_interlock: Option<bool>,
+}
+
+impl DriverSpec {
+    /// True when the switch may start the driver while the device plugin leaves, because the
+    /// driver taints its devices until the plugin's resources are gone (see
+    /// `devicePluginInterlock`).
+    pub fn interlocked(&self) -> bool {
+        self.device_plugin_interlock.unwrap_or(self.name == crate::well_known::DEFAULT_DRIVER_NAME)
+    }
 }
 
 /// The device plugin that serves nodes before they move.

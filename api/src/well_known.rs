@@ -3,13 +3,19 @@
 //! rename cannot split them.
 
 /// Node label that says which backend serves the node's GPUs: [`BACKEND_DEVICE_PLUGIN`] or
-/// [`BACKEND_DRA`]. Absent means the device plugin. Both DaemonSets select on it, so flipping it is
+/// [`BACKEND_DRA`] ([`BACKEND_NONE`] for the moment of a sequential switch). Absent means the
+/// device plugin. Both DaemonSets select on it, so flipping it is
 /// what moves a node from one backend to the other.
 pub const LABEL_GPU_BACKEND: &str = "switchyard.dev/gpu-backend";
 /// Value of [`LABEL_GPU_BACKEND`] for nodes served by the NVIDIA device plugin.
 pub const BACKEND_DEVICE_PLUGIN: &str = "device-plugin";
 /// Value of [`LABEL_GPU_BACKEND`] for nodes served by the DRA driver.
 pub const BACKEND_DRA: &str = "dra";
+/// Value of [`LABEL_GPU_BACKEND`] for a node in the middle of a sequential switch: neither the
+/// device plugin nor the DRA driver runs there. Switchyard sets it for drivers without a
+/// device-plugin interlock, until the device plugin's resources are gone, then sets
+/// [`BACKEND_DRA`]; a node never rests in it.
+pub const BACKEND_NONE: &str = "none";
 
 /// Node label naming the GpuPoolMigration that owns the node. A node owned by one migration is
 /// refused by every other, so two CRs never move the same node.

@@ -10,7 +10,9 @@ use super::{EXIT_FINDINGS, Output, PlanArgs};
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
 use switchyard_operator::inventory_source::Scope;
 use switchyard_operator::plan::state_str;
-use switchyard_operator::preview::{self, ClassAction, NodeAction, PlacementAction, PodFlag, Report};
+use switchyard_operator::preview::{
+    self, ClassAction, NodeAction, PlacementAction, PodFlag, Report, SelectorBasis,
+};
 
 /// Prints the plan; exits [`EXIT_FINDINGS`] when something would block the migration.
 pub async fn run(client: Client, args: &PlanArgs) -> anyhow::Result<u8> {
@@ -161,9 +163,28 @@ pub fn render(r: &Report) -> String {
         } else {
             "not effective".to_string()
         };
-        rows.push(vec![action.to_string(), c.name.clone(), c.extended_resource_name.clone(), verdict]);
+        let selects = match c.selector.checked_against {
+            SelectorBasis::PublishedDevices => format!(
+                "selects {} of {} device(s) published on {} node(s)",
+                c.selector.selected, c.selector.devices, c.selector.nodes
+            ),
+            SelectorBasis::KnownAttributes => "selector checked against the driver's known attributes".into(),
+            SelectorBasis::NotChecked => "selector not checked: the driver publishes no device yet".into(),
+        };
+        rows.push(vec![
+            action.to_string(),
+            c.name.clone(),
+            c.extended_resource_name.clone(),
+            verdict,
+            selects,
+        ]);
     }
     table(&mut out, "  ", &rows);
+    for c in &r.device_classes {
+        for p in &c.selector.problems {
+            let _ = writeln!(out, "  {}: {p}", c.name);
+        }
+    }
 
     let _ = writeln!(out, "\nPLACEMENT");
     for pl in &r.placement {

@@ -358,9 +358,10 @@ async fn run_agent(
     status: Status,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
-    let coexistence = match args.device_plugin_prefix.is_empty() {
+    let prefixes = args.device_plugin_prefixes();
+    let coexistence = match prefixes.is_empty() {
         true => Guard::disabled(),
-        false => Guard::watch(client.clone(), id.node_name.clone(), args.device_plugin_prefix.clone()),
+        false => Guard::watch(client.clone(), id.node_name.clone(), prefixes),
     };
     let slices = SliceWatch::watch(client.clone(), &id);
     let client_for_events = client.clone();
@@ -413,6 +414,13 @@ async fn run_agent(
     }
 }
 
+impl Args {
+    /// The device-plugin prefixes of the interlock; empty (`--device-plugin-prefix=`) turns it off.
+    pub fn device_plugin_prefixes(&self) -> Vec<String> {
+        self.device_plugin_prefix.iter().filter(|p| !p.trim().is_empty()).cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,6 +441,16 @@ mod tests {
             .unwrap();
         assert_eq!(a.policy().benign_xids.into_iter().collect::<Vec<_>>(), [13, 31, 999]);
         assert_eq!(a.policy().hold, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn an_empty_device_plugin_prefix_turns_the_interlock_off() {
+        let on = parse(&["--node-name", "n1"]).unwrap();
+        assert_eq!(on.device_plugin_prefixes(), [coexistence::DEFAULT_PREFIX]);
+        let off = parse(&["--node-name", "n1", "--device-plugin-prefix="]).unwrap();
+        assert!(off.device_plugin_prefixes().is_empty(), "{:?}", off.device_plugin_prefix);
+        let two = parse(&["--node-name", "n1", "--device-plugin-prefix", "nvidia.com/,amd.com/"]).unwrap();
+        assert_eq!(two.device_plugin_prefixes(), ["nvidia.com/", "amd.com/"]);
     }
 
     #[test]

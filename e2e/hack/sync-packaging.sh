@@ -5,6 +5,8 @@
 #   config/prometheus/rules.yaml    -> config/prometheus/prometheusrule.yaml (PrometheusRule for kustomize)
 #                                   -> config/helm/switchyard/files/rules.yaml
 #   config/dashboards/switchyard.json -> config/helm/switchyard/files/dashboards/switchyard.json
+#   config/operator/validating-admission-policy.yaml
+#                                   -> config/helm/switchyard/files/operator-admission-policy.yaml
 #
 # `make generate` runs it to write; `--check` (make check-packaging) only compares and fails on drift.
 set -euo pipefail
@@ -29,6 +31,10 @@ emit() {
     echo "sync-packaging: wrote ${dest#"$root"/}" >&2
   fi
 }
+
+# The operator's admission policy: the chart's template reads it and puts in the release's
+# namespace and labels.
+emit "$chart/files/operator-admission-policy.yaml" < "$root/config/operator/validating-admission-policy.yaml"
 
 # CRDs, plus stray files in the chart's crds/ (a renamed CRD must not linger there).
 for src in "$root"/crds/*.yaml; do

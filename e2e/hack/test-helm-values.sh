@@ -417,6 +417,22 @@ has pull-secrets agent "      serviceAccountName: switchyard-driver-agent
         - name: mirror"
 rejects "an imagePullSecrets entry without a name" "/imagePullSecrets/0" --set-json 'imagePullSecrets=[{}]'
 
+# --- operator.admissionPolicy: the policy, in the release's namespace, and off -----------------
+grep -qF "request.userInfo.username == 'system:serviceaccount:switchyard-system:switchyard-operator'" "$tmp/default.yaml" \
+  || fail "default: no operator admission policy for the operator's service account"
+checks=$((checks + 1))
+"$helm" template switchyard "$chart" -n gpu-infra > "$tmp/other-ns.yaml"
+grep -qF "request.userInfo.username == 'system:serviceaccount:gpu-infra:switchyard-operator'" "$tmp/other-ns.yaml" \
+  || fail "the operator admission policy does not follow the release namespace"
+checks=$((checks + 1))
+render no-op-policy --set operator.admissionPolicy.enabled=false
+! grep -q "name: switchyard-operator-daemonset-placement" "$tmp/no-op-policy.yaml" \
+  || fail "operator.admissionPolicy.enabled=false still renders the policy"
+grep -q "name: switchyard-driver-agent-own-node-slices" "$tmp/no-op-policy.yaml" \
+  || fail "operator.admissionPolicy.enabled=false removed the agent's policy too"
+checks=$((checks + 2))
+rejects "operator.admissionPolicy.enabled=maybe" "/operator/admissionPolicy/enabled" --set operator.admissionPolicy.enabled=maybe
+
 # --- everything at once passes helm lint --strict ----------------------------------------------
 "$helm" lint --strict "$chart" -f "$tmp/logging.values.yaml" -f "$tmp/selector.values.yaml" \
   -f "$tmp/op-sched.values.yaml" -f "$tmp/ag-sched.values.yaml" -f "$tmp/ag-extra.values.yaml" \

@@ -54,6 +54,20 @@ pub enum DevicePluginFlavor {
     GpuOperator,
 }
 
+/// Which DRA driver identity serves the pool's migrated nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DriverFlavor {
+    /// Switchyard's driver: the agent under `<pool>.gpu.switchyard.dev`, with its device-plugin
+    /// interlock; migrations say so (`devicePluginInterlock: true`).
+    #[default]
+    Switchyard,
+    /// A driver without the interlock, as NVIDIA's `gpu.nvidia.com` is: the same agent under
+    /// `<pool>.gpu.example.com`, started with `--device-plugin-prefix=`, so it publishes
+    /// untainted devices as soon as it runs. Migrations leave `devicePluginInterlock` unset, so
+    /// the operator switches such nodes in sequence.
+    ThirdParty,
+}
+
 /// The GPU Operator's ClusterPolicy kind.
 fn cluster_policy_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -101,6 +115,7 @@ pub struct Pool {
     pub sim: Option<Simulator>,
     pub operator: Option<Operator>,
     pub flavor: DevicePluginFlavor,
+    pub driver_flavor: DriverFlavor,
     work_dir: std::path::PathBuf,
 }
 
@@ -140,8 +155,33 @@ impl Pool {
         gpus: u32,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
-        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, true, DevicePluginFlavor::Plain)
-            .await
+        Self::build_with(
+            prefix,
+            uniform(nodes, gpus),
+            unregister_delay,
+            true,
+            DevicePluginFlavor::Plain,
+            DriverFlavor::Switchyard,
+        )
+        .await
+    }
+
+    /// A pool whose DRA driver has no device-plugin interlock ([`DriverFlavor::ThirdParty`]).
+    pub async fn third_party_driver(
+        prefix: &str,
+        nodes: u32,
+        gpus: u32,
+        unregister_delay: Duration,
+    ) -> anyhow::Result<Self> {
+        Self::build_with(
+            prefix,
+            uniform(nodes, gpus),
+            unregister_delay,
+            false,
+            DevicePluginFlavor::Plain,
+            DriverFlavor::ThirdParty,
+        )
+        .await
     }
 
     /// A pool whose device plugin the GPU Operator deploys ([`DevicePluginFlavor::GpuOperator`]).
@@ -152,6 +192,7 @@ impl Pool {
             Duration::from_secs(1),
             false,
             DevicePluginFlavor::GpuOperator,
+            DriverFlavor::Switchyard,
         )
         .await
     }
@@ -161,7 +202,15 @@ impl Pool {
         layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
-        Self::build_with(prefix, layouts, unregister_delay, false, DevicePluginFlavor::Plain).await
+        Self::build_with(
+            prefix,
+            layouts,
+            unregister_delay,
+            false,
+            DevicePluginFlavor::Plain,
+            DriverFlavor::Switchyard,
+        )
+        .await
     }
 
     async fn build_with(
@@ -170,6 +219,7 @@ impl Pool {
         unregister_delay: Duration,
         light: bool,
         flavor: DevicePluginFlavor,
+        driver_flavor: DriverFlavor,
     ) -> anyhow::Result<Self> {
         let client = cluster::client().await?;
         let id = unique(prefix);
@@ -177,7 +227,10 @@ impl Pool {
         let apps_ns = format!("{id}-apps");
         cluster::create_namespace(&client, &system_ns).await?;
         cluster::create_namespace(&client, &apps_ns).await?;
-        let driver = format!("{id}.gpu.switchyard.dev");
+        let driver = match driver_flavor {
+            DriverFlavor::Switchyard => format!("{id}.gpu.switchyard.dev"),
+            DriverFlavor::ThirdParty => format!("{id}.gpu.example.com"),
+        };
         let work_dir = std::env::temp_dir().join(format!("switchyard-e2e-{id}"));
 
         let mut config = if light { SimConfig::light(id.clone()) } else { SimConfig::new(id.clone()) };
@@ -191,6 +244,7 @@ impl Pool {
             kubeconfig: cluster::kubeconfig().to_path_buf(),
             work_dir: work_dir.clone(),
             health_hold_seconds: 5,
+            device_plugin_interlock: driver_flavor == DriverFlavor::Switchyard,
         });
         let sim = Simulator::start(client.clone(), config).await?;
         let mut specs = Vec::new();
@@ -222,6 +276,7 @@ impl Pool {
             sim: Some(sim),
             operator: None,
             flavor,
+            driver_flavor,
             work_dir,
         };
         pool.create_daemonsets().await?;
@@ -352,6 +407,11 @@ impl Pool {
                 "strategy": {"drain": {"gracePeriodSeconds": 1, "timeoutSeconds": 120}, "verify": {"timeoutSeconds": 120}},
             }
         });
+        if self.driver_flavor == DriverFlavor::Switchyard {
+            // Switchyard's agent under a name of the pool's own: it has the interlock, which the
+            // operator assumes only for `gpu.switchyard.dev` unless told.
+            object["spec"]["driver"]["devicePluginInterlock"] = json!(true);
+        }
         switchyard_operator::testing::merge_patch(&mut object["spec"], &overrides);
         Ok(serde_json::from_value(object)?)
     }
@@ -646,6 +706,9 @@ pub struct Samples {
     /// The most pool nodes seen mid-move at one instant (state Cordoned, Draining, Switching,
     /// Verifying or RollingBack), with their names then: what `maxUnavailable` bounds.
     pub max_in_flight: (usize, Vec<String>),
+    /// Per node, every `switchyard.dev/gpu-backend` value it took, in order (absent reads as
+    /// `device-plugin`); consecutive repeats are folded.
+    pub backend_history: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Default)]
@@ -750,6 +813,13 @@ impl View {
             Update::Listed => {}
             Update::Node(n, live) => {
                 if live {
+                    let mut samples = out.lock().unwrap();
+                    let history = samples.backend_history.entry(n.name_any()).or_default();
+                    let now = backend(&n);
+                    if history.last() != Some(&now) {
+                        history.push(now);
+                    }
+                    drop(samples);
                     self.nodes.insert(n.name_any(), *n);
                 } else {
                     self.nodes.remove(&n.name_any());

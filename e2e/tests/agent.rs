@@ -69,6 +69,7 @@ impl Fixture {
             kubeconfig: cluster::kubeconfig().to_path_buf(),
             work_dir: work_dir.clone(),
             health_hold_seconds: HOLD.as_secs(),
+            device_plugin_interlock: true,
         });
         let sim = Simulator::start(client.clone(), config).await?;
         Ok(Fixture {

@@ -3,7 +3,8 @@
 //! server-side dry-run, so schema, defaulting, validation and admission (CEL included) all run. The
 //! CRDs and the Namespace are applied for real first, because the dry-run of the objects that
 //! depend on them needs them. Also: kustomize and Helm install the same objects with the same
-//! rules, and the agent's admission policy really confines it to its own node's ResourceSlices.
+//! rules, the agent's admission policy really confines it to its own node's ResourceSlices, and the
+//! operator's lets it change nothing in a DaemonSet but the backend node affinity.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -21,6 +22,7 @@ const OPTIONAL_KINDS: [(&str, &str); 2] = [
     ("PrometheusRule", "prometheusrules.monitoring.coreos.com"),
 ];
 const AGENT_USER: &str = "system:serviceaccount:switchyard-system:switchyard-driver-agent";
+const OPERATOR_USER: &str = "system:serviceaccount:switchyard-system:switchyard-operator";
 const FIELD_MANAGER: &str = "switchyard-e2e-manifests";
 
 fn kubectl() -> Command {
@@ -164,6 +166,27 @@ fn kustomize_with_monitoring_component_passes_server_side_dry_run() {
     dry_run_all("kubectl kustomize e2e/overlays/monitoring", kustomize("e2e/overlays/monitoring"));
 }
 
+/// The samples in config/samples/ are valid GpuPoolMigrations: the CRD's schema and CEL rules take
+/// them (NVIDIA's driver without the interlock among them).
+#[test]
+fn samples_pass_server_side_dry_run() {
+    let mut objs = parse(
+        &std::fs::read_to_string(repo_root().join("crds/switchyard.dev_gpupoolmigrations.yaml"))
+            .expect("the CRD"),
+    );
+    let mut samples: Vec<PathBuf> = std::fs::read_dir(repo_root().join("config/samples"))
+        .expect("config/samples")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    samples.sort();
+    assert!(samples.len() >= 3, "{samples:?}");
+    for path in &samples {
+        objs.extend(parse(&std::fs::read_to_string(path).expect("a sample")));
+    }
+    dry_run_all("config/samples", objs);
+}
+
 #[test]
 fn helm_chart_passes_server_side_dry_run() {
     dry_run_all("helm template (every toggle on)", helm_template());
@@ -299,4 +322,131 @@ fn agent_admission_policy_confines_slices_to_the_agents_node() {
     let mut delete = kubectl();
     delete.args(["delete", "resourceslice", &format!("{id}-b")]);
     run_ok(delete, "");
+}
+
+/// The operator's admission policy: as its ServiceAccount (impersonated, with the RBAC of
+/// config/), the operator's own placement apply goes through, and any other change to a DaemonSet
+/// is refused with a message that says what it may change. The cluster admin is not affected.
+#[tokio::test]
+async fn operator_admission_policy_lets_it_change_only_the_backend_node_affinity() -> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use switchyard_operator::placement::{self, Role};
+    use switchyard_operator::well_known::OPERATOR_FIELD_MANAGER;
+
+    let objs = kustomize("config/");
+    let wanted: Vec<&Value> = objs
+        .iter()
+        .filter(|o| {
+            matches!(
+                kind(o),
+                "Namespace"
+                    | "ServiceAccount"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            ) || o["metadata"]["name"] == "switchyard-operator"
+                && matches!(kind(o), "ClusterRole" | "ClusterRoleBinding")
+        })
+        .collect();
+    let mut apply = kubectl();
+    apply.args(["apply", "--server-side", "--force-conflicts", "--field-manager", FIELD_MANAGER, "-f", "-"]);
+    run_ok(apply, &to_yaml(&wanted));
+
+    let admin = cluster::client().await?;
+    let ns = unique("opvap");
+    let mut create_ns = kubectl();
+    create_ns.args(["create", "namespace", &ns]);
+    run_ok(create_ns, "");
+    let as_operator = {
+        let kubeconfig = kube::config::Kubeconfig::read_from(cluster::kubeconfig())?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await?;
+        config.auth_info.impersonate = Some(OPERATOR_USER.to_string());
+        config.auth_info.impersonate_groups =
+            Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]);
+        kube::Client::try_from(config)?
+    };
+    // A device plugin as a chart renders it: its own GPU-node affinity term, no backend one.
+    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "nvidia-device-plugin", "namespace": ns},
+        "spec": {
+            "selector": {"matchLabels": {"app": "dp"}},
+            "template": {"metadata": {"labels": {"app": "dp"}}, "spec": {
+                "containers": [{"name": "dp", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}]}]}}}
+            }}
+        }
+    }))?;
+    let by_admin: Api<DaemonSet> = Api::namespaced(admin, &ns);
+    let created = by_admin.create(&PostParams::default(), &ds).await?;
+    let by_operator: Api<DaemonSet> = Api::namespaced(as_operator, &ns);
+    let merge = |patch: Value| Patch::Merge(patch);
+    let refused = |r: Result<DaemonSet, kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => s.message,
+        other => panic!("expected the policy to refuse, got {other:?}"),
+    };
+
+    // A new policy takes effect once the API server's policy informer has it: wait for the first deny.
+    let image = serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "dp", "image": "registry.example.com/anything:1"}]}}}});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let message = loop {
+        match by_operator
+            .patch("nvidia-device-plugin", &PatchParams::default().dry_run(), &merge(image.clone()))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => {
+                if s.message.contains("may change only the switchyard.dev/gpu-backend") {
+                    break s.message;
+                }
+                // RBAC or the informer: not the policy yet.
+                assert!(Instant::now() < deadline, "refused, but not by the policy: {}", s.message);
+            }
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the operator could change the image after 30s: {other:?}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(message.contains("not what its pods run"), "{message}");
+
+    // The operator's own write, exactly as placement: Managed sends it (sequential: dra and none).
+    let patch = placement::apply_patch(&created, Role::DevicePlugin, true);
+    let placed = by_operator
+        .patch(
+            "nvidia-device-plugin",
+            &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    assert!(placement::has_placement(&placed, Role::DevicePlugin, true), "{:?}", placed.spec.template);
+    // Its requirement only: the chart's term is still there.
+    let terms = serde_json::to_value(&placed.spec.template.spec.as_ref().unwrap().affinity)?;
+    assert!(terms.to_string().contains("pci-10de.present"), "{terms}");
+
+    // Anything else, even a privilege or a placement term of another key, is refused.
+    let privileged = serde_json::json!({"spec": {"template": {"spec": {"hostNetwork": true}}}});
+    let m =
+        refused(by_operator.patch("nvidia-device-plugin", &PatchParams::default(), &merge(privileged)).await);
+    assert!(m.contains("identity, privileges or host access"), "{m}");
+    let other_term = serde_json::json!({"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["one-node"]}]}]}}}}}}});
+    let m =
+        refused(by_operator.patch("nvidia-device-plugin", &PatchParams::default(), &merge(other_term)).await);
+    assert!(m.contains("its other placement"), "{m}");
+    let selector = serde_json::json!({"spec": {"template": {"spec": {"nodeSelector": {"gpu": "yes"}}}}});
+    let m =
+        refused(by_operator.patch("nvidia-device-plugin", &PatchParams::default(), &merge(selector)).await);
+    assert!(m.contains("its other placement"), "{m}");
+
+    // The policy binds the operator only: the admin may change the image.
+    by_admin.patch("nvidia-device-plugin", &PatchParams::default().dry_run(), &merge(image)).await?;
+    let mut delete_ns = kubectl();
+    delete_ns.args(["delete", "namespace", &ns, "--wait=false"]);
+    run_ok(delete_ns, "");
+    Ok(())
 }

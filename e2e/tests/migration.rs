@@ -1462,3 +1462,155 @@ async fn a_gate_that_closes_mid_migration_holds_the_drained_node_before_its_swit
     })
     .await
 }
+
+/// `switchyard plan -f <manifest> -o json` for a GpuPoolMigration not applied (or as changed).
+async fn plan_manifest_json(gpm: &GpuPoolMigration) -> anyhow::Result<(i32, serde_json::Value)> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())
+        .args(["plan", "-f", "-", "-o", "json"])
+        .env("KUBECONFIG", switchyard_e2e::cluster::kubeconfig())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(serde_yaml::to_string(gpm)?.as_bytes()).await?;
+    drop(stdin);
+    let out = child.wait_with_output().await?;
+    let report = serde_json::from_slice(&out.stdout)
+        .map_err(|e| anyhow::anyhow!("plan -f - -o json: {e}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok((out.status.code().unwrap_or(-1), report))
+}
+
+/// A driver without the device-plugin interlock (NVIDIA's `gpu.nvidia.com` has none) is played
+/// by the real agent under another name with the interlock off. Its nodes switch in sequence
+/// (device-plugin → none → dra) and no instant has both backends. With `devicePluginInterlock:
+/// true` set wrongly for the same driver, the sampler does see both backends: the sequence is what
+/// prevents it. `plan` checks the classes' selectors against what the driver publishes.
+#[tokio::test]
+async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps() -> anyhow::Result<()> {
+    let _serial = pool::SERIAL.lock().await;
+    // 3 s between the plugin's pod leaving and its resources going: long enough that a driver
+    // started beside the leaving plugin publishes while the node still advertises its GPUs.
+    let pool = Pool::third_party_driver("nointerlock", 2, 2, Duration::from_secs(3)).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        assert!(pool.driver.ends_with(".gpu.example.com"), "{}", pool.driver);
+        pool.deployment("trainer", 2, 1).await?;
+        pool.deployment("web", 2, 0).await?;
+        pool.wait_running(4).await?;
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let daemonsets: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+
+        // Before any node runs the driver, plan has nothing published to judge the selectors by.
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        assert_eq!(gpm.spec.driver.device_plugin_interlock, None);
+        let (code, plan) = plan_manifest_json(&gpm).await?;
+        assert_eq!(code, 0, "{plan}");
+        assert_eq!(plan["deviceClasses"][0]["selector"]["checkedAgainst"], "NotChecked", "{plan}");
+
+        let sampler = pool.sample();
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.migrated, 2);
+
+        // Managed placement keeps the device plugin off `none` nodes as well as `dra` ones.
+        let plugin = daemonsets.get(pool::DEVICE_PLUGIN_DS).await?;
+        let affinity = serde_json::to_value(&plugin.spec.template.spec.as_ref().unwrap().affinity)?;
+        let terms =
+            &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert_eq!(
+            terms[0]["matchExpressions"],
+            json!([{"key": "switchyard.dev/gpu-backend", "operator": "NotIn", "values": ["dra", "none"]}]),
+            "{affinity}"
+        );
+        for node in &pool.nodes {
+            let n = nodes.get(node).await?;
+            assert_eq!(backend(&n), "dra", "{node}");
+            assert_eq!(pool::allocatable(&n, "nvidia.com/gpu"), 0, "{node}");
+            assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{node} is left cordoned");
+            let reasons: Vec<String> =
+                object_events(pool, "Node", node).await?.into_iter().map(|(r, _)| r).collect();
+            assert!(reasons.iter().any(|r| r == "DriverStarting"), "{node}: {reasons:?}");
+        }
+        let on_dra = pool.wait_running(4).await?;
+        assert_gpu_pods_on_dra(pool, &on_dra).await?;
+        let samples = sampler.stop();
+        assert!(samples.events > 0, "the sampler saw the migration");
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(samples.orphaned_claim_holders.is_empty(), "{:?}", samples.orphaned_claim_holders);
+        assert_eq!(samples.max_in_flight.0, 1, "{:?}", samples.max_in_flight);
+        for node in &pool.nodes {
+            assert_eq!(
+                samples.backend_history.get(node).map(Vec::as_slice),
+                Some(&["device-plugin".to_string(), "none".into(), "dra".into()][..]),
+                "{node}: every switch went through none"
+            );
+        }
+
+        // Now the driver publishes: plan evaluates the selectors on its devices.
+        let (code, plan) = plan_json(&name).await?;
+        assert_eq!(code, 0, "{plan}");
+        let check = &plan["deviceClasses"][0]["selector"];
+        assert_eq!(check["checkedAgainst"], "PublishedDevices", "{plan}");
+        assert_eq!((check["devices"].as_u64(), check["selected"].as_u64()), (Some(4), Some(4)), "{check}");
+        // A misspelt attribute and a value that matches nothing are named before any node moves.
+        let selector = |s: String| {
+            json!({"resources": [{"extendedResourceName": "nvidia.com/gpu",
+            "deviceClassName": format!("{}.gpu", pool.id), "selector": s}]})
+        };
+        let typo = pool.migration(
+            &format!("{name}-typo"),
+            selector(format!("device.attributes['{}'].typ == 'gpu'", pool.driver)),
+        )?;
+        let (code, plan) = plan_manifest_json(&typo).await?;
+        assert_eq!(code, 2, "{plan}");
+        let blockers = plan["blockers"].to_string();
+        assert!(blockers.contains(".typ, which") && blockers.contains("does not publish"), "{blockers}");
+        let nothing = pool.migration(
+            &format!("{name}-none"),
+            selector(format!("device.attributes['{}'].type == 'GPU'", pool.driver)),
+        )?;
+        let (code, plan) = plan_manifest_json(&nothing).await?;
+        assert_eq!(code, 2, "{plan}");
+        assert!(
+            plan["blockers"].to_string().contains("selects none of the 4 device(s)"),
+            "{}",
+            plan["blockers"]
+        );
+
+        // Back to the device plugin: the DeviceTaintRule evicts claim holders while the driver
+        // still runs, whatever the driver.
+        let sampler = pool.sample();
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        for node in &pool.nodes {
+            let n = nodes.get(node).await?;
+            assert_eq!(backend(&n), "device-plugin", "{node}");
+            assert_eq!(pool::allocatable(&n, "nvidia.com/gpu"), 2, "{node}");
+        }
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "rollback: {:?}", samples.overlaps);
+        assert!(samples.orphaned_claim_holders.is_empty(), "{:?}", samples.orphaned_claim_holders);
+
+        // The control: told wrongly that this driver has the interlock, the operator starts it
+        // beside the leaving device plugin, and the sampler sees a node served by both.
+        let sampler = pool.sample();
+        patch_spec(
+            &pool.migrations(),
+            &name,
+            json!({"direction": "Forward", "driver": {"devicePluginInterlock": true}}),
+        )
+        .await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let samples = sampler.stop();
+        assert!(
+            !samples.overlaps.is_empty(),
+            "with the interlock assumed, the driver published beside the device plugin: {:?}",
+            samples.backend_history
+        );
+        Ok(())
+    })
+    .await
+}

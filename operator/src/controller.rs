@@ -525,13 +525,16 @@ pub fn node_patch(
             p.annotate(ANNOTATION_GPUS_BEFORE, serde_json::to_string(gpus).ok());
             p.state(NodeState::Draining, now);
         }
-        Action::SwitchToDra => {
-            p.label(LABEL_GPU_BACKEND, Some(BACKEND_DRA.to_string()));
+        Action::SwitchToDra | Action::StopDevicePlugin => {
+            let backend = if *action == Action::SwitchToDra { BACKEND_DRA } else { BACKEND_NONE };
+            p.label(LABEL_GPU_BACKEND, Some(backend.to_string()));
             if placement == PlacementMode::GpuOperator {
                 p.gpu_operator_off(node);
             }
             p.state(NodeState::Switching, now);
         }
+        // Same state, same clock: the switch's timeout covers both halves.
+        Action::StartDriver => p.label(LABEL_GPU_BACKEND, Some(BACKEND_DRA.to_string())),
         Action::StartVerify => p.state(NodeState::Verifying, now),
         Action::Complete => {
             p.uncordon(node);
@@ -542,6 +545,12 @@ pub fn node_patch(
             let f = Failure { state: node.state(), reason: reason.to_string(), message: message.clone() };
             p.annotate(ANNOTATION_FAILURE, serde_json::to_string(&f).ok());
             p.state(NodeState::Failed, now);
+            // A sequential switch that fails before the driver started goes back to the device
+            // plugin: no node rests with neither backend.
+            if node.backend() == Backend::None {
+                p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
+                p.gpu_operator_restore(node, placement, false);
+            }
         }
         Action::StartRollback => {
             // A rollback may start on a node this migration never moved (an earlier migration,
@@ -613,15 +622,19 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                         })?
                         .items;
                 let reads = observe::node(ctx, &gpm.spec, &pn, node).await?;
-                let view = decide::NodeView {
-                    spec: &gpm.spec,
-                    migration: &name,
-                    owner: owner_ref(gpm),
-                    canary_namespace: &ctx.config.canary_namespace,
-                    hold: Some(node_state::Hold::Deleting),
-                    now,
+                let step = {
+                    let selectors = crate::selectors::Selectors::new(&gpm.spec);
+                    let view = decide::NodeView {
+                        spec: &gpm.spec,
+                        migration: &name,
+                        owner: owner_ref(gpm),
+                        canary_namespace: &ctx.config.canary_namespace,
+                        hold: Some(node_state::Hold::Deleting),
+                        selectors: &selectors,
+                        now,
+                    };
+                    decide::node_step(&view, node, &slices, &reads, false, None)
                 };
-                let step = decide::node_step(&view, node, &slices, &reads, false, None);
                 execute::node_step(ctx, gpm, node, &step).await?;
                 busy += 1;
             }
@@ -1080,6 +1093,46 @@ mod tests {
             assert_eq!(get("labels", L), label, "{name}: label");
             assert_eq!(get("annotations", A), record, "{name}: record");
         }
+    }
+
+    #[test]
+    fn a_sequential_switch_labels_none_then_dra_on_one_clock_and_a_failure_in_none_goes_back() {
+        const L: &str = LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
+        let ours = pn(&[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false")], true);
+        assert_eq!(
+            patch_json(&Action::StopDevicePlugin, &ours),
+            json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "none"}, "annotations": {"switchyard.dev/migration-state": "Switching", "switchyard.dev/state-since": NOW}}})
+        );
+        // Under GpuOperator the deploy label goes off with the first label, not the second.
+        let v = patch_json_in(PlacementMode::GpuOperator, &Action::StopDevicePlugin, &ours);
+        assert_eq!(v["metadata"]["labels"][L], "false", "{v}");
+        let mut in_none = pn(
+            &[
+                (ANNOTATION_MIGRATION_STATE, "Switching"),
+                (ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE, "\"true\""),
+            ],
+            true,
+        );
+        in_none.labels.insert(LABEL_GPU_BACKEND.into(), BACKEND_NONE.into());
+        // The driver starts without a new state or clock.
+        assert_eq!(
+            patch_json_in(PlacementMode::GpuOperator, &Action::StartDriver, &in_none),
+            json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "dra"}}})
+        );
+        // A switch that fails before the driver started returns the node to the device plugin
+        // (and the GPU Operator's label to what it was), keeping the failure and the cordon.
+        let fail =
+            Action::Fail { reason: node_state::FailReason::SwitchTimeout, message: "plugin stayed".into() };
+        let v = patch_json_in(PlacementMode::GpuOperator, &fail, &in_none);
+        assert_eq!(v["metadata"]["labels"]["switchyard.dev/gpu-backend"], "device-plugin", "{v}");
+        assert_eq!(v["metadata"]["labels"][L], "true", "{v}");
+        assert_eq!(v["metadata"]["annotations"][ANNOTATION_MIGRATION_STATE], "Failed", "{v}");
+        assert!(v.get("spec").is_none(), "the cordon stays: {v}");
+        // After the driver started, a failure keeps the label: the rollback takes it back safely.
+        let mut in_dra = in_none.clone();
+        in_dra.labels.insert(LABEL_GPU_BACKEND.into(), BACKEND_DRA.into());
+        let v = patch_json_in(PlacementMode::GpuOperator, &fail, &in_dra);
+        assert!(v["metadata"]["labels"].get("switchyard.dev/gpu-backend").is_none(), "{v}");
     }
 
     #[test]

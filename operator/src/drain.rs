@@ -93,6 +93,19 @@ pub fn is_daemonset_pod(pod: &Pod) -> bool {
         .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
 }
 
+/// True when the pod belongs to the DaemonSet `namespace/name` (its controller owner) and has not
+/// finished: a device plugin's pod still on a node it is leaving.
+pub fn owned_by_daemon_set(pod: &Pod, namespace: &str, name: &str) -> bool {
+    pod.metadata.namespace.as_deref() == Some(namespace)
+        && !is_finished(pod)
+        && pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "DaemonSet" && o.name == name && o.controller == Some(true))
+}
+
 /// True when no controller manages the pod (no ownerReference with `controller: true`): an
 /// eviction deletes it for good.
 pub fn is_unmanaged(pod: &Pod) -> bool {

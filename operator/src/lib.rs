@@ -23,6 +23,7 @@ pub mod prerequisites;
 pub mod preview;
 pub mod reconcile;
 pub mod runtime;
+pub mod selectors;
 #[doc(hidden)]
 pub mod testing;
 pub mod watch;

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! Pending → Cordoned → Draining → Switching → Verifying → Migrated
+//!                                      │ (a driver without the device-plugin interlock: backend
+//!                                      │  `none` until the plugin has left, then `dra`)
 //!              │           │           │           │
 //!              └───────────┴───────────┴───────────┴──→ Failed ──(onFailure: Rollback)──┐
 //! Migrated / Switching / Verifying ──(direction: Rollback)──→ RollingBack → RolledBack ←─┘
@@ -79,6 +81,8 @@ pub enum WaitReason {
     EvictingClaimHolders,
     /// The device plugin does not advertise the GPUs again yet.
     WaitingForDevicePlugin,
+    /// The device plugin's pod still runs on a node whose switch waits for it to be gone.
+    DevicePluginPodRunning,
     /// The driver still offers allocatable devices on the node.
     WaitingForDriverToLeave,
 }
@@ -102,6 +106,7 @@ impl WaitReason {
             WaitReason::NeedsHuman => "NeedsHuman",
             WaitReason::EvictingClaimHolders => "EvictingClaimHolders",
             WaitReason::WaitingForDevicePlugin => "WaitingForDevicePlugin",
+            WaitReason::DevicePluginPodRunning => "DevicePluginPodRunning",
             WaitReason::WaitingForDriverToLeave => "WaitingForDriverToLeave",
         }
     }
@@ -206,6 +211,13 @@ pub struct Observed {
     /// The node's Ready condition is True.
     pub ready: bool,
     pub backend: Backend,
+    /// The driver keeps its devices unschedulable while the device plugin still serves the node
+    /// (`spec.driver.devicePluginInterlock`): the switch may start it while the plugin leaves.
+    /// Without it the switch goes through backend `none` first.
+    pub interlock: bool,
+    /// Pods of the device plugin's DaemonSet on the node; observed while Switching once
+    /// allocatable is 0 (`None`: not read).
+    pub device_plugin_pods: Option<usize>,
     /// Only observed while Draining.
     pub drain: DrainCounts,
     /// Sum of the pool resources in `status.allocatable`: what the device plugin advertises.
@@ -216,8 +228,15 @@ pub struct Observed {
     pub device_plugin_gpus: u64,
     /// Device-plugin GPUs recorded before the switch (`switchyard.dev/gpus-before`).
     pub gpus_before: Option<u64>,
-    /// Devices our driver publishes for the node in ResourceSlices.
+    /// Devices the driver publishes for the node that the scheduler may allocate (no NoSchedule
+    /// or NoExecute taint).
     pub dra_devices: u64,
+    /// Of those, the ones the pool's DeviceClasses select, counted per resource up to what the
+    /// resource had before the switch (see `selectors::Selected`): the switch is done when this
+    /// reaches `gpus_before`.
+    pub dra_selected: u64,
+    /// What the DeviceClass selectors found short, for the wait message (empty when nothing is).
+    pub selection_note: String,
     /// Pods on the node holding DRA claims; only observed while RollingBack.
     pub claim_holders: usize,
     pub taint_rule_exists: bool,
@@ -246,6 +265,12 @@ pub enum Action {
     Evict,
     /// Set `switchyard.dev/gpu-backend=dra`; → Switching.
     SwitchToDra,
+    /// Set `switchyard.dev/gpu-backend=none`, so that the device plugin leaves while the driver
+    /// does not start yet; → Switching. For drivers without the device-plugin interlock.
+    StopDevicePlugin,
+    /// The device plugin has left a node in backend `none`: set `switchyard.dev/gpu-backend=dra`
+    /// so the driver starts. The node stays Switching, on the same clock.
+    StartDriver,
     /// → Verifying.
     StartVerify,
     /// Create the canary pod.
@@ -274,7 +299,7 @@ impl Action {
         match self {
             Action::Cordon => Some(NodeState::Cordoned),
             Action::StartDrain => Some(NodeState::Draining),
-            Action::SwitchToDra => Some(NodeState::Switching),
+            Action::SwitchToDra | Action::StopDevicePlugin => Some(NodeState::Switching),
             Action::StartVerify => Some(NodeState::Verifying),
             Action::Complete => Some(NodeState::Migrated),
             Action::Fail { .. } => Some(NodeState::Failed),
@@ -309,10 +334,15 @@ fn wait(reason: WaitReason, message: impl Into<String>) -> Action {
     Action::Wait { reason, message: message.into() }
 }
 
-/// Enough DRA devices for the node to count as switched: at least as many as the device plugin
-/// had before. Unknown is never enough.
+/// Enough DRA devices for the node to count as switched: the pool's DeviceClasses select at
+/// least as many as the device plugin had before, per resource. Unknown is never enough.
 fn slices_ready(o: &Observed) -> bool {
-    o.gpus_before.is_some_and(|b| o.dra_devices > 0 && o.dra_devices >= b)
+    o.gpus_before.is_some_and(|b| o.dra_selected > 0 && o.dra_selected >= b)
+}
+
+/// The first label of the switch: `dra` for a driver with the interlock, `none` otherwise.
+fn switch_action(o: &Observed) -> Action {
+    if o.interlock { Action::SwitchToDra } else { Action::StopDevicePlugin }
 }
 
 /// What a node with selected pods left does: evict them, or wait for what only a person (or the
@@ -398,7 +428,7 @@ pub fn next_step(o: &Observed) -> Action {
                 return if let Some(h) = o.hold {
                     h.wait("drained, before the switch")
                 } else {
-                    Action::SwitchToDra
+                    switch_action(o)
                 };
             };
             if timed_out(o) {
@@ -419,19 +449,54 @@ pub fn next_step(o: &Observed) -> Action {
         Switching | Verifying if rollback => Action::StartRollback,
         Switching => {
             if timed_out(o) {
-                Action::Fail {
-                    reason: FailReason::SwitchTimeout,
-                    message: format!(
-                        "within {}s the node did not switch: allocatable still {} (device plugin must report 0), DRA devices {} (need {})",
-                        o.verify_timeout_seconds,
-                        o.allocatable,
-                        o.dra_devices,
-                        o.gpus_before
-                            .map_or("the count in switchyard.dev/gpus-before".to_string(), |b| b.to_string())
-                    ),
+                let mut message = format!(
+                    "within {}s the node did not switch: allocatable still {} (device plugin must report 0), DRA devices {}, selected by the pool's DeviceClasses {} (need {})",
+                    o.verify_timeout_seconds,
+                    o.allocatable,
+                    o.dra_devices,
+                    o.dra_selected,
+                    o.gpus_before
+                        .map_or("the count in switchyard.dev/gpus-before".to_string(), |b| b.to_string())
+                );
+                if o.backend == Backend::None {
+                    message.push_str(
+                        "; the driver never started, so the node goes back to the device plugin (switchyard.dev/gpu-backend=device-plugin)",
+                    );
+                } else if !o.selection_note.is_empty() {
+                    message = format!("{message}; {}", o.selection_note);
                 }
-            } else if o.backend != Backend::Dra {
-                Action::SwitchToDra
+                Action::Fail { reason: FailReason::SwitchTimeout, message }
+            } else if o.backend == Backend::DevicePlugin {
+                // Labelled back by someone mid-switch: label it again.
+                switch_action(o)
+            } else if o.backend == Backend::None {
+                // Sequential: the driver starts only once the device plugin is gone, so the
+                // scheduler never sees the node's GPUs through both.
+                if let Some(late) = undrained(o) {
+                    late
+                } else if o.allocatable > 0 {
+                    wait(
+                        WaitReason::DevicePluginStillAdvertising,
+                        format!(
+                            "allocatable is still {}; the driver starts once the device plugin has left",
+                            o.allocatable
+                        ),
+                    )
+                } else {
+                    match o.device_plugin_pods {
+                        Some(0) => Action::StartDriver,
+                        Some(n) => wait(
+                            WaitReason::DevicePluginPodRunning,
+                            format!(
+                                "{n} device-plugin pod(s) still on the node; the driver starts once they are gone"
+                            ),
+                        ),
+                        None => wait(
+                            WaitReason::DevicePluginPodRunning,
+                            "the node's pods are not read yet; the driver starts once no device-plugin pod is left",
+                        ),
+                    }
+                }
             } else if let Some(late) = undrained(o) {
                 // A pod the scheduler bound before it saw the cordon can land after the drain's
                 // last LIST, on a GPU the device plugin handed out and the driver is about to
@@ -448,14 +513,16 @@ pub fn next_step(o: &Observed) -> Action {
                     "switchyard.dev/gpus-before is missing or 0, so the switch cannot be verified; set it to the node's GPU count as JSON, for example {\"nvidia.com/gpu\":8}",
                 )
             } else if !slices_ready(o) {
-                wait(
-                    WaitReason::WaitingForResourceSlices,
-                    format!(
-                        "driver publishes {} device(s), need {}",
-                        o.dra_devices,
-                        o.gpus_before.unwrap_or(0)
-                    ),
-                )
+                let mut message = format!(
+                    "driver publishes {} device(s), the pool's DeviceClasses select {}, need {}",
+                    o.dra_devices,
+                    o.dra_selected,
+                    o.gpus_before.unwrap_or(0)
+                );
+                if !o.selection_note.is_empty() {
+                    message = format!("{message}; {}", o.selection_note);
+                }
+                wait(WaitReason::WaitingForResourceSlices, message)
             } else {
                 Action::StartVerify
             }
@@ -500,7 +567,7 @@ pub fn next_step(o: &Observed) -> Action {
             let roll = (rollback || o.on_failure == FailurePolicy::Rollback) && !o.failed_during_rollback;
             if !roll {
                 wait(WaitReason::NeedsHuman, "the node failed; see status.failed and its events")
-            } else if o.backend == Backend::Dra || o.taint_rule_exists {
+            } else if o.backend != Backend::DevicePlugin || o.taint_rule_exists {
                 Action::StartRollback
             } else {
                 // Failed before the switch: the device plugin never left.
@@ -528,7 +595,8 @@ pub fn next_step(o: &Observed) -> Action {
                     WaitReason::EvictingClaimHolders,
                     format!("{} pod(s) still hold DRA claims on the node", o.claim_holders),
                 )
-            } else if o.backend == Backend::Dra {
+            } else if o.backend != Backend::DevicePlugin {
+                // From `dra`, or from `none` (a sequential switch that never started the driver).
                 Action::SwitchToDevicePlugin
             } else if o.allocatable == 0 {
                 wait(
@@ -571,11 +639,15 @@ mod tests {
             unschedulable: true,
             ready: true,
             backend: Backend::DevicePlugin,
+            interlock: true,
+            device_plugin_pods: None,
             drain: DrainCounts::default(),
             allocatable: 0,
             device_plugin_gpus: 8,
             gpus_before: Some(8),
             dra_devices: 0,
+            dra_selected: 0,
+            selection_note: String::new(),
             claim_holders: 0,
             taint_rule_exists: false,
             canary: Canary::NotConfigured,
@@ -663,7 +735,8 @@ mod tests {
                     o.hold = Some(Hold::GateClosed);
                     o.backend = Backend::Dra;
                     o.allocatable = 0;
-                    o.dra_devices = 8
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
                 },
                 "StartVerify",
             ),
@@ -716,7 +789,8 @@ mod tests {
                 Switching,
                 |o| {
                     o.backend = Backend::Dra;
-                    o.dra_devices = 4
+                    o.dra_devices = 4;
+                    o.dra_selected = 4
                 },
                 "Wait:WaitingForResourceSlices",
             ),
@@ -725,7 +799,8 @@ mod tests {
                 Switching,
                 |o| {
                     o.backend = Backend::Dra;
-                    o.dra_devices = 8
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
                 },
                 "StartVerify",
             ),
@@ -735,6 +810,7 @@ mod tests {
                 |o| {
                     o.backend = Backend::Dra;
                     o.dra_devices = 8;
+                    o.dra_selected = 8;
                     o.drain.to_evict = 1
                 },
                 "Evict",
@@ -745,6 +821,7 @@ mod tests {
                 |o| {
                     o.backend = Backend::Dra;
                     o.dra_devices = 8;
+                    o.dra_selected = 8;
                     o.drain.terminating = 1
                 },
                 "Wait:PodsTerminating",
@@ -771,6 +848,7 @@ mod tests {
                 |o| {
                     o.backend = Backend::Dra;
                     o.dra_devices = 8;
+                    o.dra_selected = 8;
                     o.hold = Some(Hold::Paused)
                 },
                 "StartVerify",
@@ -789,7 +867,8 @@ mod tests {
                 Verifying,
                 |o| {
                     o.backend = Backend::Dra;
-                    o.dra_devices = 8
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
                 },
                 "Complete",
             ),
@@ -808,7 +887,8 @@ mod tests {
                 Verifying,
                 |o| {
                     o.allocatable = 8;
-                    o.dra_devices = 8
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
                 },
                 "Fail:BackendOverlap",
             ),
@@ -963,7 +1043,8 @@ mod tests {
                 |o| {
                     o.taint_rule_exists = true;
                     o.allocatable = 8;
-                    o.dra_devices = 8
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
                 },
                 "Wait:WaitingForDriverToLeave",
             ),
@@ -980,6 +1061,121 @@ mod tests {
                 "Fail:RollbackTimeout",
             ),
             ("rolled back, forward, picked", RolledBack, |o| o.start = true, "Cordon"),
+            // DeviceClass selectors
+            (
+                "switching, devices published but the classes select too few",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.dra_selected = 4
+                },
+                "Wait:WaitingForResourceSlices",
+            ),
+            // A driver without the device-plugin interlock: the switch goes through `none`.
+            ("drained, no interlock", Draining, |o| o.interlock = false, "StopDevicePlugin"),
+            (
+                "switching, labelled back by someone, no interlock",
+                Switching,
+                |o| o.interlock = false,
+                "StopDevicePlugin",
+            ),
+            (
+                "none: the plugin still advertises",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None;
+                    o.allocatable = 8
+                },
+                "Wait:DevicePluginStillAdvertising",
+            ),
+            (
+                "none: allocatable 0, its pod still there",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None;
+                    o.device_plugin_pods = Some(1)
+                },
+                "Wait:DevicePluginPodRunning",
+            ),
+            (
+                "none: allocatable 0, pods not read",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None
+                },
+                "Wait:DevicePluginPodRunning",
+            ),
+            (
+                "none: a late GPU pod goes first",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None;
+                    o.device_plugin_pods = Some(0);
+                    o.drain.to_evict = 1
+                },
+                "Evict",
+            ),
+            (
+                "none: the plugin is gone, the driver starts",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None;
+                    o.device_plugin_pods = Some(0)
+                },
+                "StartDriver",
+            ),
+            (
+                "none: paused mid-switch still starts the driver",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None;
+                    o.device_plugin_pods = Some(0);
+                    o.hold = Some(Hold::Paused)
+                },
+                "StartDriver",
+            ),
+            (
+                "none: the plugin never leaves",
+                Switching,
+                |o| {
+                    o.interlock = false;
+                    o.backend = Backend::None;
+                    o.allocatable = 8;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "Fail:SwitchTimeout",
+            ),
+            (
+                "none, direction Rollback",
+                Switching,
+                |o| {
+                    o.backend = Backend::None;
+                    o.direction = Direction::Rollback
+                },
+                "StartRollback",
+            ),
+            (
+                "failed in none, rollback policy",
+                Failed,
+                |o| {
+                    o.backend = Backend::None;
+                    o.on_failure = FailurePolicy::Rollback
+                },
+                "StartRollback",
+            ),
+            (
+                "rolling back from none: no driver ran, no rule needed",
+                RollingBack,
+                |o| o.backend = Backend::None,
+                "SwitchToDevicePlugin",
+            ),
         ];
         for (name, state, edit, want) in cases {
             let mut o = base(state);
@@ -995,6 +1191,8 @@ mod tests {
             (Action::Cordon, Some(NodeState::Cordoned)),
             (Action::StartDrain, Some(NodeState::Draining)),
             (Action::SwitchToDra, Some(NodeState::Switching)),
+            (Action::StopDevicePlugin, Some(NodeState::Switching)),
+            (Action::StartDriver, None),
             (Action::StartVerify, Some(NodeState::Verifying)),
             (Action::Complete, Some(NodeState::Migrated)),
             (

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 
 /// Pool resources in the node's `status.allocatable`, by name. Unparsable or fractional
 /// quantities count as 0: extended resources are whole numbers.
@@ -50,10 +50,18 @@ pub fn dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
 /// Devices our driver publishes for `node` that the scheduler may allocate now: those without a
 /// NoSchedule or NoExecute taint.
 pub fn schedulable_dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
+    schedulable(slices, driver, node).count() as u64
+}
+
+/// The devices [`schedulable_dra_devices`] counts.
+pub fn schedulable<'a>(
+    slices: &'a [ResourceSlice],
+    driver: &'a str,
+    node: &'a str,
+) -> impl Iterator<Item = &'a Device> {
     node_slices(slices, driver, node)
         .flat_map(|s| s.spec.devices.iter().flatten())
         .filter(|d| !d.taints.iter().flatten().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"))
-        .count() as u64
 }
 
 fn node_slices<'a>(

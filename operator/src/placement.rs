@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::api::v1alpha1::PlacementMode;
-use crate::well_known::{BACKEND_DRA, LABEL_GPU_BACKEND, LABEL_GPU_OPERATOR_DEVICE_PLUGIN};
+use crate::well_known::{BACKEND_DRA, BACKEND_NONE, LABEL_GPU_BACKEND, LABEL_GPU_OPERATOR_DEVICE_PLUGIN};
 
 /// The `helm.sh/chart` label of the `nvidia-device-plugin` chart's objects: `<chart>-<version>`.
 const DEVICE_PLUGIN_CHART_PREFIX: &str = "nvidia-device-plugin-";
@@ -37,7 +37,7 @@ impl Role {
 }
 
 /// The node-selector requirement a role's pod template needs in every required term.
-pub fn requirement(role: Role) -> NodeSelectorRequirement {
+pub fn requirement(role: Role, sequential: bool) -> NodeSelectorRequirement {
     NodeSelectorRequirement {
         key: LABEL_GPU_BACKEND.to_string(),
         operator: match role {
@@ -45,20 +45,27 @@ pub fn requirement(role: Role) -> NodeSelectorRequirement {
             Role::Driver => "In",
         }
         .to_string(),
-        values: Some(vec![BACKEND_DRA.to_string()]),
+        values: Some(match role {
+            Role::DevicePlugin if sequential => vec![BACKEND_DRA.to_string(), BACKEND_NONE.to_string()],
+            _ => vec![BACKEND_DRA.to_string()],
+        }),
     }
 }
 
 /// True when `r` keeps the role's pods where they belong. The device plugin needs `NotIn` with
-/// `dra` among the values (`DoesNotExist` or `In [device-plugin]` would also keep it off nodes
-/// that have no label yet, which are device-plugin nodes). The driver needs `In` with only `dra`.
-fn satisfies(role: Role, r: &NodeSelectorRequirement) -> bool {
+/// `dra` among the values, and `none` too when the switch is `sequential` (`DoesNotExist` or
+/// `In [device-plugin]` would also keep it off nodes that have no label yet, which are
+/// device-plugin nodes). The driver needs `In` with only `dra`.
+fn satisfies(role: Role, sequential: bool, r: &NodeSelectorRequirement) -> bool {
     if r.key != LABEL_GPU_BACKEND {
         return false;
     }
     let values = r.values.as_deref().unwrap_or_default();
     match role {
-        Role::DevicePlugin => r.operator == "NotIn" && values.iter().any(|v| v == BACKEND_DRA),
+        Role::DevicePlugin => {
+            let avoids = |b: &str| values.iter().any(|v| v == b);
+            r.operator == "NotIn" && avoids(BACKEND_DRA) && (!sequential || avoids(BACKEND_NONE))
+        }
         Role::Driver => r.operator == "In" && !values.is_empty() && values.iter().all(|v| v == BACKEND_DRA),
     }
 }
@@ -80,7 +87,7 @@ fn required_terms(ds: &DaemonSet) -> Option<&[NodeSelectorTerm]> {
 /// True when the DaemonSet's pod template already keeps it where the role belongs: through
 /// `nodeSelector` (driver only: `switchyard.dev/gpu-backend: dra`), or because every required
 /// node-affinity term (terms are ORed) carries a satisfying requirement.
-pub fn has_placement(ds: &DaemonSet, role: Role) -> bool {
+pub fn has_placement(ds: &DaemonSet, role: Role, sequential: bool) -> bool {
     let pod_spec = ds.spec.template.spec.as_ref();
     if role == Role::Driver
         && pod_spec
@@ -91,9 +98,9 @@ pub fn has_placement(ds: &DaemonSet, role: Role) -> bool {
         return true;
     }
     match required_terms(ds) {
-        Some(terms) if !terms.is_empty() => terms
-            .iter()
-            .all(|t| t.match_expressions.as_deref().unwrap_or_default().iter().any(|r| satisfies(role, r))),
+        Some(terms) if !terms.is_empty() => terms.iter().all(|t| {
+            t.match_expressions.as_deref().unwrap_or_default().iter().any(|r| satisfies(role, sequential, r))
+        }),
         _ => false,
     }
 }
@@ -165,14 +172,16 @@ pub enum Need {
 /// The reason PrerequisitesMet and PlacementReady carry for [`Need::GpuOperatorOwned`].
 pub const REASON_GPU_OPERATOR_OWNED: &str = "GpuOperatorOwnsDevicePlugin";
 
-/// What `ds` in `role` needs under `mode`. Pure.
-pub fn need(mode: PlacementMode, ds: &DaemonSet, role: Role) -> Need {
+/// What `ds` in `role` needs under `mode`; `sequential` when the switch goes through backend
+/// `none` (a driver without the device-plugin interlock), so the device plugin must avoid `none`
+/// nodes too. Pure.
+pub fn need(mode: PlacementMode, ds: &DaemonSet, role: Role, sequential: bool) -> Need {
     let id = format!(
         "{}/{}",
         ds.metadata.namespace.as_deref().unwrap_or_default(),
         ds.metadata.name.as_deref().unwrap_or_default()
     );
-    let placed = has_placement(ds, role);
+    let placed = has_placement(ds, role, sequential);
     if role == Role::DevicePlugin && mode == PlacementMode::GpuOperator {
         if placed || selects_by_deploy_label(ds) {
             return Need::Placed;
@@ -197,15 +206,21 @@ pub fn need(mode: PlacementMode, ds: &DaemonSet, role: Role) -> Need {
         };
     }
     match mode {
-        PlacementMode::Managed => Need::Patch(Box::new(apply_patch(ds, role))),
+        PlacementMode::Managed => Need::Patch(Box::new(apply_patch(ds, role, sequential))),
         PlacementMode::Verify | PlacementMode::GpuOperator => match device_plugin_chart_release(ds) {
             // From the chart: the change belongs in its values (or the kustomize build of it),
             // since a `helm upgrade` renders the DaemonSet anew.
             Some(release) if role == Role::DevicePlugin => {
-                let advice = chart_advice(ds, role, &release);
-                Need::ByHand { message: format!("{}\n{advice}", verify_message(ds, role)), snippet: advice }
+                let advice = chart_advice(ds, role, sequential, &release);
+                Need::ByHand {
+                    message: format!("{}\n{advice}", verify_message(ds, role, sequential)),
+                    snippet: advice,
+                }
             }
-            _ => Need::ByHand { message: verify_message(ds, role), snippet: yaml_snippet(ds, role) },
+            _ => Need::ByHand {
+                message: verify_message(ds, role, sequential),
+                snippet: yaml_snippet(ds, role, sequential),
+            },
         },
     }
 }
@@ -221,29 +236,30 @@ pub fn device_plugin_chart_release(ds: &DaemonSet) -> Option<String> {
 /// The DaemonSet's affinity with the role's requirement in every required term: what the chart's
 /// `affinity` value must hold (Helm replaces the value whole, so the chart's own terms, for
 /// example its default on `feature.node.kubernetes.io/pci-10de.present`, are kept in it).
-pub fn placed_affinity(ds: &DaemonSet, role: Role) -> Affinity {
+pub fn placed_affinity(ds: &DaemonSet, role: Role, sequential: bool) -> Affinity {
     let mut affinity = ds.spec.template.spec.as_ref().and_then(|p| p.affinity.clone()).unwrap_or_default();
     let node = affinity.node_affinity.get_or_insert_with(Default::default);
     node.required_during_scheduling_ignored_during_execution =
-        Some(NodeSelector { node_selector_terms: merged_terms(ds, role) });
+        Some(NodeSelector { node_selector_terms: merged_terms(ds, role, sequential) });
     affinity
 }
 
 /// What to add to the `nvidia-device-plugin` chart's values, and the same as a kustomize patch
 /// (a strategic merge patch: `nodeSelectorTerms` is replaced whole, with the terms it had).
-pub fn chart_advice(ds: &DaemonSet, role: Role, release: &str) -> String {
+pub fn chart_advice(ds: &DaemonSet, role: Role, sequential: bool, release: &str) -> String {
     #[derive(Serialize)]
     struct Values {
         affinity: Affinity,
     }
     let name = ds.metadata.name.as_deref().unwrap_or_default();
     let namespace = ds.metadata.namespace.as_deref().unwrap_or_default();
-    let values = serde_yaml::to_string(&Values { affinity: placed_affinity(ds, role) }).unwrap_or_default();
+    let values = serde_yaml::to_string(&Values { affinity: placed_affinity(ds, role, sequential) })
+        .unwrap_or_default();
     let smp = serde_json::json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": merged_terms(ds, role)}}}}}},
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": merged_terms(ds, role, sequential)}}}}}},
     });
     let patch = serde_json::json!({"patches": [{
         "target": {"group": "apps", "version": "v1", "kind": "DaemonSet", "name": name, "namespace": namespace},
@@ -257,9 +273,11 @@ pub fn chart_advice(ds: &DaemonSet, role: Role, release: &str) -> String {
 }
 
 /// The required terms after adding the role's requirement to each existing term (or one term
-/// with only the requirement when there are none). Terms are ORed, so every one needs it.
-pub fn merged_terms(ds: &DaemonSet, role: Role) -> Vec<NodeSelectorTerm> {
-    let req = requirement(role);
+/// with only the requirement when there are none). Terms are ORed, so every one needs it. A
+/// backend requirement that no longer suffices (`NotIn [dra]` once the switch is sequential) is
+/// replaced, not kept beside the new one.
+pub fn merged_terms(ds: &DaemonSet, role: Role, sequential: bool) -> Vec<NodeSelectorTerm> {
+    let req = requirement(role, sequential);
     let existing = required_terms(ds).map(<[_]>::to_vec).unwrap_or_default();
     if existing.is_empty() {
         return vec![NodeSelectorTerm { match_expressions: Some(vec![req]), match_fields: None }];
@@ -268,7 +286,8 @@ pub fn merged_terms(ds: &DaemonSet, role: Role) -> Vec<NodeSelectorTerm> {
         .into_iter()
         .map(|mut t| {
             let exprs = t.match_expressions.get_or_insert_with(Vec::new);
-            if !exprs.iter().any(|r| satisfies(role, r)) {
+            if !exprs.iter().any(|r| satisfies(role, sequential, r)) {
+                exprs.retain(|r| r.key != LABEL_GPU_BACKEND);
                 exprs.push(req.clone());
             }
             t
@@ -305,7 +324,7 @@ pub struct PlacementPodSpec {
 
 /// The SSA patch (apply it with field manager `switchyard-operator`, forced, because
 /// `nodeSelectorTerms` is an atomic list that the chart's manager owns).
-pub fn apply_patch(ds: &DaemonSet, role: Role) -> PlacementApply {
+pub fn apply_patch(ds: &DaemonSet, role: Role, sequential: bool) -> PlacementApply {
     PlacementApply {
         api_version: "apps/v1",
         kind: "DaemonSet",
@@ -320,7 +339,7 @@ pub fn apply_patch(ds: &DaemonSet, role: Role) -> PlacementApply {
                     affinity: Affinity {
                         node_affinity: Some(NodeAffinity {
                             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                                node_selector_terms: merged_terms(ds, role),
+                                node_selector_terms: merged_terms(ds, role, sequential),
                             }),
                             ..Default::default()
                         }),
@@ -333,23 +352,23 @@ pub fn apply_patch(ds: &DaemonSet, role: Role) -> PlacementApply {
 }
 
 /// The YAML an admin adds to the DaemonSet (Verify mode): the `spec` part of [`apply_patch`].
-pub fn yaml_snippet(ds: &DaemonSet, role: Role) -> String {
+pub fn yaml_snippet(ds: &DaemonSet, role: Role, sequential: bool) -> String {
     #[derive(Serialize)]
     struct Snippet<'a> {
         spec: &'a PlacementSpec,
     }
-    let patch = apply_patch(ds, role);
+    let patch = apply_patch(ds, role, sequential);
     serde_yaml::to_string(&Snippet { spec: &patch.spec }).unwrap_or_default()
 }
 
 /// The PlacementReady message for a DaemonSet that lacks its placement in Verify mode.
-pub fn verify_message(ds: &DaemonSet, role: Role) -> String {
+pub fn verify_message(ds: &DaemonSet, role: Role, sequential: bool) -> String {
     format!(
         "{} DaemonSet {}/{} lacks the backend node affinity; add this to it (or set spec.placement: Managed):\n{}",
         role.describe(),
         ds.metadata.namespace.as_deref().unwrap_or_default(),
         ds.metadata.name.as_deref().unwrap_or_default(),
-        yaml_snippet(ds, role)
+        yaml_snippet(ds, role, sequential)
     )
 }
 
@@ -446,7 +465,7 @@ mod tests {
             ),
         ];
         for (name, d, role, want) in cases {
-            assert_eq!(has_placement(&d, role), want, "{name}");
+            assert_eq!(has_placement(&d, role, false), want, "{name}");
         }
     }
 
@@ -550,14 +569,14 @@ mod tests {
             ),
         ];
         for (name, mode, d, role, want) in cases {
-            assert_eq!(kind(&need(mode, d, role)), want, "{name}");
+            assert_eq!(kind(&need(mode, d, role, false)), want, "{name}");
         }
-        let Need::GpuOperatorOwned { message } = need(Managed, &owned, Role::DevicePlugin) else {
+        let Need::GpuOperatorOwned { message } = need(Managed, &owned, Role::DevicePlugin, false) else {
             unreachable!()
         };
         assert!(message.contains("ClusterPolicy cluster-policy"), "{message}");
         assert!(message.contains("set spec.placement: GpuOperator"), "{message}");
-        let Need::ByHand { message, .. } = need(GpuOperator, &not_by_label, Role::DevicePlugin) else {
+        let Need::ByHand { message, .. } = need(GpuOperator, &not_by_label, Role::DevicePlugin, false) else {
             unreachable!()
         };
         assert!(message.contains("nvidia.com/gpu.deploy.device-plugin"), "{message}");
@@ -577,7 +596,8 @@ mod tests {
         );
         assert_eq!(device_plugin_chart_release(&d).as_deref(), Some("ndp"));
         assert_eq!(device_plugin_chart_release(&ds(json!({"containers": []}))), None);
-        let Need::ByHand { message, snippet } = need(PlacementMode::Verify, &d, Role::DevicePlugin) else {
+        let Need::ByHand { message, snippet } = need(PlacementMode::Verify, &d, Role::DevicePlugin, false)
+        else {
             panic!("Verify asks for it")
         };
         assert!(message.contains("nvidia-device-plugin Helm chart (release ndp)"), "{message}");
@@ -586,7 +606,7 @@ mod tests {
         let values_part = snippet.split("# Or,").next().unwrap().to_string();
         let values: serde_json::Value = serde_yaml::from_str(&values_part).unwrap();
         let terms = &values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
-        assert!(has_placement(&with_terms(terms.clone()), Role::DevicePlugin), "{values_part}");
+        assert!(has_placement(&with_terms(terms.clone()), Role::DevicePlugin, false), "{values_part}");
         assert!(values_part.contains("feature.node.kubernetes.io/pci-10de.present"), "{values_part}");
         // The kustomize part: a patches entry whose strategic merge patch carries the same terms.
         let kustomize: serde_json::Value =
@@ -608,7 +628,7 @@ mod tests {
             {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]},
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
         ]));
-        let terms = merged_terms(&d, Role::DevicePlugin);
+        let terms = merged_terms(&d, Role::DevicePlugin, false);
         let v = serde_json::to_value(&terms).unwrap();
         assert_eq!(
             v,
@@ -623,14 +643,14 @@ mod tests {
         );
         // After the patch the check passes, so the operator never touches the DaemonSet again.
         let patched = with_terms(v);
-        assert!(has_placement(&patched, Role::DevicePlugin));
-        assert_eq!(merged_terms(&patched, Role::DevicePlugin), terms);
+        assert!(has_placement(&patched, Role::DevicePlugin, false));
+        assert_eq!(merged_terms(&patched, Role::DevicePlugin, false), terms);
     }
 
     #[test]
     fn apply_patch_holds_only_the_affinity() {
         let d = ds(json!({"containers": [{"name": "c", "image": "i"}]}));
-        let v = serde_json::to_value(apply_patch(&d, Role::Driver)).unwrap();
+        let v = serde_json::to_value(apply_patch(&d, Role::Driver, false)).unwrap();
         assert_eq!(
             v,
             json!({
@@ -648,9 +668,9 @@ mod tests {
     #[test]
     fn verify_snippet_is_pasteable_yaml() {
         let d = ds(json!({"containers": []}));
-        let msg = verify_message(&d, Role::DevicePlugin);
+        let msg = verify_message(&d, Role::DevicePlugin, false);
         assert!(msg.starts_with("device plugin DaemonSet gpu/nvidia-device-plugin lacks"));
-        let snippet = yaml_snippet(&d, Role::DevicePlugin);
+        let snippet = yaml_snippet(&d, Role::DevicePlugin, false);
         let expected = "\
 spec:
   template:
@@ -666,5 +686,47 @@ spec:
                 - dra
 ";
         assert_eq!(snippet, expected);
+    }
+
+    #[test]
+    fn a_sequential_switch_needs_the_device_plugin_off_none_nodes_too() {
+        let notin = |values: serde_json::Value| {
+            with_terms(json!([{"matchExpressions": [
+                {"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]},
+                {"key": KEY, "operator": "NotIn", "values": values}]}]))
+        };
+        let interlocked = notin(json!(["dra"]));
+        assert!(has_placement(&interlocked, Role::DevicePlugin, false));
+        assert!(!has_placement(&interlocked, Role::DevicePlugin, true), "none nodes would keep the plugin");
+        assert!(has_placement(&notin(json!(["none", "dra"])), Role::DevicePlugin, true));
+        // The driver's placement does not change: it runs on dra nodes only.
+        let driver =
+            with_terms(json!([{"matchExpressions": [{"key": KEY, "operator": "In", "values": ["dra"]}]}]));
+        assert!(has_placement(&driver, Role::Driver, true));
+
+        // Managed replaces the old requirement instead of adding a second one, and keeps the rest.
+        let Need::Patch(patch) = need(PlacementMode::Managed, &interlocked, Role::DevicePlugin, true) else {
+            panic!("expected a patch");
+        };
+        let v = serde_json::to_value(&patch.spec).unwrap();
+        assert_eq!(
+            v["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"],
+            json!([{"matchExpressions": [
+                {"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]},
+                {"key": KEY, "operator": "NotIn", "values": ["dra", "none"]}]}])
+        );
+        // Verify says the same, by hand.
+        let Need::ByHand { snippet, .. } =
+            need(PlacementMode::Verify, &interlocked, Role::DevicePlugin, true)
+        else {
+            panic!("expected advice");
+        };
+        assert!(snippet.contains("- none"), "{snippet}");
+        // Once patched, it is placed.
+        let mut patched = interlocked.clone();
+        patched.spec.template.spec.as_mut().unwrap().affinity =
+            Some(placed_affinity(&interlocked, Role::DevicePlugin, true));
+        assert_eq!(need(PlacementMode::Managed, &patched, Role::DevicePlugin, true), Need::Placed);
     }
 }

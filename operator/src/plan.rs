@@ -11,7 +11,8 @@ use kube::core::{Selector, SelectorExt};
 
 use crate::api::v1alpha1::{Direction, FailurePolicy, GpuPoolMigrationSpec, NodeCounts, NodeState};
 use crate::well_known::{
-    ANNOTATION_FAILURE, ANNOTATION_MIGRATION_STATE, BACKEND_DRA, LABEL_GPU_BACKEND, LABEL_MIGRATION,
+    ANNOTATION_FAILURE, ANNOTATION_MIGRATION_STATE, BACKEND_DEVICE_PLUGIN, BACKEND_DRA, BACKEND_NONE,
+    LABEL_GPU_BACKEND, LABEL_MIGRATION,
 };
 
 /// Which backend a node's label says serves it.
@@ -19,6 +20,21 @@ use crate::well_known::{
 pub enum Backend {
     DevicePlugin,
     Dra,
+    /// Neither: the first half of a sequential switch (`switchyard.dev/gpu-backend=none`), for
+    /// a driver without a device-plugin interlock. The device plugin leaves; the driver has not
+    /// started yet.
+    None,
+}
+
+impl Backend {
+    /// The `switchyard.dev/gpu-backend` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::DevicePlugin => BACKEND_DEVICE_PLUGIN,
+            Backend::Dra => BACKEND_DRA,
+            Backend::None => BACKEND_NONE,
+        }
+    }
 }
 
 /// A pool node as planning sees it.
@@ -67,6 +83,7 @@ impl PoolNode {
     pub fn backend(&self) -> Backend {
         match self.labels.get(LABEL_GPU_BACKEND).map(String::as_str) {
             Some(BACKEND_DRA) => Backend::Dra,
+            Some(BACKEND_NONE) => Backend::None,
             _ => Backend::DevicePlugin,
         }
     }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
@@ -25,6 +25,7 @@ use crate::overlap;
 use crate::placement::{self, Need, Role};
 use crate::plan::{self, Backend, OtherMigration, PoolNode};
 use crate::prerequisites::Verdict;
+use crate::selectors;
 use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
 
 /// Everything the preview reads.
@@ -157,6 +158,35 @@ pub struct ClassPlan {
     /// Whether the scheduler will use this class for the name once it is applied.
     pub effective: bool,
     pub shadowed_by: String,
+    /// What the class's selector selects of the driver's devices.
+    pub selector: SelectorCheck,
+}
+
+/// What a class's selector was checked against.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub enum SelectorBasis {
+    /// Evaluated on the devices the driver publishes now (its ResourceSlices, on any node).
+    PublishedDevices,
+    /// The driver publishes nothing yet (its DaemonSet runs only on `dra` nodes): the attributes
+    /// the selector reads were checked against those the driver is known to publish.
+    KnownAttributes,
+    /// The driver publishes nothing yet and is not one whose attributes are known: the first
+    /// node's switch waits until the class selects its devices.
+    NotChecked,
+}
+
+/// A DeviceClass selector against the driver's devices.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectorCheck {
+    pub checked_against: SelectorBasis,
+    /// Devices the driver publishes, and on how many nodes.
+    pub devices: u64,
+    pub nodes: u64,
+    /// Of those, the ones the selector selects.
+    pub selected: u64,
+    /// What would keep the class from serving pods; each is also a blocker.
+    pub problems: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -299,6 +329,7 @@ fn gpus(inputs: &Inputs, node: &Node) -> u64 {
     match pn.backend() {
         Backend::DevicePlugin => overlap::allocatable_total(node, &res),
         Backend::Dra => overlap::dra_devices(&inputs.slices, &inputs.spec.driver.name, &pn.name),
+        Backend::None => 0,
     }
 }
 
@@ -326,14 +357,63 @@ fn class_plans(inputs: &Inputs) -> Vec<ClassPlan> {
         }
         actions.insert(name, action);
     }
+    let mut checks = selector_checks(inputs).into_iter();
     device_classes::statuses(spec, &after)
         .into_iter()
         .map(|s| ClassPlan {
+            selector: checks.next().expect("one check per spec.resources entry, as statuses"),
             action: actions.get(&s.name).copied().unwrap_or(ClassAction::Unchanged),
             name: s.name,
             extended_resource_name: s.extended_resource_name,
             effective: s.effective,
             shadowed_by: s.shadowed_by,
+        })
+        .collect()
+}
+
+/// Each `spec.resources` entry's selector against what the driver publishes, in entry order.
+fn selector_checks(inputs: &Inputs) -> Vec<SelectorCheck> {
+    let spec = &inputs.spec;
+    let driver = spec.driver.name.as_str();
+    let slices: Vec<ResourceSlice> = inputs
+        .slices
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.node_name.is_some())
+        .cloned()
+        .collect();
+    let devices: Vec<&Device> = slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    let nodes = slices
+        .iter()
+        .filter_map(|s| s.spec.node_name.as_deref())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len() as u64;
+    let published = selectors::published_attributes(driver, &slices);
+    let matches = selectors::Selectors::new(spec).evaluate(devices.iter().copied());
+    spec.resources
+        .iter()
+        .zip(matches)
+        .map(|(r, m)| {
+            let expression = r.selector.clone().unwrap_or_default();
+            let unknown = selectors::unknown_attributes(driver, &expression, &published);
+            let mut problems: Vec<String> = unknown.clone().unwrap_or_default();
+            let checked_against = if !devices.is_empty() {
+                if m.selected == 0 && m.uncompiled.is_none() {
+                    let mut p = format!(
+                        "selects none of the {} device(s) {driver} publishes on {nodes} node(s)",
+                        m.devices
+                    );
+                    if let Some(e) = &m.first_error {
+                        p.push_str(&format!("; the selector fails {e}"));
+                    }
+                    problems.push(p);
+                }
+                SelectorBasis::PublishedDevices
+            } else if unknown.is_some() {
+                SelectorBasis::KnownAttributes
+            } else {
+                SelectorBasis::NotChecked
+            };
+            SelectorCheck { checked_against, devices: m.devices, nodes, selected: m.selected, problems }
         })
         .collect()
 }
@@ -349,7 +429,7 @@ fn placement_plans(inputs: &Inputs) -> Vec<PlacementPlan> {
         let by_label = role == Role::DevicePlugin && spec.placement == PlacementMode::GpuOperator;
         let (action, snippet, message) = match ds
             .as_ref()
-            .map(|ds| (ds, placement::need(spec.placement, ds, role)))
+            .map(|ds| (ds, placement::need(spec.placement, ds, role, !spec.driver.interlocked())))
         {
             None => (PlacementAction::Missing, String::new(), String::new()),
             Some((_, Need::Placed)) if by_label => (
@@ -360,9 +440,11 @@ fn placement_plans(inputs: &Inputs) -> Vec<PlacementPlan> {
                 ),
             ),
             Some((_, Need::Placed)) => (PlacementAction::AlreadyPlaced, String::new(), String::new()),
-            Some((ds, Need::Patch(_))) => {
-                (PlacementAction::AddNodeAffinity, placement::yaml_snippet(ds, role), String::new())
-            }
+            Some((ds, Need::Patch(_))) => (
+                PlacementAction::AddNodeAffinity,
+                placement::yaml_snippet(ds, role, !spec.driver.interlocked()),
+                String::new(),
+            ),
             Some((_, Need::ByHand { message, snippet })) => {
                 (PlacementAction::AddByHand, snippet, message.lines().next().unwrap_or_default().to_owned())
             }
@@ -446,7 +528,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             name: name.clone(),
             action: if in_flight { NodeAction::InFlight } else { NodeAction::Moves },
             state: pn.state(),
-            backend: backend_str(pn.backend()).into(),
+            backend: pn.backend().as_str().into(),
             ready: pn.ready,
             cordoned: pn.unschedulable,
             gpus: g,
@@ -464,7 +546,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             name: name.to_string(),
             action,
             state: pn.state(),
-            backend: backend_str(pn.backend()).into(),
+            backend: pn.backend().as_str().into(),
             ready: pn.ready,
             cordoned: pn.unschedulable,
             gpus: gpus(inputs, node),
@@ -494,6 +576,11 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     let mut blockers = Vec::new();
     if !inputs.verdict.met {
         blockers.push(format!("prerequisites: {}", inputs.verdict.message));
+    }
+    for c in &device_classes {
+        for problem in &c.selector.problems {
+            blockers.push(format!("DeviceClass {} ({}): {problem}", c.name, c.extended_resource_name));
+        }
     }
     for c in device_classes.iter().filter(|c| !c.shadowed_by.is_empty()) {
         blockers.push(format!(
@@ -556,13 +643,6 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         summary,
         blockers,
     })
-}
-
-fn backend_str(b: Backend) -> &'static str {
-    match b {
-        Backend::DevicePlugin => "device-plugin",
-        Backend::Dra => "dra",
-    }
 }
 
 #[cfg(test)]
@@ -744,6 +824,63 @@ mod tests {
         let r = build(&i).expect("report");
         assert_eq!(r.device_classes[0].shadowed_by, "vendor");
         assert!(r.blockers.iter().any(|b| b.contains("shadowed by vendor")), "{:?}", r.blockers);
+    }
+
+    #[test]
+    fn selectors_are_checked_against_published_devices_or_the_known_attributes() {
+        let nvidia = |selector: &str| {
+            spec(json!({
+                "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.nvidia.switchyard.dev", "selector": selector}],
+                "driver": {"name": "gpu.nvidia.com", "daemonSet": {"namespace": "nvidia", "name": "kubelet-plugin"}},
+            }))
+        };
+        // Nothing published yet: the attributes it reads against what gpu.nvidia.com publishes.
+        let good =
+            build(&inputs(nvidia("device.attributes['gpu.nvidia.com'].type == 'gpu'"))).expect("report");
+        let check = &good.device_classes[0].selector;
+        assert_eq!((check.checked_against, check.problems.len()), (SelectorBasis::KnownAttributes, 0));
+        assert!(!good.blockers.iter().any(|b| b.contains("DeviceClass")), "{:?}", good.blockers);
+        let wrong_domain =
+            build(&inputs(nvidia("device.attributes['gpu.switchyard.dev'].type == 'gpu'"))).expect("report");
+        assert!(
+            wrong_domain.blockers.iter().any(|b| b.starts_with("DeviceClass gpu.nvidia.switchyard.dev (nvidia.com/gpu): reads device.attributes['gpu.switchyard.dev'].type, but gpu.nvidia.com publishes its attributes under 'gpu.nvidia.com'")),
+            "{:?}",
+            wrong_domain.blockers
+        );
+        // An unknown driver with nothing published: not checked, and not a blocker.
+        let unknown = build(&inputs(spec(json!({
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "c", "selector": "device.attributes['x.example.com'].model == 'a'"}],
+            "driver": {"name": "x.example.com", "daemonSet": {"namespace": "x", "name": "x"}},
+        }))))
+        .expect("report");
+        assert_eq!(unknown.device_classes[0].selector.checked_against, SelectorBasis::NotChecked);
+        // Published: evaluated on the devices, across the driver's nodes.
+        let mut i = inputs(nvidia("device.attributes['gpu.nvidia.com'].type == 'gpu'"));
+        i.slices = ["n4", "other-pool-node"]
+            .iter()
+            .map(|n| {
+                from(json!({"metadata": {"name": format!("{n}-s")}, "spec": {"driver": "gpu.nvidia.com", "nodeName": n,
+                    "pool": {"name": n, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                                {"name": "mig-0", "attributes": {"type": {"string": "mig"}, "profile": {"string": "1g.10gb"}}}]}}))
+            })
+            .collect();
+        let r = build(&i).expect("report");
+        let check = &r.device_classes[0].selector;
+        assert_eq!(
+            (check.checked_against, check.devices, check.nodes, check.selected),
+            (SelectorBasis::PublishedDevices, 4, 2, 2)
+        );
+        assert!(check.problems.is_empty(), "{:?}", check.problems);
+        i.spec.resources[0].selector = Some("device.attributes['gpu.nvidia.com'].type == 'GPU'".into());
+        let r = build(&i).expect("report");
+        assert!(
+            r.blockers
+                .iter()
+                .any(|b| b.contains("selects none of the 4 device(s) gpu.nvidia.com publishes on 2 node(s)")),
+            "{:?}",
+            r.blockers
+        );
     }
 
     #[test]

@@ -121,7 +121,8 @@ pub fn placed_daemon_set(
         "spec": {"selector": {}, "template": {"spec": {"containers": []}}}
     }))
     .expect("a valid DaemonSet");
-    let terms = crate::placement::merged_terms(&ds, role);
+    // Placed for either switch: off `dra` and `none` nodes.
+    let terms = crate::placement::merged_terms(&ds, role, true);
     if let Some(pod) = ds.spec.template.spec.as_mut() {
         pod.affinity = serde_json::from_value(serde_json::json!({"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}))

@@ -93,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
         work_dir: work_dir.clone(),
         // No hold: a recovery clears the taint at once, so that it is an event to measure too.
         health_hold_seconds: 0,
+        device_plugin_interlock: true,
     });
     let sim = Simulator::start(client.clone(), config).await?;
     let node = format!("{id}-n");

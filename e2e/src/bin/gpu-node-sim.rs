@@ -75,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
             kubeconfig,
             work_dir: args.work_dir,
             health_hold_seconds: 30,
+            device_plugin_interlock: true,
         });
     }
     let sim = Simulator::start(client, config).await?;

@@ -30,6 +30,7 @@ use crate::overlap;
 use crate::placement::{self, PlacementApply, Role};
 use crate::plan::{self, Backend, Failure, Halt, PoolNode};
 use crate::prerequisites;
+use crate::selectors::{Selected, Selectors};
 use crate::well_known::*;
 
 /// How many findings the InventoryFindings message lists before pointing at the CLI.
@@ -113,6 +114,8 @@ pub struct NodeView<'a> {
     pub owner: Option<OwnerReference>,
     pub canary_namespace: &'a str,
     pub hold: Option<Hold>,
+    /// The pool's DeviceClass selectors, compiled once per reconcile.
+    pub selectors: &'a Selectors,
     pub now: Timestamp,
 }
 
@@ -216,12 +219,13 @@ pub fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
     pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
 }
 
+/// The device-plugin GPUs per resource recorded when the drain started.
+fn gpus_before_map(pn: &PoolNode) -> Option<BTreeMap<String, u64>> {
+    pn.annotations.get(ANNOTATION_GPUS_BEFORE).and_then(|s| serde_json::from_str(s).ok())
+}
+
 fn gpus_before(pn: &PoolNode) -> Option<u64> {
-    pn.annotations
-        .get(ANNOTATION_GPUS_BEFORE)
-        .and_then(|s| serde_json::from_str::<BTreeMap<String, u64>>(s).ok())
-        .map(|m| m.values().sum())
-        .filter(|n| *n > 0)
+    gpus_before_map(pn).map(|m| m.values().sum()).filter(|n| *n > 0)
 }
 
 /// Decides the whole reconcile.
@@ -271,7 +275,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let mut gpu_operator_owned = None;
     for (ds, role, r) in [(&s.plugin_ds, Role::DevicePlugin, dp), (&s.driver_ds, Role::Driver, dn)] {
         let Some(ds) = ds else { continue };
-        match placement::need(spec.placement, ds, role) {
+        match placement::need(spec.placement, ds, role, !spec.driver.interlocked()) {
             placement::Need::Placed => {}
             placement::Need::Patch(patch) => placement_patches.push(PlacementPatch {
                 namespace: r.namespace.clone(),
@@ -345,12 +349,14 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         .flat_map(|s| &s.in_progress)
         .map(|p| (p.name.as_str(), p.message.as_str()))
         .collect();
+    let selectors = Selectors::new(spec);
     let view = NodeView {
         spec,
         migration: &name,
         owner: owner_ref(gpm),
         canary_namespace: &s.canary_namespace,
         hold,
+        selectors: &selectors,
         now,
     };
     let by_name: HashMap<&str, &Node> =
@@ -597,6 +603,8 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
             Backend::Dra => {
                 metrics.dra_gpus += overlap::dra_devices(node_slices(s, n), &spec.driver.name, &pn.name)
             }
+            // Mid-switch: the device plugin has left and the driver has not started.
+            Backend::None => {}
         }
     }
 
@@ -666,6 +674,14 @@ pub fn node_step(
     };
 
     let alloc = overlap::allocatable(node, &res);
+    // What the pool's classes select of the node's DRA devices: only a switch waiting on its
+    // slices needs it.
+    let selected = match (state, pn.backend(), gpus_before_map(&pn)) {
+        (NodeState::Switching, Backend::Dra, Some(before)) => {
+            v.selectors.for_switch(overlap::schedulable(slices, &spec.driver.name, &name), &before)
+        }
+        _ => Selected::default(),
+    };
     // What DRA must publish for the node to count as switched: a shared GPU counts once.
     let dp_gpus = crate::capacity::gpus_to_publish(node, &res);
     let observed = Observed {
@@ -680,6 +696,11 @@ pub fn node_step(
         unschedulable: pn.unschedulable,
         ready: pn.ready,
         backend: pn.backend(),
+        interlock: spec.driver.interlocked(),
+        device_plugin_pods: reads.pods_read.then(|| {
+            let dp = &spec.device_plugin.daemon_set;
+            reads.pods.iter().filter(|p| drain::owned_by_daemon_set(p, &dp.namespace, &dp.name)).count()
+        }),
         drain: DrainCounts { ..selection.counts() },
         allocatable: alloc.values().sum(),
         device_plugin_gpus: dp_gpus.values().sum(),
@@ -687,6 +708,8 @@ pub fn node_step(
         // Only devices the scheduler can allocate count: the agent keeps them tainted until the
         // device plugin's capacity is gone.
         dra_devices: overlap::schedulable_dra_devices(slices, &spec.driver.name, &name),
+        dra_selected: selected.counted,
+        selection_note: selected.note,
         claim_holders,
         taint_rule_exists: reads.taint_rule_exists,
         canary,
@@ -773,7 +796,7 @@ pub fn node_step(
         );
     }
     if state == NodeState::Draining
-        && action == Action::SwitchToDra
+        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
         && let Some(since) = parse_since(&pn)
     {
         step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
@@ -791,6 +814,21 @@ pub fn node_step(
                 EventType::Normal,
                 "BackendDevicePlugin",
                 format!("node {name} labelled back to the device plugin"),
+            ),
+            Action::StopDevicePlugin => (
+                EventType::Normal,
+                "NodeSwitching",
+                format!(
+                    "node {name}: {state:?} → Switching; labelled {LABEL_GPU_BACKEND}={BACKEND_NONE}: the device plugin leaves first, the driver ({}) starts once it has gone",
+                    spec.driver.name
+                ),
+            ),
+            Action::StartDriver => (
+                EventType::Normal,
+                "DriverStarting",
+                format!(
+                    "node {name}: the device plugin has left (allocatable 0, no plugin pod); labelled {LABEL_GPU_BACKEND}={BACKEND_DRA} so the driver starts"
+                ),
             ),
             Action::Recordon => (
                 EventType::Warning,
@@ -1324,6 +1362,90 @@ mod tests {
         assert_eq!(step.events[0].reason, "NodeVerifying");
         assert_eq!(d.metrics.dra_gpus, 8);
         assert_eq!(d.metrics.overlap_nodes, 0, "a node mid-switch is not an overlap");
+    }
+
+    #[test]
+    fn a_switch_counts_only_the_devices_the_pool_classes_select() {
+        let mut w = switched_world();
+        w.gpm.spec.resources[0].selector = Some(format!("device.attributes['{DRIVER}'].type == 'gpu'"));
+        // Eight devices, none with the attribute the class reads.
+        let d = decide(&w);
+        let step = d.steps.iter().find(|s| s.node == "n0").unwrap();
+        assert_eq!(waits(&d, "n0"), Some(WaitReason::WaitingForResourceSlices), "{step:?}");
+        assert!(
+            step.message.contains("driver publishes 8 device(s), the pool's DeviceClasses select 0, need 8"),
+            "{}",
+            step.message
+        );
+        assert!(
+            step.message.contains(&format!("DeviceClass {DRIVER} selects 0 of them")),
+            "{}",
+            step.message
+        );
+        // The same devices as the driver publishes them: typed.
+        let devs: Vec<_> = (0..8)
+            .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"type": {"string": "gpu"}}}))
+            .collect();
+        w.slices[0].spec.devices = Some(from(json!(devs)));
+        let d = decide(&w);
+        assert_eq!(d.steps.iter().find(|s| s.node == "n0").unwrap().action, Action::StartVerify);
+    }
+
+    #[test]
+    fn a_driver_without_the_interlock_switches_through_none_once_the_plugin_is_gone() {
+        let mut w = world(json!({"driver": {"name": "gpu.example.com"}}));
+        assert!(!w.gpm.spec.driver.interlocked(), "unset: only gpu.switchyard.dev has the interlock");
+        w.nodes = vec![
+            node("drained", Some("Draining"), json!({})),
+            node(
+                "in-none",
+                Some("Switching"),
+                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_NONE},
+                    "annotations": {ANNOTATION_GPUS_BEFORE: r#"{"nvidia.com/gpu":8}"#}},
+                    "status": {"allocatable": {"nvidia.com/gpu": "0"}}}),
+            ),
+        ];
+        let plugin_pod: Pod = from(json!({
+            "metadata": {"namespace": "gpu", "name": "plugin-x", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "plugin", "uid": "u", "controller": true}]},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running"}
+        }));
+        w.reads.insert("drained".into(), NodeReads { pods_read: true, ..Default::default() });
+        w.reads.insert(
+            "in-none".into(),
+            NodeReads { pods: vec![plugin_pod], pods_read: true, ..Default::default() },
+        );
+        let d = decide(&w);
+        let drained = d.steps.iter().find(|s| s.node == "drained").unwrap();
+        assert_eq!(drained.action, Action::StopDevicePlugin);
+        assert_eq!(drained.state, NodeState::Switching);
+        let label = |s: &NodeStep| {
+            serde_json::to_value(&s.patch).unwrap()["metadata"]["labels"][LABEL_GPU_BACKEND].clone()
+        };
+        assert_eq!(label(drained), json!("none"));
+        assert!(drained.events[0].note.contains("the device plugin leaves first"), "{:?}", drained.events);
+        assert_eq!(waits(&d, "in-none"), Some(WaitReason::DevicePluginPodRunning));
+
+        // Its pod gone: the driver starts, on the same state and clock.
+        w.reads.insert("in-none".into(), NodeReads { pods_read: true, ..Default::default() });
+        let d = decide(&w);
+        let started = d.steps.iter().find(|s| s.node == "in-none").unwrap();
+        assert_eq!(started.action, Action::StartDriver);
+        assert_eq!(started.state, NodeState::Switching);
+        assert_eq!(started.since, "1970-01-12T13:46:00Z".parse().ok(), "the switch keeps its clock");
+        assert_eq!(label(started), json!("dra"));
+        assert_eq!(started.events[0].reason, "DriverStarting");
+        // The device plugin must also avoid `none` nodes: the interlock-only placement is not enough.
+        let mut w = world(json!({"driver": {"name": "gpu.example.com"}}));
+        let mut interlock_only = daemon_set("gpu", "plugin", Role::DevicePlugin);
+        interlock_only.spec.template.spec.as_mut().unwrap().affinity = from(json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": LABEL_GPU_BACKEND, "operator": "NotIn", "values": ["dra"]}]}]}}}));
+        w.plugin_ds = Some(interlock_only);
+        let d = decide(&w);
+        assert_eq!(d.placement_patches.len(), 1, "Managed adds `none` to the device plugin's affinity");
+        assert!(!d.gate_open);
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub struct NodeReads {
     /// The node's pods: read while Draining (what to evict), Switching (device-plugin pods that
     /// landed after the drain) and RollingBack (DRA claim holders).
     pub pods: Vec<Pod>,
+    /// Whether `pods` was read this reconcile (an empty list read from the API says the node has
+    /// no pods; an unread one says nothing).
+    pub pods_read: bool,
     /// The node's rollback DeviceTaintRule exists: read while RollingBack or Failed.
     pub taint_rule_exists: bool,
     /// The node's canary pod, if any: read while Verifying with a canary configured.
@@ -227,6 +230,7 @@ pub async fn node(
         || (state == NodeState::Switching && plugin_gone())
     {
         reads.pods = pods_on_node(client, &pn.name).await?;
+        reads.pods_read = true;
     }
     if matches!(state, NodeState::RollingBack | NodeState::Failed) {
         let rule_name = taint_rule_name(&pn.name);

@@ -24,3 +24,8 @@ tag defaults to the chart's appVersion. */}}
 {{- define "switchyard.agentUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:switchyard-driver-agent
 {{- end }}
+
+{{/* The operator's service account as the API server names it in request.userInfo.username. */}}
+{{- define "switchyard.operatorUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:switchyard-operator
+{{- end }}

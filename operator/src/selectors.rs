@@ -1,0 +1,507 @@
+//! DeviceClass selectors against the devices a driver publishes. Each `spec.resources` entry's
+//! selector (ANDed with the driver match, as its DeviceClass carries it) is evaluated on the
+//! devices of the driver's ResourceSlices with the Kubernetes CEL library, the way the scheduler
+//! evaluates a class: a device that makes the expression fail does not match. A switch counts only
+//! the devices the pool's classes select, and `switchyard plan` reports what each class would
+//! select, or, before the driver publishes anything, which of the attributes a selector reads the
+//! driver is known to publish.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kube::core::cel::KubeCelExt;
+use kube::core::cel::cel::{Context, Program, Value};
+
+use crate::api::v1alpha1::GpuPoolMigrationSpec;
+use crate::device_classes::selector_expression;
+use crate::well_known::DEFAULT_DRIVER_NAME;
+
+/// The domain of the standard attributes every driver may publish (`resource.kubernetes.io/...`).
+pub const STANDARD_DOMAIN: &str = "resource.kubernetes.io";
+
+/// The attributes a known GPU driver publishes, for selectors checked before it publishes any
+/// slice. NVIDIA's `gpu.nvidia.com` (kubernetes-sigs/dra-driver-nvidia-gpu) and Switchyard's driver
+/// publish the same names for full GPUs and MIG devices; NVIDIA's adds `addressingMode` on some
+/// GPUs. The standard ones are `resource.kubernetes.io/pciBusID`, `pcieRoot` and `numaNode`.
+fn known_attributes(driver: &str) -> Option<BTreeSet<(String, String)>> {
+    const GPU_AND_MIG: [&str; 10] = [
+        "type",
+        "uuid",
+        "productName",
+        "brand",
+        "architecture",
+        "cudaComputeCapability",
+        "driverVersion",
+        "cudaDriverVersion",
+        "parentUUID",
+        "profile",
+    ];
+    let extra: &[&str] = match driver {
+        DEFAULT_DRIVER_NAME => &[],
+        "gpu.nvidia.com" => &["addressingMode"],
+        _ => return None,
+    };
+    let own = GPU_AND_MIG.iter().chain(extra).map(|n| (driver.to_string(), n.to_string()));
+    let standard =
+        ["pciBusID", "pcieRoot", "numaNode"].iter().map(|n| (STANDARD_DOMAIN.to_string(), n.to_string()));
+    Some(own.chain(standard).collect())
+}
+
+/// One class's compiled selector.
+struct Class {
+    resource: String,
+    class: String,
+    /// `Err` when this CEL engine cannot compile what the API server accepted: the switch then
+    /// counts every device of the driver, as before classes were evaluated here.
+    program: Result<Program, String>,
+}
+
+/// The pool's class selectors, compiled once per reconcile.
+pub struct Selectors {
+    driver: String,
+    classes: Vec<Class>,
+    root: Context<'static>,
+}
+
+/// What one class makes of a set of devices.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassMatch {
+    /// Devices looked at.
+    pub devices: u64,
+    /// Devices the selector selects.
+    pub selected: u64,
+    /// The first evaluation error, with the device it came from: such devices do not match.
+    pub first_error: Option<String>,
+    /// The selector could not be compiled here; every device counts as selected.
+    pub uncompiled: Option<String>,
+}
+
+/// What a switching node's DRA devices give the pool, for [`crate::node_state::Observed`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selected {
+    /// Per resource, the devices its class selects, capped at what the resource had before the
+    /// switch, summed: the switch is done when it reaches the sum of `gpus-before`.
+    pub counted: u64,
+    /// What is short, and why, for the node's message; empty when nothing is.
+    pub note: String,
+}
+
+impl Selectors {
+    pub fn new(spec: &GpuPoolMigrationSpec) -> Self {
+        let classes = spec
+            .resources
+            .iter()
+            .map(|r| Class {
+                resource: r.extended_resource_name.clone(),
+                class: r.device_class_name.clone(),
+                program: Program::compile(&selector_expression(&spec.driver.name, r))
+                    .map_err(|e| e.to_string()),
+            })
+            .collect();
+        Self { driver: spec.driver.name.clone(), classes, root: Context::default().with_all() }
+    }
+
+    /// Evaluates every class on `devices`, in `spec.resources` order.
+    pub fn evaluate<'d>(&self, devices: impl IntoIterator<Item = &'d Device>) -> Vec<ClassMatch> {
+        let values: Vec<(&str, Value)> =
+            devices.into_iter().map(|d| (d.name.as_str(), self.device_value(d))).collect();
+        self.classes
+            .iter()
+            .map(|c| {
+                let mut m = ClassMatch { devices: values.len() as u64, ..Default::default() };
+                let program = match &c.program {
+                    Ok(p) => p,
+                    Err(e) => {
+                        m.selected = m.devices;
+                        m.uncompiled = Some(e.clone());
+                        return m;
+                    }
+                };
+                for (name, device) in &values {
+                    let mut scope = self.root.new_inner_scope();
+                    scope.add_variable_from_value("device", device.clone());
+                    match program.execute(&scope) {
+                        Ok(Value::Bool(true)) => m.selected += 1,
+                        Ok(Value::Bool(false)) => {}
+                        Ok(other) => {
+                            m.first_error.get_or_insert_with(|| {
+                                format!("on device {name} it gives {other:?}, not a bool")
+                            });
+                        }
+                        Err(e) => {
+                            m.first_error.get_or_insert_with(|| format!("on device {name}: {e}"));
+                        }
+                    }
+                }
+                m
+            })
+            .collect()
+    }
+
+    /// The devices of a switching node that the pool's classes select, against `before` (the
+    /// node's `gpus-before`, per resource). Only devices the scheduler may allocate are passed in.
+    pub fn for_switch<'d>(
+        &self,
+        devices: impl IntoIterator<Item = &'d Device>,
+        before: &BTreeMap<String, u64>,
+    ) -> Selected {
+        let matches = self.evaluate(devices);
+        let mut out = Selected::default();
+        let mut short = Vec::new();
+        for (c, m) in self.classes.iter().zip(&matches) {
+            let need = before.get(&c.resource).copied().unwrap_or(0);
+            out.counted += m.selected.min(need);
+            if m.selected < need {
+                let mut line = format!(
+                    "DeviceClass {} selects {} of them for {} (need {need})",
+                    c.class, m.selected, c.resource
+                );
+                if let Some(e) = &m.first_error {
+                    line.push_str(&format!(", its selector fails {e}"));
+                }
+                short.push(line);
+            }
+        }
+        out.note = short.join("; ");
+        out
+    }
+
+    /// The device as the scheduler's CEL sees it: `device.driver`, `device.attributes[domain][name]`
+    /// (unqualified names in the driver's domain; versions as `semver`), `device.capacity[domain][name]`
+    /// (as `quantity`) and `device.allowMultipleAllocations`. The driver's domain and the standard one
+    /// are always present, so `has()` on an attribute of theirs is false rather than an error.
+    fn device_value(&self, d: &Device) -> Value {
+        let mut attributes: HashMap<String, HashMap<String, Value>> = HashMap::new();
+        attributes.entry(self.driver.clone()).or_default();
+        attributes.entry(STANDARD_DOMAIN.to_string()).or_default();
+        for (qualified, a) in d.attributes.iter().flatten() {
+            let (domain, name) = self.split(qualified);
+            let value = if let Some(v) = &a.string {
+                Value::from(v.clone())
+            } else if let Some(v) = a.int {
+                Value::Int(v)
+            } else if let Some(v) = a.bool {
+                Value::Bool(v)
+            } else if let Some(v) = &a.version {
+                self.convert("semver", v)
+            } else {
+                continue;
+            };
+            attributes.entry(domain).or_default().insert(name, value);
+        }
+        let mut capacity: HashMap<String, HashMap<String, Value>> = HashMap::new();
+        capacity.entry(self.driver.clone()).or_default();
+        for (qualified, c) in d.capacity.iter().flatten() {
+            let (domain, name) = self.split(qualified);
+            capacity.entry(domain).or_default().insert(name, self.convert("quantity", &c.value.0));
+        }
+        let to_map = |m: HashMap<String, HashMap<String, Value>>| -> Value {
+            Value::from(m.into_iter().map(|(k, v)| (k, Value::from(v))).collect::<HashMap<String, Value>>())
+        };
+        Value::from(HashMap::from([
+            ("driver".to_string(), Value::from(self.driver.clone())),
+            ("attributes".to_string(), to_map(attributes)),
+            ("capacity".to_string(), to_map(capacity)),
+            (
+                "allowMultipleAllocations".to_string(),
+                Value::Bool(d.allow_multiple_allocations.unwrap_or(false)),
+            ),
+        ]))
+    }
+
+    /// `domain/name` → (domain, name); an unqualified name is in the driver's domain.
+    fn split(&self, qualified: &str) -> (String, String) {
+        match qualified.rsplit_once('/') {
+            Some((domain, name)) => (domain.to_string(), name.to_string()),
+            None => (self.driver.clone(), qualified.to_string()),
+        }
+    }
+
+    /// `semver('1.2.3')` or `quantity('80Gi')` as the CEL library builds it; the plain string when
+    /// it does not parse (a selector comparing it then fails, as on the API server).
+    fn convert(&self, function: &str, raw: &str) -> Value {
+        let Ok(program) = Program::compile(&format!("{function}(v)")) else {
+            return Value::from(raw.to_string());
+        };
+        let mut scope = self.root.new_inner_scope();
+        scope.add_variable_from_value("v", Value::from(raw.to_string()));
+        program.execute(&scope).unwrap_or_else(|_| Value::from(raw.to_string()))
+    }
+}
+
+/// The `(domain, name)` attribute references in a CEL expression: `device.attributes['d'].n`,
+/// `device.attributes["d"]["n"]`, and the same with `has(...)`. A plain scanner, not a CEL
+/// parser: it finds what selectors are written with and misses what they are not.
+pub fn attribute_refs(expression: &str) -> Vec<(String, String)> {
+    const HEAD: &str = "device.attributes";
+    let mut out = Vec::new();
+    let mut rest = expression;
+    while let Some(at) = rest.find(HEAD) {
+        rest = &rest[at + HEAD.len()..];
+        let Some((domain, after)) = quoted_index(rest) else { continue };
+        let after = after.trim_start();
+        let name = if let Some(field) = after.strip_prefix('.') {
+            let field = field.trim_start();
+            let end = field.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(field.len());
+            (end > 0).then(|| field[..end].to_string())
+        } else {
+            quoted_index(after).map(|(n, _)| n)
+        };
+        if let Some(name) = name {
+            out.push((domain, name));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `['x']` or `["x"]` at the start of `s` (after spaces): the string and what follows.
+fn quoted_index(s: &str) -> Option<(String, &str)> {
+    let s = s.trim_start().strip_prefix('[')?.trim_start();
+    let quote = s.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    let body = &s[1..];
+    let end = body.find(quote)?;
+    let after = body[end + 1..].trim_start().strip_prefix(']')?;
+    Some((body[..end].to_string(), after))
+}
+
+/// A selector's attribute references judged against what the driver publishes (`published`:
+/// every `(domain, name)` seen on its devices) or, when it publishes nothing yet, against what a
+/// known driver publishes. Returns the problems; `None` when there is nothing to judge against.
+pub fn unknown_attributes(
+    driver: &str,
+    expression: &str,
+    published: &BTreeSet<(String, String)>,
+) -> Option<Vec<String>> {
+    let known = if published.is_empty() { known_attributes(driver)? } else { published.clone() };
+    let refs = attribute_refs(expression);
+    let domains: BTreeSet<&str> = known.iter().map(|(d, _)| d.as_str()).collect();
+    Some(
+        refs.iter()
+            .filter(|r| !known.contains(r))
+            .map(|(d, n)| {
+                if !domains.contains(d.as_str()) {
+                    format!(
+                        "reads device.attributes['{d}'].{n}, but {driver} publishes its attributes under '{driver}' (and the standard '{STANDARD_DOMAIN}'), not '{d}'"
+                    )
+                } else {
+                    let names: Vec<&str> =
+                        known.iter().filter(|(kd, _)| kd == d).map(|(_, kn)| kn.as_str()).collect();
+                    format!("reads device.attributes['{d}'].{n}, which {driver} does not publish (it publishes {})", names.join(", "))
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Every `(domain, name)` attribute on the devices of `slices`.
+pub fn published_attributes(driver: &str, slices: &[ResourceSlice]) -> BTreeSet<(String, String)> {
+    slices
+        .iter()
+        .filter(|s| s.spec.driver == driver)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .flat_map(|d| d.attributes.iter().flatten().map(|(k, _)| k))
+        .map(|k| match k.rsplit_once('/') {
+            Some((d, n)) => (d.to_string(), n.to_string()),
+            None => (driver.to_string(), k.clone()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(driver: &str, selectors: &[(&str, &str, Option<&str>)]) -> GpuPoolMigrationSpec {
+        let resources: Vec<_> = selectors
+            .iter()
+            .map(|(r, c, s)| json!({"extendedResourceName": r, "deviceClassName": c, "selector": s}))
+            .collect();
+        serde_json::from_value(json!({
+            "nodeSelector": {"matchLabels": {"pool": "a"}},
+            "resources": resources,
+            "driver": {"name": driver, "daemonSet": {"namespace": "d", "name": "d"}},
+            "devicePlugin": {"daemonSet": {"namespace": "p", "name": "p"}},
+        }))
+        .unwrap()
+    }
+
+    fn gpu(name: &str, driver_version: &str) -> Device {
+        serde_json::from_value(json!({
+            "name": name,
+            "attributes": {
+                "type": {"string": "gpu"},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "driverVersion": {"version": driver_version},
+                "resource.kubernetes.io/numaNode": {"int": 1},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }))
+        .unwrap()
+    }
+
+    fn mig(name: &str, profile: &str) -> Device {
+        serde_json::from_value(json!({
+            "name": name,
+            "attributes": {"type": {"string": "mig"}, "profile": {"string": profile}},
+        }))
+        .unwrap()
+    }
+
+    const NV: &str = "gpu.nvidia.com";
+
+    #[test]
+    fn classes_select_what_the_scheduler_would() {
+        let s = spec(
+            NV,
+            &[
+                ("nvidia.com/gpu", "gpu", Some("device.attributes['gpu.nvidia.com'].type == 'gpu'")),
+                (
+                    "nvidia.com/mig-1g.10gb",
+                    "mig",
+                    Some(
+                        "device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+                    ),
+                ),
+                (
+                    "example.com/new-driver",
+                    "new",
+                    Some(
+                        "device.attributes['gpu.nvidia.com'].driverVersion.isGreaterThan(semver('570.0.0')) && device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) > 0 && device.attributes['resource.kubernetes.io'].numaNode == 1",
+                    ),
+                ),
+            ],
+        );
+        let devices = [
+            gpu("gpu-0", "570.124.6"),
+            gpu("gpu-1", "550.1.0"),
+            mig("mig-0", "1g.10gb"),
+            mig("mig-1", "3g.40gb"),
+        ];
+        let got = Selectors::new(&s).evaluate(devices.iter());
+        let selected: Vec<u64> = got.iter().map(|m| m.selected).collect();
+        assert_eq!(selected, [2, 1, 1], "{got:?}");
+        // The MIG devices have no driverVersion: the third selector fails on them, as on the API
+        // server, and they do not match.
+        assert!(got[2].first_error.as_deref().is_some_and(|e| e.contains("mig-0")), "{got:?}");
+        assert!(got.iter().all(|m| m.uncompiled.is_none() && m.devices == 4));
+    }
+
+    #[test]
+    fn a_selector_for_another_driver_selects_nothing() {
+        // The class ANDs the driver match: devices of gpu.nvidia.com never match a class for
+        // gpu.switchyard.dev's attributes.
+        let s = spec(
+            NV,
+            &[("nvidia.com/gpu", "gpu", Some("device.attributes['gpu.switchyard.dev'].type == 'gpu'"))],
+        );
+        let got = Selectors::new(&s).evaluate([gpu("gpu-0", "570.1.0")].iter());
+        assert_eq!(got[0].selected, 0);
+        assert!(got[0].first_error.is_some(), "a missing domain is an evaluation error: {got:?}");
+    }
+
+    #[test]
+    fn the_switch_counts_selected_devices_per_resource_up_to_what_it_had() {
+        let s = spec(
+            NV,
+            &[
+                ("nvidia.com/gpu", "gpu", Some("device.attributes['gpu.nvidia.com'].type == 'gpu'")),
+                (
+                    "nvidia.com/mig-1g.10gb",
+                    "mig",
+                    Some("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"),
+                ),
+            ],
+        );
+        let devices = [gpu("a", "570.1.0"), gpu("b", "570.1.0"), gpu("c", "570.1.0"), mig("m", "1g.10gb")];
+        let sel = Selectors::new(&s);
+        let before =
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 2), ("nvidia.com/mig-1g.10gb".to_string(), 2)]);
+        let got = sel.for_switch(devices.iter(), &before);
+        // Three GPUs count as the two it had; one MIG device of two.
+        assert_eq!(got.counted, 3);
+        assert!(
+            got.note.contains("DeviceClass mig selects 1 of them for nvidia.com/mig-1g.10gb (need 2)"),
+            "{}",
+            got.note
+        );
+        assert!(got.note.contains("its selector fails on device"), "the GPUs have no profile: {}", got.note);
+        let enough =
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 3), ("nvidia.com/mig-1g.10gb".to_string(), 1)]);
+        assert_eq!(sel.for_switch(devices.iter(), &enough), Selected { counted: 4, note: String::new() });
+    }
+
+    #[test]
+    fn a_selector_this_engine_cannot_compile_counts_every_device() {
+        let s = spec(NV, &[("nvidia.com/gpu", "gpu", Some("device.attributes[[["))]);
+        let got = Selectors::new(&s).evaluate([gpu("a", "1.0.0")].iter());
+        assert!(got[0].uncompiled.is_some());
+        assert_eq!(got[0].selected, 1);
+    }
+
+    #[test]
+    fn attribute_references_are_found_in_the_ways_selectors_write_them() {
+        let refs = attribute_refs(
+            "device.attributes['gpu.nvidia.com'].type == 'mig' && has(device.attributes[\"gpu.nvidia.com\"].profile) && device.attributes['resource.kubernetes.io']['numaNode'] == 0 && device.driver == 'x'",
+        );
+        let want: Vec<(String, String)> = [
+            ("gpu.nvidia.com", "profile"),
+            ("gpu.nvidia.com", "type"),
+            ("resource.kubernetes.io", "numaNode"),
+        ]
+        .iter()
+        .map(|(d, n)| (d.to_string(), n.to_string()))
+        .collect();
+        assert_eq!(refs, want);
+    }
+
+    #[test]
+    fn unknown_attributes_are_named_with_what_the_driver_publishes() {
+        let none = BTreeSet::new();
+        // Before any slice: a known driver's catalog.
+        let typo = unknown_attributes(NV, "device.attributes['gpu.nvidia.com'].typ == 'gpu'", &none).unwrap();
+        assert_eq!(typo.len(), 1);
+        assert!(typo[0].contains(".typ, which gpu.nvidia.com does not publish (it publishes"), "{typo:?}");
+        let domain =
+            unknown_attributes(NV, "device.attributes['gpu.switchyard.dev'].type == 'gpu'", &none).unwrap();
+        assert!(domain[0].contains("publishes its attributes under 'gpu.nvidia.com'"), "{domain:?}");
+        assert_eq!(
+            unknown_attributes(NV, "device.attributes['gpu.nvidia.com'].addressingMode == 'x'", &none),
+            Some(vec![])
+        );
+        // An unknown driver with nothing published: nothing to judge against.
+        assert_eq!(
+            unknown_attributes("gpu.example.com", "device.attributes['gpu.example.com'].x", &none),
+            None
+        );
+        // Published attributes win over the catalog.
+        let published = published_attributes(
+            "gpu.example.com",
+            &[serde_json::from_value(json!({
+                "metadata": {"name": "s"},
+                "spec": {"driver": "gpu.example.com", "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": "d", "attributes": {"model": {"string": "x"}, "resource.kubernetes.io/numaNode": {"int": 0}}}]}
+            }))
+            .unwrap()],
+        );
+        assert_eq!(
+            unknown_attributes(
+                "gpu.example.com",
+                "device.attributes['gpu.example.com'].model == 'x'",
+                &published
+            ),
+            Some(vec![])
+        );
+        assert_eq!(
+            unknown_attributes(
+                "gpu.example.com",
+                "device.attributes['gpu.example.com'].type == 'x'",
+                &published
+            )
+            .map(|v| v.len()),
+            Some(1)
+        );
+    }
+}
