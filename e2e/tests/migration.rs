@@ -465,7 +465,11 @@ async fn an_api_error_on_one_node_stays_on_that_node_and_the_others_move() -> an
         };
         let entry = outcome.status.unwrap().in_progress.into_iter().find(|p| p.name == broken).unwrap();
         assert!(entry.message.starts_with("StepError: patching node"), "{}", entry.message);
-        assert_eq!(pool::node_state(&pool.client, &broken).await?, "Cordoned");
+        // The refused write was the node's whole start (cordon, ownership, Draining): none of it
+        // landed, so the node is neither half-started nor left cordoned.
+        assert_eq!(pool::node_state(&pool.client, &broken).await?, "");
+        let b = nodes.get(&broken).await?;
+        assert_ne!(b.spec.as_ref().unwrap().unschedulable, Some(true), "{broken} is cordoned by a refused write");
         let events = object_events(pool, "Node", &broken).await?;
         assert!(events.iter().any(|(r, _)| r == "NodeStepFailed"), "{events:?}");
 
@@ -700,7 +704,7 @@ async fn a_node_whose_driver_never_publishes_times_out_and_rolls_back_under_on_f
         assert_eq!((status.nodes.migrated, status.nodes.failed), (1, 1));
         let f = status.failed.iter().find(|f| f.name == broken).expect("the broken node is listed");
         assert_eq!((f.reason.as_str(), f.state), ("SwitchTimeout", switchyard_operator::api::v1alpha1::NodeState::Switching));
-        assert!(f.message.contains("DRA devices 0 (need 2)"), "{}", f.message);
+        assert!(f.message.contains("DRA devices 0, selected by the pool's DeviceClasses 0 (need 2)"), "{}", f.message);
         assert_eq!(condition(&done, "Stalled").map(|c| c.reason.as_str()), Some("NodesFailed"));
         assert_eq!(pool::node_state(&pool.client, &broken).await?, "RolledBack");
         let nodes: Api<Node> = Api::all(pool.client.clone());

@@ -145,20 +145,23 @@ pub fn trim_node(node: &mut Node) {
 
 /// The nodes `selector` selects, by name (the order a LIST returns them in, so status messages
 /// that name "the first" node stay stable between reconciles). Pure.
-pub fn select_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>, selector: &Selector) -> Vec<Node> {
-    let mut out: Vec<Node> = nodes.into_iter().filter(|n| selector.matches(n.labels())).cloned().collect();
-    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+pub fn select_nodes<'a, N: std::borrow::Borrow<Node> + Clone + 'a>(
+    nodes: impl IntoIterator<Item = &'a N>,
+    selector: &Selector,
+) -> Vec<N> {
+    let mut out: Vec<N> =
+        nodes.into_iter().filter(|n| selector.matches(n.borrow().labels())).cloned().collect();
+    out.sort_by(|a, b| a.borrow().metadata.name.cmp(&b.borrow().metadata.name));
     out
 }
 
 /// The ResourceSlices `driver` publishes, by name. Pure.
-pub fn slices_for_driver<'a>(
-    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+pub fn slices_for_driver<'a, S: std::borrow::Borrow<ResourceSlice> + Clone + 'a>(
+    slices: impl IntoIterator<Item = &'a S>,
     driver: &str,
-) -> Vec<ResourceSlice> {
-    let mut out: Vec<ResourceSlice> =
-        slices.into_iter().filter(|s| s.spec.driver == driver).cloned().collect();
-    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+) -> Vec<S> {
+    let mut out: Vec<S> = slices.into_iter().filter(|s| s.borrow().spec.driver == driver).cloned().collect();
+    out.sort_by(|a, b| a.borrow().metadata.name.cmp(&b.borrow().metadata.name));
     out
 }
 

@@ -71,6 +71,14 @@ type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
 /// direction, and the count per node.
 pub(crate) type CachedPodCounts = (Instant, Option<i64>, HashMap<String, u32>);
 
+/// The candidate pod counts of every migration, and the migrations whose count is being
+/// refreshed in the background now.
+#[derive(Default)]
+pub(crate) struct PodCounts {
+    pub(crate) counts: HashMap<String, CachedPodCounts>,
+    pub(crate) refreshing: HashSet<String>,
+}
+
 /// What does not change between reconciles.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -98,7 +106,7 @@ pub struct Context {
     /// The last inventory per migration: when, for which generation, and its findings.
     pub(crate) inventory: Mutex<HashMap<String, CachedInventory>>,
     /// The last candidate pod counts per migration (see [`POD_COUNT_TTL`]).
-    pub(crate) pod_counts: Mutex<HashMap<String, CachedPodCounts>>,
+    pub(crate) pod_counts: Arc<Mutex<PodCounts>>,
     /// When each migration's status was last written (see `execute::STATUS_COALESCE`).
     pub(crate) status_writes: Mutex<HashMap<String, Instant>>,
 }
@@ -123,7 +131,7 @@ impl Context {
             facts: Mutex::new(None),
             failures: Mutex::new(HashMap::new()),
             inventory: Mutex::new(HashMap::new()),
-            pod_counts: Mutex::new(HashMap::new()),
+            pod_counts: Arc::new(Mutex::new(PodCounts::default())),
             status_writes: Mutex::new(HashMap::new()),
         }
     }
@@ -235,7 +243,7 @@ pub fn pool_verdict(
     spec: &GpuPoolMigrationSpec,
     facts: &ServerFacts,
     versions: Vec<NodeVersions>,
-    nodes: &[Node],
+    nodes: &[impl std::borrow::Borrow<Node>],
     driver_daemonset_exists: bool,
     device_plugin_daemonset_exists: bool,
 ) -> prerequisites::Verdict {
@@ -247,7 +255,7 @@ pub fn pool_verdict(
         device_plugin_daemonset_exists,
     ));
     let check = match spec.direction {
-        Direction::Forward => crate::capacity::check(nodes, &resources(spec)),
+        Direction::Forward => crate::capacity::check(nodes.iter().map(|n| n.borrow()), &resources(spec)),
         // Rollback returns nodes to the device plugin, which serves whatever it served before.
         Direction::Rollback => crate::capacity::Check::default(),
     };
@@ -520,6 +528,12 @@ pub fn node_patch(
             p.label(LABEL_MIGRATION, Some(migration.to_string()));
             p.state(NodeState::Cordoned, now);
         }
+        Action::CordonAndDrain => {
+            p.cordon(node);
+            p.label(LABEL_MIGRATION, Some(migration.to_string()));
+            p.annotate(ANNOTATION_GPUS_BEFORE, serde_json::to_string(gpus).ok());
+            p.state(NodeState::Draining, now);
+        }
         Action::Recordon => p.spec = Some(NodeSpecPatch { unschedulable: true }),
         Action::StartDrain => {
             p.annotate(ANNOTATION_GPUS_BEFORE, serde_json::to_string(gpus).ok());
@@ -653,7 +667,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
         g.remove(&name);
     }
     if let Ok(mut g) = ctx.pod_counts.lock() {
-        g.remove(&name);
+        g.counts.remove(&name);
     }
     if let Ok(mut g) = ctx.status_writes.lock() {
         g.remove(&name);
@@ -924,6 +938,15 @@ mod tests {
                 json!({"metadata": {
                     "labels": {"switchyard.dev/migration": "pool-a"},
                     "annotations": {"switchyard.dev/migration-state": "Cordoned", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": true}}),
+            ),
+            (
+                "cordon and drain in one write: ownership, the prior cordon and the GPU count",
+                Action::CordonAndDrain,
+                fresh.clone(),
+                json!({"metadata": {
+                    "labels": {"switchyard.dev/migration": "pool-a"},
+                    "annotations": {"switchyard.dev/initially-unschedulable": "false", "switchyard.dev/gpus-before": "{\"nvidia.com/gpu\":8}", "switchyard.dev/migration-state": "Draining", "switchyard.dev/state-since": NOW}},
                     "spec": {"unschedulable": true}}),
             ),
             (

@@ -42,8 +42,12 @@ pub fn targets(spec: &GpuPoolMigrationSpec) -> Vec<Target> {
 }
 
 /// Pool nodes as the inventory sees them.
-pub fn pool_nodes(nodes: &[Node]) -> Vec<PoolNodeLabels> {
-    nodes.iter().map(|n| PoolNodeLabels { name: n.name_any(), labels: n.labels().clone() }).collect()
+pub fn pool_nodes(nodes: &[impl std::borrow::Borrow<Node>]) -> Vec<PoolNodeLabels> {
+    nodes
+        .iter()
+        .map(|n| n.borrow())
+        .map(|n| PoolNodeLabels { name: n.name_any(), labels: n.labels().clone() })
+        .collect()
 }
 
 /// Why a LIST yielded nothing usable: the kind is not served, or not readable by us.

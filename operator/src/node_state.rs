@@ -3,7 +3,7 @@
 //! and annotations, so a restarted operator computes the same step and resumes.
 //!
 //! ```text
-//! Pending → Cordoned → Draining → Switching → Verifying → Migrated
+//! Pending → (Cordoned) → Draining → Switching → (Verifying) → Migrated
 //!                                      │ (a driver without the device-plugin interlock: backend
 //!                                      │  `none` until the plugin has left, then `dra`)
 //!              │           │           │           │
@@ -11,6 +11,11 @@
 //! Migrated / Switching / Verifying ──(direction: Rollback)──→ RollingBack → RolledBack ←─┘
 //! Cordoned / Draining ──(direction: Rollback)──→ RolledBack (never switched: just uncordon)
 //! ```
+//!
+//! A node whose device-plugin GPU count is known is cordoned and starts draining in one write;
+//! it rests in Cordoned only while that count is unknown or the pool is held. Verifying is the
+//! canary's state: without a canary a switched node completes from Switching. Each state a node
+//! skips is a node patch, an event and a status write fewer.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -257,6 +262,9 @@ pub enum Action {
     RecordSince,
     /// Cordon, remember whether it was already unschedulable, take ownership; → Cordoned.
     Cordon,
+    /// [`Action::Cordon`] and [`Action::StartDrain`] in one write, when the node's GPU count is
+    /// known; → Draining.
+    CordonAndDrain,
     /// Someone uncordoned a node mid-move: cordon it again, state unchanged.
     Recordon,
     /// Record the device-plugin GPU count; → Draining.
@@ -298,7 +306,7 @@ impl Action {
     pub fn next_state(&self) -> Option<NodeState> {
         match self {
             Action::Cordon => Some(NodeState::Cordoned),
-            Action::StartDrain => Some(NodeState::Draining),
+            Action::StartDrain | Action::CordonAndDrain => Some(NodeState::Draining),
             Action::SwitchToDra | Action::StopDevicePlugin => Some(NodeState::Switching),
             Action::StartVerify => Some(NodeState::Verifying),
             Action::Complete => Some(NodeState::Migrated),
@@ -398,10 +406,13 @@ pub fn next_step(o: &Observed) -> Action {
     match o.state {
         Pending | RolledBack if rollback => Action::Nothing,
         Pending | RolledBack => {
-            if o.start && o.hold.is_none() {
+            if !o.start || o.hold.is_some() {
+                Action::Nothing
+            } else if o.device_plugin_gpus == 0 {
+                // Cordoned, it waits there until the count the switch is verified against shows.
                 Action::Cordon
             } else {
-                Action::Nothing
+                Action::CordonAndDrain
             }
         }
         // Never switched: going back is just letting the node schedule again.
@@ -512,6 +523,10 @@ pub fn next_step(o: &Observed) -> Action {
                     WaitReason::GpuCountUnknown,
                     "switchyard.dev/gpus-before is missing or 0, so the switch cannot be verified; set it to the node's GPU count as JSON, for example {\"nvidia.com/gpu\":8}",
                 )
+            } else if slices_ready(o) && o.canary == Canary::NotConfigured {
+                // Nothing left to verify: the checks Verifying makes without a canary (allocatable
+                // 0, the devices published) hold now.
+                Action::Complete
             } else if !slices_ready(o) {
                 let mut message = format!(
                     "driver publishes {} device(s), the pool's DeviceClasses select {}, need {}",
@@ -542,6 +557,8 @@ pub fn next_step(o: &Observed) -> Action {
             if matches!(o.canary, Canary::NotConfigured | Canary::Succeeded) {
                 return Action::Complete;
             }
+            // (A node Verifying without a canary is one that entered it before Switching could
+            // complete directly; it completes above.)
             if timed_out(o) {
                 return Action::Fail {
                     reason: FailReason::VerifyTimeout,
@@ -672,7 +689,16 @@ mod tests {
         let cases: Vec<(&str, NodeState, Edit, &str)> = vec![
             // Forward
             ("pending not picked", Pending, |o| o.unschedulable = false, "Nothing"),
-            ("pending picked", Pending, |o| o.start = true, "Cordon"),
+            ("pending picked", Pending, |o| o.start = true, "CordonAndDrain"),
+            (
+                "pending picked, its GPU count unknown: cordoned only",
+                Pending,
+                |o| {
+                    o.start = true;
+                    o.device_plugin_gpus = 0
+                },
+                "Cordon",
+            ),
             (
                 "pending picked but paused",
                 Pending,
@@ -732,6 +758,7 @@ mod tests {
                 "switching, a gate closed: the switch finishes",
                 Switching,
                 |o| {
+                    o.canary = Canary::Absent;
                     o.hold = Some(Hold::GateClosed);
                     o.backend = Backend::Dra;
                     o.allocatable = 0;
@@ -798,6 +825,7 @@ mod tests {
                 "switched",
                 Switching,
                 |o| {
+                    o.canary = Canary::Absent;
                     o.backend = Backend::Dra;
                     o.dra_devices = 8;
                     o.dra_selected = 8
@@ -846,6 +874,7 @@ mod tests {
                 "switched while paused still finishes",
                 Switching,
                 |o| {
+                    o.canary = Canary::Absent;
                     o.backend = Backend::Dra;
                     o.dra_devices = 8;
                     o.dra_selected = 8;
@@ -1060,7 +1089,28 @@ mod tests {
                 },
                 "Fail:RollbackTimeout",
             ),
-            ("rolled back, forward, picked", RolledBack, |o| o.start = true, "Cordon"),
+            ("rolled back, forward, picked", RolledBack, |o| o.start = true, "CordonAndDrain"),
+            (
+                "switched, no canary: completes without Verifying",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
+                },
+                "Complete",
+            ),
+            (
+                "switched, no canary, but a late pod: evicted first",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8;
+                    o.drain.to_evict = 1
+                },
+                "Evict",
+            ),
             // DeviceClass selectors
             (
                 "switching, devices published but the classes select too few",
@@ -1190,6 +1240,7 @@ mod tests {
         let cases = [
             (Action::Cordon, Some(NodeState::Cordoned)),
             (Action::StartDrain, Some(NodeState::Draining)),
+            (Action::CordonAndDrain, Some(NodeState::Draining)),
             (Action::SwitchToDra, Some(NodeState::Switching)),
             (Action::StopDevicePlugin, Some(NodeState::Switching)),
             (Action::StartDriver, None),

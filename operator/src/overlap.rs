@@ -5,6 +5,7 @@
 //! claim, so it does not serve the node (Switchyard's agent publishes every device with a
 //! `device-plugin-active` taint until the device plugin's capacity is gone).
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
@@ -43,19 +44,19 @@ pub fn allocatable_total(node: &Node, resources: &[&str]) -> u64 {
 
 /// Devices our driver publishes for `node` in its node-local ResourceSlices, tainted or not
 /// (the pool's GPU count for dashboards).
-pub fn dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
+pub fn dra_devices(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str) -> u64 {
     node_slices(slices, driver, node).map(|s| s.spec.devices.as_ref().map_or(0, Vec::len) as u64).sum()
 }
 
 /// Devices our driver publishes for `node` that the scheduler may allocate now: those without a
 /// NoSchedule or NoExecute taint.
-pub fn schedulable_dra_devices(slices: &[ResourceSlice], driver: &str, node: &str) -> u64 {
+pub fn schedulable_dra_devices(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str) -> u64 {
     schedulable(slices, driver, node).count() as u64
 }
 
 /// The devices [`schedulable_dra_devices`] counts.
 pub fn schedulable<'a>(
-    slices: &'a [ResourceSlice],
+    slices: &'a [impl Borrow<ResourceSlice>],
     driver: &'a str,
     node: &'a str,
 ) -> impl Iterator<Item = &'a Device> {
@@ -65,11 +66,13 @@ pub fn schedulable<'a>(
 }
 
 fn node_slices<'a>(
-    slices: &'a [ResourceSlice],
+    slices: &'a [impl Borrow<ResourceSlice>],
     driver: &'a str,
     node: &'a str,
 ) -> impl Iterator<Item = &'a ResourceSlice> {
-    slices.iter().filter(move |s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
+    slices.iter().map(Borrow::borrow).filter(move |s: &&ResourceSlice| {
+        s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node)
+    })
 }
 
 /// A node served by both backends.
@@ -95,7 +98,12 @@ impl std::fmt::Display for Overlap {
 }
 
 /// Checks the invariant for one node.
-pub fn check(node: &Node, resources: &[&str], slices: &[ResourceSlice], driver: &str) -> Option<Overlap> {
+pub fn check(
+    node: &Node,
+    resources: &[&str],
+    slices: &[impl Borrow<ResourceSlice>],
+    driver: &str,
+) -> Option<Overlap> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let alloc: BTreeMap<String, u64> =
         allocatable(node, resources).into_iter().filter(|(_, v)| *v > 0).collect();

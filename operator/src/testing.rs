@@ -141,7 +141,7 @@ pub fn snapshot(
     crate::reconcile::observe::Snapshot {
         gpm,
         now: k8s_openapi::jiff::Timestamp::from_second(now).expect("a valid time"),
-        nodes,
+        nodes: nodes.into_iter().map(std::sync::Arc::new).collect(),
         facts: Default::default(),
         driver_ds: None,
         plugin_ds: None,

@@ -331,13 +331,13 @@ mod execute {
         let message = in_progress[0]["message"].as_str().unwrap();
         assert!(message.starts_with("StepError: ") && message.contains("request timed out"), "{message}");
         assert_eq!(in_progress[1]["name"], "n2");
-        assert_eq!(in_progress[1]["state"], "Cordoned");
+        assert_eq!(in_progress[1]["state"], "Draining", "cordoned and draining in one write");
         let reasons: Vec<&str> = seen
             .iter()
             .filter_map(|(m, _, b)| (*m == Method::POST).then(|| b["reason"].as_str()).flatten())
             .collect();
         assert!(reasons.contains(&"NodeStepFailed"), "{reasons:?}");
-        assert!(reasons.contains(&"NodeCordoned"), "{reasons:?}");
+        assert!(reasons.contains(&"NodeDraining"), "{reasons:?}");
     }
 }
 

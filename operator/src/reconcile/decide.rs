@@ -4,6 +4,7 @@
 //! migration's events and the metrics. `execute` carries it out; nothing here reads the API.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
@@ -237,7 +238,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let now = s.now;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
 
-    let versions = s.nodes.iter().map(node_versions).collect();
+    let versions = s.nodes.iter().map(|n| node_versions(n)).collect();
     let verdict =
         pool_verdict(spec, &s.facts, versions, &s.nodes, s.driver_ds.is_some(), s.plugin_ds.is_some());
 
@@ -319,7 +320,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         .collect();
 
     // Plan.
-    let mut pool: Vec<PoolNode> = s.nodes.iter().map(PoolNode::from_node).collect();
+    let mut pool: Vec<PoolNode> = s.nodes.iter().map(|n| PoolNode::from_node(n)).collect();
     for pn in pool.iter_mut() {
         if let Some(c) = s.consuming_pods.get(&pn.name) {
             pn.consuming_pods = *c;
@@ -360,7 +361,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         now,
     };
     let by_name: HashMap<&str, &Node> =
-        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
+        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let no_reads = NodeReads::default();
     let mut steps = Vec::new();
     for (n, start) in p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true))) {
@@ -621,7 +622,7 @@ fn on_migration(
 }
 
 /// The node-local slices of the migration's driver for `node`.
-fn node_slices<'a>(s: &'a Snapshot<'_>, node: &Node) -> &'a [ResourceSlice] {
+fn node_slices<'a>(s: &'a Snapshot<'_>, node: &Node) -> &'a [Arc<ResourceSlice>] {
     node.metadata.name.as_deref().and_then(|n| s.slices.get(n)).map_or(&[], Vec::as_slice)
 }
 
@@ -630,7 +631,7 @@ fn node_slices<'a>(s: &'a Snapshot<'_>, node: &Node) -> &'a [ResourceSlice] {
 pub fn node_step(
     v: &NodeView<'_>,
     node: &Node,
-    slices: &[ResourceSlice],
+    slices: &[impl std::borrow::Borrow<ResourceSlice>],
     reads: &NodeReads,
     start: bool,
     last_message: Option<&str>,
@@ -815,6 +816,9 @@ pub fn node_step(
                 "BackendDevicePlugin",
                 format!("node {name} labelled back to the device plugin"),
             ),
+            Action::CordonAndDrain => {
+                (EventType::Normal, "NodeDraining", format!("node {name}: {state:?} → Draining (cordoned)"))
+            }
             Action::StopDevicePlugin => (
                 EventType::Normal,
                 "NodeSwitching",
@@ -1050,10 +1054,15 @@ mod tests {
             driver_ds: w.driver_ds.clone(),
             plugin_ds: w.plugin_ds.clone(),
             device_classes: w.classes.clone(),
-            slices: w.slices.iter().fold(HashMap::new(), |mut m: HashMap<String, Vec<ResourceSlice>>, sl| {
-                m.entry(sl.spec.node_name.clone().unwrap_or_default()).or_default().push(sl.clone());
-                m
-            }),
+            slices: w.slices.iter().fold(
+                HashMap::new(),
+                |mut m: HashMap<String, Vec<Arc<ResourceSlice>>>, sl| {
+                    m.entry(sl.spec.node_name.clone().unwrap_or_default())
+                        .or_default()
+                        .push(Arc::new(sl.clone()));
+                    m
+                },
+            ),
             others: w.others.clone(),
             consuming_pods: w.consuming.clone(),
             node_reads: w.reads.clone(),
@@ -1087,12 +1096,16 @@ mod tests {
         let d = decide(&world(json!({})));
         assert!(d.gate_open);
         assert!(d.class_applies.is_empty() && d.placement_patches.is_empty());
-        assert_eq!(actions(&d), vec![("n1", &Action::Cordon)]);
+        assert_eq!(actions(&d), vec![("n1", &Action::CordonAndDrain)]);
         let step = &d.steps[0];
         let patch = serde_json::to_value(step.patch.as_ref().expect("a cordon patches")).unwrap();
         assert_eq!(patch["metadata"]["resourceVersion"], "7", "the patch is fenced by the observed version");
         assert_eq!(patch["spec"]["unschedulable"], true);
-        assert_eq!(step.events[0].reason, "NodeCordoned");
+        assert_eq!(
+            patch["metadata"]["annotations"][ANNOTATION_MIGRATION_STATE], "Draining",
+            "cordoned and draining in one write"
+        );
+        assert_eq!(step.events[0].reason, "NodeDraining");
         assert_eq!(d.status.phase, Some(Phase::Progressing));
         assert_eq!(d.moving, 1);
         assert_eq!(condition(&d, ConditionType::DeviceClassesReady).reason, "Effective");
@@ -1103,7 +1116,7 @@ mod tests {
     fn the_cheapest_candidate_starts_first() {
         let mut w = world(json!({}));
         w.consuming = HashMap::from([("n1".to_string(), 3), ("n2".to_string(), 0)]);
-        assert_eq!(actions(&decide(&w)), vec![("n2", &Action::Cordon)]);
+        assert_eq!(actions(&decide(&w)), vec![("n2", &Action::CordonAndDrain)]);
     }
 
     /// Each closed gate: what it reports, that no node starts, and that a node mid-drain waits
@@ -1335,9 +1348,11 @@ mod tests {
         assert!(step.events.is_empty(), "the same message again: no second event");
     }
 
-    /// n0 labelled for DRA mid-switch: the device plugin gone and its 8 GPUs published.
+    /// n0 labelled for DRA mid-switch: the device plugin gone and its 8 GPUs published; the pool
+    /// verifies with a canary.
     fn switched_world() -> World {
-        let mut w = world(json!({}));
+        let mut w =
+            world(json!({"strategy": {"verify": {"canary": {"image": "registry.k8s.io/pause:3.10"}}}}));
         w.nodes.push(node(
             "n0",
             Some("Switching"),
@@ -1362,6 +1377,20 @@ mod tests {
         assert_eq!(step.events[0].reason, "NodeVerifying");
         assert_eq!(d.metrics.dra_gpus, 8);
         assert_eq!(d.metrics.overlap_nodes, 0, "a node mid-switch is not an overlap");
+    }
+
+    #[test]
+    fn without_a_canary_a_switched_node_completes_in_the_same_step() {
+        let mut w = switched_world();
+        w.gpm.spec.strategy.verify.canary = None;
+        let d = decide(&w);
+        let step = d.steps.iter().find(|s| s.node == "n0").unwrap();
+        assert_eq!(step.action, Action::Complete);
+        assert_eq!(step.state, NodeState::Migrated);
+        assert_eq!(step.events[0].reason, "NodeMigrated");
+        let patch = serde_json::to_value(step.patch.as_ref().unwrap()).unwrap();
+        assert_eq!(patch["spec"]["unschedulable"], false, "uncordoned: {patch}");
+        assert!(!step.remove_finished_canary);
     }
 
     #[test]
@@ -1459,7 +1488,7 @@ mod tests {
         assert!(n0.patch.is_none() && n0.evict.is_empty() && n0.events.is_empty());
         assert_eq!(n0.state, NodeState::Draining);
         let started: Vec<_> =
-            d.steps.iter().filter(|s| s.action == Action::Cordon).map(|s| &s.node).collect();
+            d.steps.iter().filter(|s| s.action == Action::CordonAndDrain).map(|s| &s.node).collect();
         assert_eq!(started, vec!["n1", "n2"], "the other nodes still start");
     }
 

@@ -84,7 +84,7 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
 
     // Steps, up to STEP_CONCURRENCY nodes at a time, their outcomes in the decided order.
     let by_name: HashMap<&str, &Node> =
-        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
+        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let mut runs = Vec::with_capacity(d.steps.len());
     for step in &d.steps {
         let node = by_name.get(step.node.as_str()).copied();

@@ -3,6 +3,7 @@
 //! canary). Nothing here writes.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -34,16 +35,16 @@ const NODE_READ_CONCURRENCY: usize = 16;
 pub struct Snapshot<'a> {
     pub gpm: &'a GpuPoolMigration,
     pub now: Timestamp,
-    /// The pool's nodes, by name.
-    pub nodes: Vec<Node>,
+    /// The pool's nodes, by name: the cache's own copies, shared, not cloned per reconcile.
+    pub nodes: Vec<Arc<Node>>,
     pub facts: ServerFacts,
     pub driver_ds: Option<DaemonSet>,
     pub plugin_ds: Option<DaemonSet>,
     /// Every DeviceClass; `None` where resource.k8s.io/v1 does not serve the kind.
     pub device_classes: Option<Vec<DeviceClass>>,
     /// The node-local ResourceSlices of the migration's driver, by node: grouped once, so no
-    /// per-node judgement scans every slice.
-    pub slices: HashMap<String, Vec<ResourceSlice>>,
+    /// per-node judgement scans every slice; the cache's own copies, shared.
+    pub slices: HashMap<String, Vec<Arc<ResourceSlice>>>,
     /// The other migrations, to find nodes that two select.
     pub others: Vec<OtherMigration>,
     /// GPU consumers per candidate node, every candidate of the pool, so the cheapest start first
@@ -84,7 +85,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let now = Timestamp::now();
 
     let nodes = cached_pool_nodes(ctx, spec).await?;
-    let versions: Vec<_> = nodes.iter().map(controller::node_versions).collect();
+    let versions: Vec<_> = nodes.iter().map(|n| controller::node_versions(n)).collect();
     let facts = server_facts(ctx, &versions).await?;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     cache::synced(&ctx.caches.daemon_sets, "DaemonSet").await?;
@@ -98,13 +99,10 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     } else {
         None
     };
-    let mut slices: HashMap<String, Vec<ResourceSlice>> = HashMap::new();
+    let mut slices: HashMap<String, Vec<Arc<ResourceSlice>>> = HashMap::new();
     if facts.served.resource_slices {
         cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
-        let ours = cache::slices_for_driver(
-            ctx.caches.resource_slices.state().iter().map(AsRef::as_ref),
-            &spec.driver.name,
-        );
+        let ours = cache::slices_for_driver(&ctx.caches.resource_slices.state(), &spec.driver.name);
         for slice in ours {
             if let Some(node) = slice.spec.node_name.clone() {
                 slices.entry(node).or_default().push(slice);
@@ -121,7 +119,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
 
     // Which nodes need more than the node: a first plan (pure) says which are moving and which
     // may start. An invalid spec fails here, with the message the decision would give.
-    let pool: Vec<PoolNode> = nodes.iter().map(PoolNode::from_node).collect();
+    let pool: Vec<PoolNode> = nodes.iter().map(|n| PoolNode::from_node(n)).collect();
     let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
     let consuming_pods = if !first.to_start.is_empty() && !first.queued.is_empty() {
         candidate_counts(ctx, gpm, first.to_start.iter().chain(&first.queued)).await
@@ -129,7 +127,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         HashMap::new()
     };
     let by_name: HashMap<&str, (&PoolNode, &Node)> =
-        pool.iter().zip(&nodes).map(|(p, n)| (p.name.as_str(), (p, n))).collect();
+        pool.iter().zip(&nodes).map(|(p, n)| (p.name.as_str(), (p, n.as_ref()))).collect();
     // Only moving nodes read more: a node that starts is Pending (or Migrated, rolling back),
     // and those states read nothing. Nodes read side by side, a bounded number at a time.
     let mut runs = Vec::new();
@@ -170,9 +168,12 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
 }
 
 /// GPU consumers on each candidate, so the whole pool starts cheapest first. One paged LIST of the
-/// cluster's unfinished bound pods counts them all; the counts are reused for [`POD_COUNT_TTL`]
-/// unless the spec changed. Only the order depends on them: a failed read keeps the previous
-/// counts (or none, and the order falls back to the name) and is logged.
+/// cluster's unfinished bound pods counts them all. The first count of a migration (and of each
+/// new generation) is made here, before any node starts; after that the counts are refreshed every
+/// [`POD_COUNT_TTL`] in the background, and reconciles use the last ones meanwhile: the LIST of a
+/// cluster of 50,000 pods takes seconds, and no reconcile waits for it. Only the order depends on
+/// the counts: a failed read keeps the previous counts (or none, and the order falls back to the
+/// name) and is logged.
 async fn candidate_counts<'n>(
     ctx: &Context,
     gpm: &GpuPoolMigration,
@@ -180,36 +181,74 @@ async fn candidate_counts<'n>(
 ) -> HashMap<String, u32> {
     let name = gpm.name_any();
     let generation = gpm.metadata.generation;
-    let cached = ctx.pod_counts.lock().ok().and_then(|g| g.get(&name).cloned());
-    if let Some((at, g, counts)) = &cached
-        && at.elapsed() < POD_COUNT_TTL
-        && *g == generation
-    {
-        return counts.clone();
-    }
-    let candidates: HashSet<&str> = candidates.map(String::as_str).collect();
-    let spec = &gpm.spec;
-    let res = resources(spec);
-    let consumes = |pod: &Pod| match spec.direction {
-        Direction::Forward => drain::consumes_any(pod, &res),
-        Direction::Rollback => drain::holds_dra_claim(pod),
+    let cached = ctx.pod_counts.lock().ok().and_then(|g| g.counts.get(&name).cloned());
+    let candidates: HashSet<String> = candidates.cloned().collect();
+    let spec = gpm.spec.clone();
+    let count = {
+        let (client, name) = (ctx.client.clone(), name.clone());
+        async move {
+            let res = resources(&spec);
+            let consumes = |pod: &Pod| match spec.direction {
+                Direction::Forward => drain::consumes_any(pod, &res),
+                Direction::Rollback => drain::holds_dra_claim(pod),
+            };
+            let wanted: HashSet<&str> = candidates.iter().map(String::as_str).collect();
+            match pods_on_nodes(&client, &wanted, true, |pod| consumes(&pod).then_some(())).await {
+                // A candidate with no consumer is counted too: 0 is a count, and the cheapest.
+                Ok(by_node) => Some(
+                    candidates
+                        .iter()
+                        .map(|n| (n.clone(), by_node.get(n.as_str()).map_or(0, |v| v.len() as u32)))
+                        .collect::<HashMap<String, u32>>(),
+                ),
+                Err(e) => {
+                    warn!(migration = %name, error = %e, "counting the candidates' GPU pods failed");
+                    None
+                }
+            }
+        }
     };
-    match pods_on_nodes(&ctx.client, &candidates, true, |pod| consumes(&pod).then_some(())).await {
-        Ok(by_node) => {
-            // A candidate with no consumer is counted too: 0 is a count, and the cheapest.
-            let counts: HashMap<String, u32> = candidates
-                .iter()
-                .map(|n| ((*n).to_owned(), by_node.get(*n).map_or(0, |v| v.len() as u32)))
-                .collect();
-            if let Ok(mut g) = ctx.pod_counts.lock() {
-                g.insert(name, (Instant::now(), generation, counts.clone()));
+    let store = |counts: &HashMap<String, u32>| {
+        if let Ok(mut g) = ctx.pod_counts.lock() {
+            g.counts.insert(name.clone(), (Instant::now(), generation, counts.clone()));
+        }
+    };
+    match cached {
+        // Counted for this generation: fresh, or refreshed behind the reconciles.
+        Some((at, g, counts)) if g == generation => {
+            if at.elapsed() >= POD_COUNT_TTL {
+                let refresh = ctx.pod_counts.lock().is_ok_and(|mut p| p.refreshing.insert(name.clone()));
+                if refresh {
+                    let shared = ctx.pod_counts.clone();
+                    tokio::spawn(async move {
+                        let counted = count.await;
+                        if let Ok(mut p) = shared.lock() {
+                            p.refreshing.remove(&name);
+                            match counted {
+                                Some(c) => {
+                                    p.counts.insert(name, (Instant::now(), generation, c));
+                                }
+                                // Try again after another TTL, not on every reconcile.
+                                None => {
+                                    if let Some(e) = p.counts.get_mut(&name) {
+                                        e.0 = Instant::now();
+                                    }
+                                }
+                            }
+                        }
+                    });
+                }
             }
             counts
         }
-        Err(e) => {
-            warn!(migration = %name, error = %e, "counting the candidates' GPU pods failed");
-            cached.map(|(_, _, c)| c).unwrap_or_default()
-        }
+        // The first count, or a new spec: the order must be right before nodes start.
+        stale => match count.await {
+            Some(c) => {
+                store(&c);
+                c
+            }
+            None => stale.map(|(_, _, c)| c).unwrap_or_default(),
+        },
     }
 }
 
@@ -268,7 +307,7 @@ async fn server_facts(ctx: &Context, nodes: &[crate::prerequisites::NodeVersions
 /// after `cache::NODE_WRITE_VISIBLE_TIMEOUT` (the watch is reconnecting or relisting) is read
 /// from the API for this reconcile: a step must never be decided on a copy older than our own
 /// last write of that node. A reconcile with no such node makes no request here.
-async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
+async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<Node>>> {
     let selector = controller::node_selector(spec)?;
     cache::synced(&ctx.caches.nodes, "Node").await?;
     let writes = &ctx.caches.node_writes;
@@ -288,7 +327,7 @@ async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result
                 if cached_rv.is_some() && cached_rv == node.metadata.resource_version.as_ref() {
                     writes.forget(name);
                 }
-                fresh.push(node);
+                fresh.push(Arc::new(node));
             }
             None => writes.forget(name),
         }
@@ -297,17 +336,14 @@ async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result
         warn!(nodes = ?unseen, "the node cache lags this operator's node patches; read them from the API");
     }
     let cached = ctx.caches.nodes.state();
-    let current = cached
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
+    let current = cached.iter().filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
     Ok(cache::select_nodes(current.chain(fresh.iter()), &selector))
 }
 
 /// The capacity-reader inventory for this migration, reused for [`INVENTORY_TTL`] unless the spec
 /// changed. A failed read keeps the previous findings (or none) and is logged: the inventory
 /// informs, it never blocks a migration.
-async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Node]) -> Vec<Finding> {
+async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Arc<Node>]) -> Vec<Finding> {
     let name = gpm.name_any();
     let generation = gpm.metadata.generation;
     let cached = ctx.inventory.lock().ok().and_then(|g| g.get(&name).cloned());
