@@ -27,6 +27,12 @@ use switchyard_operator::plan::state_str;
 /// flicker, and a watch event redraws at once anyway.
 const TICK: Duration = Duration::from_secs(1);
 
+/// The fastest a burst of watch events redraws the bars: a pool of thousands of nodes can update
+/// its status several times a second, and four frames a second are as many as anyone reads. The
+/// last state of a burst is drawn by the next event or tick. The lines view prints every change,
+/// as scripts read it.
+const REDRAW_MIN: Duration = Duration::from_millis(250);
+
 /// 128 + SIGINT: what shells report for a command stopped with Ctrl-C, so scripts can tell "the
 /// user gave up watching" from "the migration failed".
 const EXIT_INTERRUPTED: u8 = 130;
@@ -664,12 +670,18 @@ async fn follow(
     // Whether the object was in the watch's latest (re)list: if a relist ends without it, it was
     // deleted while the watch was down and no Delete event will come.
     let mut listed = true;
+    let mut drawn: Option<std::time::Instant> = None;
     loop {
         let now = Timestamp::now();
         let snap = snapshot(&gpm, now);
         stopwatch.observe(&snap);
-        view.render(&snap)?;
-        if let Some(code) = exit_code(&snap) {
+        let done = exit_code(&snap);
+        let lines = matches!(view, Renderer::Lines(_));
+        if lines || done.is_some() || drawn.is_none_or(|at| at.elapsed() >= REDRAW_MIN) {
+            view.render(&snap)?;
+            drawn = Some(std::time::Instant::now());
+        }
+        if let Some(code) = done {
             view.clear()?;
             writeln!(std::io::stdout().lock(), "{}", final_line(&snap, stopwatch.elapsed(now)))?;
             return Ok(code);

@@ -51,9 +51,10 @@ SWITCHYARD_CLI_BIN="$target_dir/debug/switchyard" \
   "$target_dir/debug/bench-migration" --runs 3
 
 echo "== scale: SCALE=${SCALE:-100} light nodes x 10 pods; Switchyard at maxUnavailable 1 beside the kubectl runbook, then at 10%" >&2
-# The operator as it ships (release): its memory and CPU are what is measured.
-cargo build --release -p switchyard-operator --bin switchyard-operator >&2
+# The operator and the CLI as they ship (release): their memory, CPU and wall time are measured.
+cargo build --release -p switchyard-operator --bin switchyard-operator -p switchyard-cli --bin switchyard >&2
 cargo build -p switchyard-e2e --bin bench-scale >&2
 SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
 SWITCHYARD_OPERATOR_BIN="$target_dir/release/switchyard-operator" \
+SWITCHYARD_CLI_BIN="$target_dir/release/switchyard" \
   "$target_dir/debug/bench-scale" --nodes "${SCALE:-100}" --serial-nodes "${SERIAL_NODES:-10}"

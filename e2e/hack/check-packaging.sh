@@ -9,7 +9,8 @@
 #                   e2e/hack/test-helm-values.sh (each admin value rendered, bad ones rejected)
 #   alerts          promtool check rules, promtool test rules
 #   dashboard       JSON parses; every PromQL expression parses (promtool, as recording rules)
-#   kustomize       kubectl kustomize config/, e2e/overlays/monitoring and e2e/overlays/real-nodes
+#   kustomize       kubectl kustomize config/, e2e/overlays/monitoring, e2e/overlays/real-nodes and
+#                   the two driver-root overlays
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -97,6 +98,11 @@ kubectl="$(bash e2e/hack/build-controlplane.sh)/kubectl"
 "$kubectl" kustomize config/ > "$tmp/kustomize.yaml"
 "$kubectl" kustomize e2e/overlays/monitoring > "$tmp/kustomize-monitoring.yaml"
 "$kubectl" kustomize e2e/overlays/real-nodes > "$tmp/kustomize-real-nodes.yaml"
+for root in host:/ gpu-operator:/run/nvidia/driver; do
+  "$kubectl" kustomize "e2e/overlays/driver-root-${root%%:*}" > "$tmp/kustomize-driver-root.yaml"
+  grep -qF -- "path: ${root#*:}" "$tmp/kustomize-driver-root.yaml" \
+    || { echo "kustomize (driver-root-${root%%:*} component): no host path ${root#*:}" >&2; exit 1; }
+done
 for want in "--inventory=simulated" "--sim-config=/etc/switchyard/simulated-gpus/inventory.yaml" \
             "name: switchyard-simulated-gpus"; do
   grep -qF -- "$want" "$tmp/kustomize-real-nodes.yaml" || { echo "kustomize (simulated-gpus component): no '$want'" >&2; exit 1; }

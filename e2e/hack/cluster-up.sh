@@ -166,7 +166,7 @@ apiserver=("$bin/kube-apiserver" \
   --allow-privileged=true \
   --kubelet-preferred-address-types InternalIP,Hostname \
   --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/logs/audit.log" \
-  --audit-log-maxsize 200 --audit-log-maxbackup 1)
+  --audit-log-maxsize 200 --audit-log-maxbackup 10)
 # restart-apiserver.sh starts the same command again (the API-server restart scenario).
 printf '%s\0' "${apiserver[@]}" > "$state/apiserver.cmd"
 launch kube-apiserver "${apiserver[@]}"

@@ -86,8 +86,40 @@ async fn http_once(
     Ok((code, body))
 }
 
+/// The audit log and the files the API server rotated it into (`audit-<time>.log` beside it),
+/// oldest first. Fails when they no longer reach back to `from`: a count from them would be short.
+fn audit_files(log: &std::path::Path, from: &str) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use std::io::BufRead as _;
+    let dir = log.parent().context("the audit log has no directory")?;
+    let stem = log.file_stem().and_then(|s| s.to_str()).unwrap_or("audit");
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+        })
+        .collect();
+    files.sort();
+    files.push(log.to_path_buf());
+    let first = std::fs::File::open(&files[0]).with_context(|| format!("opening {}", files[0].display()))?;
+    let oldest = std::io::BufReader::new(first)
+        .lines()
+        .next()
+        .transpose()?
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .and_then(|e| e["requestReceivedTimestamp"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    anyhow::ensure!(
+        oldest.as_str() <= from,
+        "the audit log starts at {oldest}, after the window's start {from}: it was rotated away (raise --audit-log-maxbackup)"
+    );
+    Ok(files)
+}
+
 /// Audit events from one user agent between two instants (RFC 3339 strings compare in order),
-/// counted by verb and resource (`patch nodes`, `create pods/eviction`).
+/// counted by verb and resource (`patch nodes`, `create pods/eviction`), from the log and its
+/// rotated files.
 pub fn requests_by(
     log: &std::path::Path,
     agent_prefix: &str,
@@ -96,22 +128,25 @@ pub fn requests_by(
 ) -> anyhow::Result<BTreeMap<String, u64>> {
     use std::io::BufRead as _;
     let mut by_kind = BTreeMap::new();
-    let file = std::fs::File::open(log).with_context(|| format!("opening {}", log.display()))?;
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line?;
-        // Cheap filters before parsing: most lines are other clients'.
-        if !line.contains(agent_prefix) {
-            continue;
+    for path in audit_files(log, from)? {
+        let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        for line in std::io::BufReader::new(file).lines() {
+            let line = line?;
+            // Cheap filters before parsing: most lines are other clients'.
+            if !line.contains(agent_prefix) {
+                continue;
+            }
+            let Ok(e) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            let agent = e["userAgent"].as_str().unwrap_or_default();
+            let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
+            if !agent.starts_with(agent_prefix) || at < from || at > to {
+                continue;
+            }
+            let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
+            let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
+            *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() +=
+                1;
         }
-        let Ok(e) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-        let agent = e["userAgent"].as_str().unwrap_or_default();
-        let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
-        if !agent.starts_with(agent_prefix) || at < from || at > to {
-            continue;
-        }
-        let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
-        let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
-        *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() += 1;
     }
     Ok(by_kind)
 }

@@ -236,6 +236,31 @@ fn kustomize_and_helm_install_the_same_objects() {
     });
 }
 
+/// The kustomize components for real GPU nodes mount the same driver root as the chart's
+/// `agent.driverRoot`: the agent's pod spec is the same either way, and passes dry-run.
+#[test]
+fn driver_root_components_equal_the_charts_driver_root() {
+    for (component, root) in [("host", "/"), ("gpu-operator", "/run/nvidia/driver")] {
+        let overlay = format!("e2e/overlays/driver-root-{component}");
+        let kust = kustomize(&overlay);
+        let mut cmd = Command::new(helm());
+        cmd.args(["template", "switchyard", "config/helm/switchyard", "--namespace", "switchyard-system"])
+            .args(["--set", &format!("agent.driverRoot={root}")]);
+        let helm = parse(&run_ok(cmd, ""));
+        let agent = |objs: &[Value]| -> Value {
+            objs.iter()
+                .find(|o| kind(o) == "DaemonSet" && o["metadata"]["name"] == "switchyard-driver-agent")
+                .map(|o| o["spec"]["template"]["spec"].clone())
+                .expect("the agent DaemonSet")
+        };
+        let pod = agent(&kust);
+        assert_eq!(pod, agent(&helm), "{overlay} and agent.driverRoot={root} render different agents");
+        assert!(pod["containers"][0]["args"].to_string().contains("--driver-root=/driver-root"), "{pod}");
+        assert!(pod["volumes"].to_string().contains(&format!("\"path\":\"{root}\"")), "{pod}");
+        dry_run_all(&overlay, kust);
+    }
+}
+
 /// The ValidatingAdmissionPolicy lets the agent's service account write only the ResourceSlices of
 /// the node its token is bound to. Requests impersonate that account with the node-name extra the
 /// API server puts in pod-bound tokens.

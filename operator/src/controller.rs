@@ -17,7 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -93,7 +93,7 @@ pub struct Config {
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: crate::events::Publisher,
     pub metrics: Arc<Metrics>,
     pub config: Config,
     /// The controller's GpuPoolMigration cache, to find nodes selected by two migrations.
@@ -119,10 +119,12 @@ impl Context {
         migrations: Store<GpuPoolMigration>,
         caches: Caches,
     ) -> Self {
-        let reporter =
-            Reporter { controller: OPERATOR_FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: crate::events::Publisher::new(
+                client.clone(),
+                OPERATOR_FIELD_MANAGER,
+                std::env::var("POD_NAME").ok(),
+            ),
             client,
             metrics,
             config,
@@ -649,7 +651,8 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                     };
                     decide::node_step(&view, node, &slices, &reads, false, None)
                 };
-                execute::node_step(ctx, gpm, node, &step).await?;
+                let out = execute::node_step(ctx, gpm, &step).await?;
+                execute::publish_node_events(ctx, gpm, node, &out.events).await;
                 busy += 1;
             }
             _ => {

@@ -11,6 +11,7 @@ pub mod crd;
 pub mod device_classes;
 pub mod drain;
 pub mod error;
+pub mod events;
 pub mod inventory;
 pub mod inventory_source;
 pub mod leader;

@@ -54,6 +54,12 @@ fn drain_histogram() -> Histogram {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// `observe` (caches and the moving nodes' reads), `decide` (pure) or `execute` (the writes).
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchLabels {
     /// The kind the watch lists: `GpuPoolMigration`, `Node`, `DaemonSet`, `DeviceClass`,
     /// `ResourceSlice`.
@@ -71,6 +77,8 @@ pub struct Metrics {
     pub reconciliations: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Histogram,
+    /// The same time by part of the reconcile, to tell waiting on the API from deciding.
+    pub reconcile_phase_duration: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     pub nodes: Family<NodeLabels, Gauge>,
     pub pool_gpus: Family<GpuLabels, Gauge>,
     pub evictions: Family<EvictionLabels, Counter>,
@@ -140,6 +148,16 @@ impl Metrics {
             Unit::Seconds,
             reconcile_duration.clone(),
         );
+        let reconcile_phase_duration =
+            Family::<PhaseLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            });
+        registry.register_with_unit(
+            "reconcile_phase_duration",
+            "Time one part of a reconcile took: observe, decide or execute",
+            Unit::Seconds,
+            reconcile_phase_duration.clone(),
+        );
         let nodes = Family::<NodeLabels, Gauge>::default();
         registry.register("nodes", "Pool nodes by migration state", nodes.clone());
         let pool_gpus = Family::<GpuLabels, Gauge>::default();
@@ -187,6 +205,7 @@ impl Metrics {
             reconciliations,
             reconcile_errors,
             reconcile_duration,
+            reconcile_phase_duration,
             nodes,
             pool_gpus,
             evictions,

@@ -61,6 +61,10 @@ pub struct Selectors {
     driver: String,
     classes: Vec<Class>,
     root: Context<'static>,
+    /// `semver(v)` and `quantity(v)`, compiled once: a version attribute or a capacity of every
+    /// device goes through one of them.
+    semver: Option<Program>,
+    quantity: Option<Program>,
 }
 
 /// What one class makes of a set of devices.
@@ -98,7 +102,13 @@ impl Selectors {
                     .map_err(|e| e.to_string()),
             })
             .collect();
-        Self { driver: spec.driver.name.clone(), classes, root: Context::default().with_all() }
+        Self {
+            driver: spec.driver.name.clone(),
+            classes,
+            root: Context::default().with_all(),
+            semver: Program::compile("semver(v)").ok(),
+            quantity: Program::compile("quantity(v)").ok(),
+        }
     }
 
     /// Evaluates every class on `devices`, in `spec.resources` order.
@@ -183,7 +193,7 @@ impl Selectors {
             } else if let Some(v) = a.bool {
                 Value::Bool(v)
             } else if let Some(v) = &a.version {
-                self.convert("semver", v)
+                self.convert(self.semver.as_ref(), v)
             } else {
                 continue;
             };
@@ -193,7 +203,10 @@ impl Selectors {
         capacity.entry(self.driver.clone()).or_default();
         for (qualified, c) in d.capacity.iter().flatten() {
             let (domain, name) = self.split(qualified);
-            capacity.entry(domain).or_default().insert(name, self.convert("quantity", &c.value.0));
+            capacity
+                .entry(domain)
+                .or_default()
+                .insert(name, self.convert(self.quantity.as_ref(), &c.value.0));
         }
         let to_map = |m: HashMap<String, HashMap<String, Value>>| -> Value {
             Value::from(m.into_iter().map(|(k, v)| (k, Value::from(v))).collect::<HashMap<String, Value>>())
@@ -219,8 +232,8 @@ impl Selectors {
 
     /// `semver('1.2.3')` or `quantity('80Gi')` as the CEL library builds it; the plain string when
     /// it does not parse (a selector comparing it then fails, as on the API server).
-    fn convert(&self, function: &str, raw: &str) -> Value {
-        let Ok(program) = Program::compile(&format!("{function}(v)")) else {
+    fn convert(&self, program: Option<&Program>, raw: &str) -> Value {
+        let Some(program) = program else {
             return Value::from(raw.to_string());
         };
         let mut scope = self.root.new_inner_scope();

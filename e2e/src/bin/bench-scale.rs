@@ -20,7 +20,11 @@
 //!
 //! Also measured: the operator's RSS after its caches synced and at the end, its CPU seconds per
 //! migrated node (`/proc/<pid>/stat`), reconcile duration p50/p99 (its own histogram, between
-//! scrapes), and its API requests per migrated node from the audit log.
+//! scrapes), and its API requests per migrated node from the audit log. In the wide pool, before
+//! the migration: `switchyard plan -f` of it (wall time and the CLI's requests); during it:
+//! `switchyard status --view lines` following it (its CPU time, peak RSS and lines printed, from
+//! `/proc` sampled every 500 ms) and the largest status the migration had (JSON bytes, from a
+//! watch).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -86,7 +90,11 @@ struct OperatorCost {
     p50: Option<f64>,
     p99: Option<f64>,
     reconciles: f64,
+    /// Per part of the reconcile (observe, decide, execute): p50 and p99.
+    phases: Vec<(&'static str, Option<f64>, Option<f64>)>,
 }
+
+const PHASE_HISTOGRAM: &str = "switchyard_reconcile_phase_duration_seconds";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -129,6 +137,10 @@ async fn main() -> anyhow::Result<()> {
             "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
             "unregister_delay_ms": args.unregister_delay_ms,
             "rss_synced_kib": memory.synced, "rss_end_kib": memory.end, "rss_peak_kib": memory.peak,
+            "status_bytes": memory.status_bytes,
+            "plan_s": memory.plan.as_ref().map(|p| p.wall.as_secs_f64()),
+            "plan_requests": memory.plan.as_ref().map(|p| p.requests.values().sum::<u64>()),
+            "status_cli_cpu_s": memory.status.as_ref().map(|f| f.cpu.as_secs_f64()),
             "migrations": results.iter().map(|r| json!({
                 "what": r.what, "nodes": r.nodes, "wall_s": r.wall.as_secs_f64(),
                 "intrinsic_s": r.intrinsic.as_secs_f64(),
@@ -281,11 +293,120 @@ async fn one_at_a_time(
     Ok(())
 }
 
-/// Operator memory in the wide pool: after its caches synced, at the end, and the peak (KiB).
+/// Operator memory in the wide pool: after its caches synced, at the end, and the peak (KiB); and
+/// what the CLI cost there.
 struct Memory {
     synced: u64,
     end: u64,
     peak: u64,
+    plan: Option<CliCost>,
+    status: Option<Following>,
+    /// The largest `.status` of the wide migration seen by a watch, in JSON bytes.
+    status_bytes: usize,
+}
+
+/// `switchyard plan -f` of the wide pool before it moves.
+struct CliCost {
+    wall: Duration,
+    exit: i32,
+    requests: BTreeMap<String, u64>,
+}
+
+/// `switchyard status --view lines` following the wide migration.
+struct Following {
+    exit: Option<i32>,
+    cpu: Duration,
+    peak_rss_kib: u64,
+    lines: usize,
+}
+
+/// Times `switchyard plan -f` of `gpm` (the CLI at `SWITCHYARD_CLI_BIN`), with its requests from
+/// the audit log.
+async fn plan_cost(
+    gpm: &switchyard_operator::api::v1alpha1::GpuPoolMigration,
+    audit: &std::path::Path,
+) -> anyhow::Result<CliCost> {
+    use tokio::io::AsyncWriteExt as _;
+    let manifest = serde_yaml::to_string(gpm)?;
+    let (from, t) = (now(), Instant::now());
+    let mut child = tokio::process::Command::new(cluster::cli_bin())
+        .args(["plan", "-f", "-", "-o", "json"])
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("piped")?;
+    stdin.write_all(manifest.as_bytes()).await?;
+    drop(stdin);
+    let out = child.wait_with_output().await?;
+    let wall = t.elapsed();
+    let to = now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let exit = out.status.code().unwrap_or(-1);
+    anyhow::ensure!(
+        exit == 0 || exit == 2,
+        "switchyard plan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(CliCost { wall, exit, requests: requests_by(audit, "switchyard-cli/", &from, &to)? })
+}
+
+/// Starts `switchyard status <name> --view lines` and samples it until it exits.
+fn follow_status(name: &str) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<Following>>> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(cluster::cli_bin())
+        .args(["status", name, "--view", "lines", "--timeout", "3600"])
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("the CLI exited at once")?;
+    let stdout = child.stdout.take().context("piped")?;
+    Ok(tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut f = Following { exit: None, cpu: Duration::ZERO, peak_rss_kib: 0, lines: 0 };
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                line = lines.next_line() => match line? {
+                    Some(_) => f.lines += 1,
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    if let (Ok(cpu), Ok(rss)) = (cpu_time(pid), proc_status(pid, "VmHWM")) {
+                        f.cpu = cpu;
+                        f.peak_rss_kib = rss;
+                    }
+                }
+            }
+        }
+        f.exit = child.wait().await?.code();
+        Ok(f)
+    }))
+}
+
+/// Watches the migration and keeps the size of the largest status it had.
+fn largest_status(
+    pool: &Pool,
+    name: &str,
+) -> (tokio::task::JoinHandle<()>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let max = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = max.clone();
+    let stream =
+        watcher(pool.migrations(), watcher::Config::default().fields(&format!("metadata.name={name}")))
+            .default_backoff()
+            .applied_objects();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(g)) = stream.next().await {
+            let bytes = serde_json::to_vec(&g.status).map_or(0, |v| v.len());
+            seen.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    (task, max)
 }
 
 /// Switchyard at `maxUnavailable: <percent>%` on the whole pool.
@@ -306,12 +427,25 @@ async fn at_a_percentage(
         &name,
         json!({"strategy": {"maxUnavailable": format!("{}%", args.percent), "drain": {"gracePeriodSeconds": 0}}}),
     )?;
+    // The CLI where it is built (make bench builds it); without it, its figures are left out.
+    let cli = std::env::var_os("SWITCHYARD_CLI_BIN").is_some();
+    let plan = if cli { Some(plan_cost(&gpm, audit).await?) } else { None };
+    let (watch, status_bytes) = largest_status(pool, &name);
+    let mut status = None;
     let (wall, cost) = measured(pid, &metrics_url, audit, || async {
         pool.migrations().create(&PostParams::default(), &gpm).await?;
+        if cli {
+            status = Some(follow_status(&name)?);
+        }
         pool.wait_phase(&name, Phase::Completed, Duration::from_secs(600 + 2 * args.nodes as u64)).await?;
         Ok(())
     })
     .await?;
+    let status = match status {
+        Some(task) => Some(tokio::time::timeout(Duration::from_secs(60), task).await???),
+        None => None,
+    };
+    watch.abort();
     results.push(Measured {
         what: format!("Switchyard, maxUnavailable {}% ({k} nodes)", args.percent),
         nodes: args.nodes,
@@ -319,7 +453,14 @@ async fn at_a_percentage(
         intrinsic: delay * args.nodes.div_ceil(k),
         operator: Some(cost),
     });
-    let memory = Memory { synced, end: proc_status(pid, "VmRSS")?, peak: proc_status(pid, "VmHWM")? };
+    let memory = Memory {
+        synced,
+        end: proc_status(pid, "VmRSS")?,
+        peak: proc_status(pid, "VmHWM")?,
+        plan,
+        status,
+        status_bytes: status_bytes.load(std::sync::atomic::Ordering::Relaxed),
+    };
     all_on_dra(pool).await?;
     Ok(memory)
 }
@@ -377,6 +518,26 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
             over
         );
     }
+    println!("largest status of the wide migration: {} bytes of JSON", memory.status_bytes);
+    if let Some(p) = &memory.plan {
+        let total: u64 = p.requests.values().sum();
+        let pods = p.requests.iter().filter(|(k, _)| k.ends_with(" pods")).map(|(_, n)| n).sum::<u64>();
+        println!(
+            "switchyard plan -f of the {}-node pool: {:.2} s, exit {}, {total} API requests ({pods} of them pod LISTs)",
+            args.nodes,
+            p.wall.as_secs_f64(),
+            p.exit
+        );
+    }
+    if let Some(f) = &memory.status {
+        println!(
+            "switchyard status --view lines following it: exit {:?}, {:.2} s CPU, peak RSS {:.1} MiB, {} lines",
+            f.exit,
+            f.cpu.as_secs_f64(),
+            f.peak_rss_kib as f64 / 1024.0,
+            f.lines
+        );
+    }
     let (sw, kc) = (&results[0], &results[1]);
     println!(
         "maxUnavailable 1: Switchyard {:.1} s, kubectl runbook {:.1} s, ratio {:.2}",
@@ -384,6 +545,13 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
         kc.wall.as_secs_f64(),
         sw.wall.as_secs_f64() / kc.wall.as_secs_f64()
     );
+    for r in results {
+        if let Some(o) = &r.operator {
+            let phases: Vec<String> =
+                o.phases.iter().map(|(p, a, b)| format!("{p} {} / {} ms", ms(*a), ms(*b))).collect();
+            println!("reconcile parts, p50 / p99, {}: {}", r.what, phases.join(", "));
+        }
+    }
     for r in results {
         if let Some(o) = &r.operator {
             println!("operator API requests, {} ({} nodes):", r.what, r.nodes);
@@ -421,6 +589,20 @@ where
     let (b, _) = histogram(&before, RECONCILE_HISTOGRAM);
     let (a, total) = histogram(&after, RECONCILE_HISTOGRAM);
     let reconciles = total - b.last().map_or(0.0, |x| x.1);
+    let phases = ["observe", "decide", "execute"]
+        .into_iter()
+        .map(|phase| {
+            let only = |text: &str| -> String {
+                text.lines()
+                    .filter(|l| l.contains(&format!("phase=\"{phase}\"")))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            let (pb, _) = histogram(&only(&before), PHASE_HISTOGRAM);
+            let (pa, _) = histogram(&only(&after), PHASE_HISTOGRAM);
+            (phase, histogram_quantile(&pb, &pa, 0.5), histogram_quantile(&pb, &pa, 0.99))
+        })
+        .collect();
     Ok((
         wall,
         OperatorCost {
@@ -429,6 +611,7 @@ where
             p50: histogram_quantile(&b, &a, 0.5),
             p99: histogram_quantile(&b, &a, 0.99),
             reconciles,
+            phases,
         },
     ))
 }

@@ -91,11 +91,12 @@ pub struct NodeEvent {
 }
 
 impl NodeEvent {
-    /// Whether the migration's own events show it too: every Warning (what needs a person), and
-    /// the node's arrival. The steps in between are told on the node and in the status, so a pool
-    /// of thousands does not cost five more events per node on the migration.
+    /// Whether the migration's own events show it too: every Warning (what needs a person). The
+    /// steps are told on the node and in the status, and arrivals once per reconcile for all the
+    /// nodes that arrived (`execute::arrivals`), so a pool of thousands does not cost an event
+    /// per node on the migration.
     pub fn on_migration(&self) -> bool {
-        self.type_ == EventType::Warning || matches!(self.reason, "NodeMigrated" | "NodeRolledBack")
+        self.type_ == EventType::Warning
     }
 }
 

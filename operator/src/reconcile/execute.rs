@@ -12,7 +12,7 @@ use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -26,16 +26,19 @@ use crate::controller::{
 };
 use crate::drain;
 use crate::error::{Error, Result};
+use crate::events;
 use crate::metrics::{ErrorLabels, EvictionLabels, MigrationLabels};
 use crate::plan::PoolNode;
 use crate::well_known::OPERATOR_FIELD_MANAGER;
 
-/// The events API's limit on a note, in bytes; longer notes are refused.
-const EVENT_NOTE_MAX: usize = 1024;
-
 /// How many nodes' steps run at once: a 10% budget of a large pool moves hundreds of nodes, each
-/// step a few requests.
-const STEP_CONCURRENCY: usize = 16;
+/// step a request or two; 64 keeps a reconcile of 500 nodes in flight to a few round trips each,
+/// well inside the API server's default 200 mutating requests in flight.
+const STEP_CONCURRENCY: usize = 64;
+
+/// How many events are published at once, after the steps: an event never holds up a node's
+/// step, and a reconcile's events go out side by side.
+const EVENT_CONCURRENCY: usize = 32;
 
 /// How the status message of a node whose step failed begins.
 const STEP_ERROR: &str = "StepError: ";
@@ -48,6 +51,8 @@ pub struct NodeOutcome {
     /// The step's `recheck_after`, unless an eviction was refused (a PDB, throttling): those are
     /// retried at the usual pace, not at the grace period.
     pub recheck_after: Option<std::time::Duration>,
+    /// The step's events, published once every step has run ([`publish_node_events`]).
+    pub events: Vec<NodeEvent>,
 }
 
 /// Carries out `d`, decided on `s`.
@@ -95,8 +100,15 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
             }
         });
     }
-    let outcomes: Vec<(Option<NodeOutcome>, bool)> =
+    let mut outcomes: Vec<(Option<NodeOutcome>, bool)> =
         futures::stream::iter(runs).buffered(STEP_CONCURRENCY).collect().await;
+    let node_events: Vec<(&Node, NodeEvent)> = d
+        .steps
+        .iter()
+        .zip(outcomes.iter_mut())
+        .filter_map(|(step, (out, _))| Some((*by_name.get(step.node.as_str())?, out.as_mut()?)))
+        .flat_map(|(node, out)| std::mem::take(&mut out.events).into_iter().map(move |e| (node, e)))
+        .collect();
     let mut progress = Vec::new();
     let mut recheck: Option<std::time::Duration> = None;
     for (step, (out, failed)) in d.steps.iter().zip(outcomes) {
@@ -137,9 +149,15 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         }
         StatusWrite::After(wait) => coalesced = Some(wait),
     }
-    for ev in &d.events {
+    for ev in d.events.iter().chain(&arrivals(&node_events, &status.nodes)) {
         publish_on_migration(ctx, gpm, ev).await;
     }
+    futures::stream::iter(node_events)
+        .for_each_concurrent(
+            EVENT_CONCURRENCY,
+            |(node, ev)| async move { publish(ctx, gpm, node, &ev).await },
+        )
+        .await;
 
     let m = &d.metrics;
     ctx.metrics.set_nodes(&name, &m.per_state);
@@ -222,11 +240,12 @@ async fn carry_out(
         since: parse_since(&PoolNode::from_node(node)),
         message: step.last_message.clone().unwrap_or_default(),
         recheck_after: None,
+        events: Vec::new(),
     };
     let step_error;
     let result = match s.read_errors.get(name) {
         Some(e) => Err(e),
-        None => match node_step(ctx, gpm, node, step).await {
+        None => match node_step(ctx, gpm, step).await {
             Ok(out) => Ok(out),
             Err(e) => {
                 step_error = e;
@@ -251,12 +270,15 @@ async fn carry_out(
             ctx.metrics.reconcile_errors.get_or_create(&ErrorLabels { category: e.category() }).inc();
             warn!(node = %name, migration = %gpm.name_any(), category = e.category(), error = %e, "node step failed");
             let message = format!("{STEP_ERROR}{e}; retrying");
+            let mut events = Vec::new();
             if step.last_message.as_deref() != Some(message.as_str()) {
-                let ev =
-                    NodeEvent { type_: EventType::Warning, reason: "NodeStepFailed", note: e.to_string() };
-                publish(ctx, gpm, node, &ev).await;
+                events.push(NodeEvent {
+                    type_: EventType::Warning,
+                    reason: "NodeStepFailed",
+                    note: e.to_string(),
+                });
             }
-            (Some(NodeOutcome { message, ..unchanged() }), true)
+            (Some(NodeOutcome { message, events, ..unchanged() }), true)
         }
     }
 }
@@ -274,13 +296,9 @@ fn note_failure(status: &mut GpuPoolMigrationStatus, type_: ConditionType, e: &E
     }
 }
 
-/// Carries out one node's step: the action's own writes, then the node patch, then its events.
-pub async fn node_step(
-    ctx: &Context,
-    gpm: &GpuPoolMigration,
-    node: &Node,
-    step: &NodeStep,
-) -> Result<NodeOutcome> {
+/// Carries out one node's step: the action's own writes, then the node patch. Its events are in
+/// the outcome, for the caller to publish once they have all landed ([`publish_node_events`]).
+pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -> Result<NodeOutcome> {
     let client = &ctx.client;
     let name = &step.node;
     let canaries: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
@@ -377,10 +395,14 @@ pub async fn node_step(
                 .observe(seconds);
         }
     }
-    for ev in &events {
+    Ok(NodeOutcome { state: step.state, since: step.since, message, recheck_after, events })
+}
+
+/// Publishes a step's events (see [`node_step`]).
+pub async fn publish_node_events(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, events: &[NodeEvent]) {
+    for ev in events {
         publish(ctx, gpm, node, ev).await;
     }
-    Ok(NodeOutcome { state: step.state, since: step.since, message, recheck_after })
 }
 
 /// Patches a node and records the write, so the next reconcile waits until the node cache shows it
@@ -394,25 +416,23 @@ pub async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<
 }
 
 /// Publishes `ev` on the node, with the migration as the related object, and, where
-/// [`NodeEvent::on_migration`], on the migration with the node as the related object.
+/// [`NodeEvent::on_migration`] (its Warnings), on the migration with the node as the related
+/// object. A failure to publish is logged: the status and the node carry the same facts.
 async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, ev: &NodeEvent) {
-    // Related objects keep series apart: the recorder folds repeats of one (reason, regarding,
-    // related), and without the node every node's event on the migration would fold into the
-    // first node's.
     let (node_ref, gpm_ref) = (node.object_ref(&()), gpm.object_ref(&()));
-    let event = |secondary| Event {
+    let event = |related| events::Event {
         type_: ev.type_,
         reason: ev.reason.to_string(),
-        note: Some(cut_note(&ev.note)),
+        note: ev.note.clone(),
         action: "MigrateNode".into(),
-        secondary,
+        related,
     };
     let mut targets = vec![(event(Some(gpm_ref.clone())), node_ref.clone())];
     if ev.on_migration() {
         targets.push((event(Some(node_ref)), gpm_ref));
     }
     for (e, r) in &targets {
-        if let Err(err) = ctx.recorder.publish(e, r).await {
+        if let Err(err) = ctx.events.publish(e, r).await {
             warn!(error = %err, reason = ev.reason, "publishing event failed");
         }
     }
@@ -421,34 +441,64 @@ async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, ev: &NodeEv
 /// One event about the migration, related to a node where it names one. A failure to publish is
 /// logged: the status carries the same facts.
 async fn publish_on_migration(ctx: &Context, gpm: &GpuPoolMigration, ev: &MigrationEvent) {
-    let secondary = ev.node.as_ref().map(|n| ObjectReference {
+    let related = ev.node.as_ref().map(|n| ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
         name: Some(n.clone()),
         ..Default::default()
     });
-    let event = Event {
+    let event = events::Event {
         type_: ev.type_,
         reason: ev.reason.into(),
-        note: Some(cut_note(&ev.note)),
+        note: ev.note.clone(),
         action: ev.action.into(),
-        secondary,
+        related,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &gpm.object_ref(&())).await {
+    if let Err(e) = ctx.events.publish(&event, &gpm.object_ref(&())).await {
         warn!(error = %e, reason = ev.reason, "publishing event failed");
     }
 }
 
-/// `note` cut to the events API's limit on a char boundary.
-fn cut_note(note: &str) -> String {
-    if note.len() <= EVENT_NOTE_MAX {
-        return note.to_string();
+/// How many node names an arrival event on the migration lists before it says how many more.
+const ARRIVALS_NAMED: usize = 10;
+
+/// The nodes that arrived in this reconcile (their `NodeMigrated` or `NodeRolledBack` on the
+/// node), told in one event per reason on the migration: a step of 500 nodes is one event there,
+/// not 500. Pure.
+pub fn arrivals(
+    events: &[(&Node, NodeEvent)],
+    counts: &crate::api::v1alpha1::NodeCounts,
+) -> Vec<MigrationEvent> {
+    let mut out = Vec::new();
+    for (reason, what) in
+        [("NodeMigrated", "migrated to DRA"), ("NodeRolledBack", "rolled back to the device plugin")]
+    {
+        let mut names: Vec<&str> = events
+            .iter()
+            .filter(|(_, e)| e.reason == reason)
+            .filter_map(|(n, _)| n.metadata.name.as_deref())
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        names.sort_unstable();
+        let shown = names.iter().take(ARRIVALS_NAMED).copied().collect::<Vec<_>>().join(", ");
+        let more = names.len().saturating_sub(ARRIVALS_NAMED);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        out.push(MigrationEvent {
+            type_: EventType::Normal,
+            reason,
+            action: "MigrateNode",
+            note: format!(
+                "{} node(s) {what}: {shown}{more} ({} of {} migrated)",
+                names.len(),
+                counts.migrated,
+                counts.total
+            ),
+            node: (names.len() == 1).then(|| names[0].to_string()),
+        });
     }
-    let mut cut = EVENT_NOTE_MAX - 3;
-    while !note.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &note[..cut])
+    out
 }
 
 #[derive(Serialize, Debug)]
@@ -482,12 +532,41 @@ mod tests {
 
     #[test]
     fn long_notes_are_cut_on_a_char_boundary() {
+        use crate::events::{NOTE_MAX, cut_note};
         let short = "node gpu-1: Pending → Cordoned";
         assert_eq!(cut_note(short), short);
-        let long = "é".repeat(EVENT_NOTE_MAX);
+        let long = "é".repeat(NOTE_MAX);
         let cut = cut_note(&long);
-        assert!(cut.len() <= EVENT_NOTE_MAX, "{}", cut.len());
+        assert!(cut.len() <= NOTE_MAX, "{}", cut.len());
         assert!(cut.ends_with("..."));
+    }
+
+    #[test]
+    fn arrivals_are_one_event_per_reason_naming_the_nodes() {
+        let node = |n: &str| -> Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": n}})).unwrap()
+        };
+        let nodes: Vec<Node> = (0..12).map(|i| node(&format!("gpu-{i:02}"))).collect();
+        let ev = |reason: &'static str| NodeEvent { type_: EventType::Normal, reason, note: String::new() };
+        let mut events: Vec<(&Node, NodeEvent)> = nodes.iter().map(|n| (n, ev("NodeMigrated"))).collect();
+        events.push((&nodes[0], ev("NodeSwitching")));
+        let counts = crate::api::v1alpha1::NodeCounts { total: 40, migrated: 30, ..Default::default() };
+        let out = arrivals(&events, &counts);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].reason, "NodeMigrated");
+        assert_eq!(
+            out[0].note,
+            "12 node(s) migrated to DRA: gpu-00, gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06, gpu-07, gpu-08, gpu-09 and 2 more (30 of 40 migrated)"
+        );
+        assert_eq!(out[0].node, None, "several nodes: no single related node");
+        let one = arrivals(&[(&nodes[3], ev("NodeRolledBack"))], &counts);
+        assert_eq!(one[0].node.as_deref(), Some("gpu-03"));
+        assert!(
+            one[0].note.starts_with("1 node(s) rolled back to the device plugin: gpu-03"),
+            "{}",
+            one[0].note
+        );
+        assert!(arrivals(&[(&nodes[0], ev("NodeDraining"))], &counts).is_empty());
     }
 
     fn status(phase: Phase, message: &str) -> GpuPoolMigrationStatus {
@@ -541,12 +620,13 @@ mod tests {
     }
 
     #[test]
-    fn a_nodes_steps_are_told_on_the_node_and_its_warnings_and_arrival_on_the_migration() {
+    fn a_nodes_steps_are_told_on_the_node_and_its_warnings_on_the_migration() {
         let ev = |type_, reason| NodeEvent { type_, reason, note: String::new() };
         assert!(!ev(EventType::Normal, "NodeCordoned").on_migration());
         assert!(!ev(EventType::Normal, "NodeSwitching").on_migration());
-        assert!(ev(EventType::Normal, "NodeMigrated").on_migration());
-        assert!(ev(EventType::Normal, "NodeRolledBack").on_migration());
+        // Arrivals reach the migration once per reconcile, for all nodes (`arrivals`).
+        assert!(!ev(EventType::Normal, "NodeMigrated").on_migration());
+        assert!(!ev(EventType::Normal, "NodeRolledBack").on_migration());
         assert!(ev(EventType::Warning, "UnmanagedPodsBlockDrain").on_migration());
     }
 }

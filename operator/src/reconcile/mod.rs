@@ -16,10 +16,24 @@ use kube::runtime::controller::Action as Requeue;
 use crate::api::v1alpha1::GpuPoolMigration;
 use crate::controller::Context;
 use crate::error::Result;
+use crate::metrics::PhaseLabels;
 
 /// Observes the pool, decides, and carries the decision out.
 pub async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
+    let timed = |phase: &'static str, since: std::time::Instant| {
+        ctx.metrics
+            .reconcile_phase_duration
+            .get_or_create(&PhaseLabels { phase })
+            .observe(since.elapsed().as_secs_f64());
+    };
+    let t = std::time::Instant::now();
     let snapshot = observe::pool(ctx, gpm).await?;
+    timed("observe", t);
+    let t = std::time::Instant::now();
     let decision = decide::pool(&snapshot)?;
-    execute::pool(ctx, &snapshot, decision).await
+    timed("decide", t);
+    let t = std::time::Instant::now();
+    let requeue = execute::pool(ctx, &snapshot, decision).await;
+    timed("execute", t);
+    requeue
 }

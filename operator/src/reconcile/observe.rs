@@ -28,8 +28,9 @@ use crate::inventory::{self, Finding};
 use crate::inventory_source;
 use crate::plan::{self, OtherMigration, PoolNode};
 
-/// Moving nodes whose reads (pods, taint rule, canary) are in flight at once.
-const NODE_READ_CONCURRENCY: usize = 16;
+/// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
+/// steps (`execute::STEP_CONCURRENCY`).
+const NODE_READ_CONCURRENCY: usize = 64;
 
 /// Everything one reconcile of a migration decides on.
 pub struct Snapshot<'a> {
