@@ -1,6 +1,7 @@
 //! Switchyard operator: moves GPU node pools from the NVIDIA device plugin to a DRA driver, node
 //! by node, and back.
 
+pub mod alloc;
 pub mod api;
 pub mod cache;
 pub mod canary;

@@ -5,12 +5,6 @@ use std::net::SocketAddr;
 use clap::Parser;
 use switchyard_operator::runtime::{Settings, run};
 
-/// mimalloc gives freed pages back to the system; glibc's malloc kept the peaks of a 1,000-node
-/// migration's concurrent reads in its arenas (RSS at the end of that migration 130 MiB with
-/// glibc, 99 MiB with mimalloc; docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser, Debug)]
 #[command(about = "Moves GPU node pools from the NVIDIA device plugin to a DRA driver")]
 struct Args {
@@ -38,8 +32,12 @@ struct Args {
     log_format: String,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    switchyard_operator::alloc::bound_arenas();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(operator())
+}
+
+async fn operator() -> anyhow::Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

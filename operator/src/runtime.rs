@@ -112,6 +112,7 @@ pub async fn client() -> anyhow::Result<kube::Client> {
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let client = client().await?;
+    tokio::spawn(crate::alloc::trim_forever());
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
