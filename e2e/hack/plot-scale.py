@@ -3,10 +3,11 @@
 
 Usage: e2e/hack/plot-scale.py RESULTS.jsonl OUT.svg
 
-Three panels share the x axis (pool size, log scale), one point per run of the wide migration
+Four panels share the x axis (pool size, log scale), one point per run of the wide migration
 (Switchyard at maxUnavailable 10%): CPU seconds per migrated node, operator API requests per
-migrated node, and reconcile duration p50 and p99. Flat lines are what the scale goal asks for.
-Standard library only.
+migrated node, reconcile duration p50 and p99, and the operator's RSS once its caches synced
+and at the end. Flat lines are what the scale goal asks for in the first two; the last two show
+how time and memory grow with the pool. Standard library only.
 """
 import json
 import math
@@ -28,6 +29,8 @@ def load(path):
                 "requests": wide["requests"] / wide["nodes"],
                 "p50": (wide["reconcile_p50_s"] or 0) * 1000,
                 "p99": (wide["reconcile_p99_s"] or 0) * 1000,
+                "rss_synced": run["rss_synced_kib"] / 1024,
+                "rss_end": run["rss_end_kib"] / 1024,
             })
     runs.sort(key=lambda r: r["nodes"])
     return runs
@@ -74,7 +77,9 @@ def main():
     body += panel(60 + w + 80, 40, w, h, runs, [("requests", "#d62728")], "API requests per migrated node", "requests")
     body += panel(60 + 2 * (w + 80), 40, w, h, runs, [("p50", "#2ca02c"), ("p99", "#ff7f0e")],
                   "reconcile p50 (green), p99 (orange)", "ms")
-    width = 60 + 3 * (w + 80)
+    body += panel(60 + 3 * (w + 80), 40, w, h, runs, [("rss_synced", "#9467bd"), ("rss_end", "#8c564b")],
+                  "operator RSS synced (purple), end (brown)", "MiB")
+    width = 60 + 4 * (w + 80)
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + 90}" font-family="sans-serif">',
            '<rect width="100%" height="100%" fill="white"/>'] + body + ['</svg>']
     with open(sys.argv[2], "w") as f:

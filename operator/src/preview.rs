@@ -565,8 +565,8 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     for r in &p.refused {
         nodes.extend(still(&r.node, NodeAction::Refused, r.message.clone()));
     }
-    let listed: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    for name in p.owned.iter().filter(|n| !listed.contains(n)) {
+    let listed: std::collections::HashSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    for name in p.owned.iter().filter(|n| !listed.contains(*n)) {
         nodes.extend(still(name, NodeAction::Done, String::new()));
     }
 
