@@ -375,7 +375,8 @@ impl Pool {
     async fn wait_device_plugin_serving(&self, advertised: &[(String, u32)]) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(&format!("pool={}", self.id));
-        let timeout = Duration::from_secs(90 + advertised.len() as u64 / 20);
+        // 5,000 light nodes take minutes on 2 cores: the DaemonSet controller makes a pod for each.
+        let timeout = Duration::from_secs(90 + advertised.len() as u64 / 4);
         wait::until("the device plugin to serve every pool node", timeout, || {
             let (nodes, lp) = (nodes.clone(), lp.clone());
             async move {

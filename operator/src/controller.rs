@@ -637,7 +637,9 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                             source,
                         })?
                         .items;
-                let reads = observe::node(ctx, &gpm.spec, &pn, node).await?;
+                let published =
+                    crate::overlap::schedulable_dra_devices(&slices, &gpm.spec.driver.name, &pn.name);
+                let reads = observe::node(ctx, &gpm.spec, &pn, node, published).await?;
                 let step = {
                     let selectors = crate::selectors::Selectors::new(&gpm.spec);
                     let view = decide::NodeView {

@@ -226,7 +226,7 @@ fn gpus_before_map(pn: &PoolNode) -> Option<BTreeMap<String, u64>> {
     pn.annotations.get(ANNOTATION_GPUS_BEFORE).and_then(|s| serde_json::from_str(s).ok())
 }
 
-fn gpus_before(pn: &PoolNode) -> Option<u64> {
+pub(crate) fn gpus_before(pn: &PoolNode) -> Option<u64> {
     gpus_before_map(pn).map(|m| m.values().sum()).filter(|n| *n > 0)
 }
 

@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
@@ -124,7 +125,7 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
             progress.push(NodeProgress {
                 name: step.node.clone(),
                 state: out.state,
-                since: out.since.map(Time),
+                since: out.since.map(status_time),
                 message: out.message,
             });
         }
@@ -183,9 +184,16 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     Ok(Requeue::requeue(next))
 }
 
+/// `at` as the status stores it: a `metav1.Time` has whole seconds. The node annotation keeps the
+/// fraction; a status computed with it would never equal the status read back, and every
+/// reconcile would write it again.
+fn status_time(at: Timestamp) -> Time {
+    Time(Timestamp::from_second(at.as_second()).unwrap_or(at))
+}
+
 /// Progress-only status changes are written at most this often per migration; a change of
 /// phase, conditions, pool size or generation, a Warning, or a failed write goes out at once.
-pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
+pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What to do with the status a reconcile computed.
 #[derive(Debug, PartialEq, Eq)]
@@ -583,6 +591,20 @@ mod tests {
     }
 
     #[test]
+    fn a_status_with_a_nodes_step_time_reads_back_as_it_was_written() {
+        // The annotation's time has a fraction of a second; metav1.Time has none.
+        let at: Timestamp = "2026-12-02T09:13:40.082123456Z".parse().unwrap();
+        let mut written = status(Phase::Progressing, "Wait: DevicePluginStillAdvertising");
+        written.in_progress[0].since = Some(status_time(at));
+        let back: GpuPoolMigrationStatus =
+            serde_json::from_value(serde_json::to_value(&written).unwrap()).unwrap();
+        assert_eq!(back, written, "a status that reads back otherwise is written again by every reconcile");
+        assert_eq!(back.in_progress[0].since.as_ref().map(|t| t.0.as_second()), Some(at.as_second()));
+        let now = Instant::now();
+        assert_eq!(status_write(Some(&back), &written, false, None, now), StatusWrite::Unchanged);
+    }
+
+    #[test]
     fn progress_only_changes_are_coalesced_and_the_rest_is_written_at_once() {
         let now = Instant::now();
         let recent = Some(now - Duration::from_millis(300));
@@ -592,10 +614,10 @@ mod tests {
         assert_eq!(status_write(Some(&old), &old, false, recent, now), StatusWrite::Unchanged);
         // A first status is written at once.
         assert_eq!(status_write(None, &old, false, recent, now), StatusWrite::Now);
-        // Progress only, 300 ms after the last write: after the remaining 700 ms.
+        // Progress only, 300 ms after the last write: after the rest of the interval.
         assert_eq!(
             status_write(Some(&old), &progressed, false, recent, now),
-            StatusWrite::After(Duration::from_millis(700))
+            StatusWrite::After(STATUS_COALESCE - Duration::from_millis(300))
         );
         // ... at once when the last write is older than the interval, or unknown.
         assert_eq!(

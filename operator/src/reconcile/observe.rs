@@ -26,7 +26,7 @@ use crate::drain;
 use crate::error::{Error, Result};
 use crate::inventory::{self, Finding};
 use crate::inventory_source;
-use crate::plan::{self, OtherMigration, PoolNode};
+use crate::plan::{self, Backend, OtherMigration, PoolNode};
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -133,7 +133,10 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // and those states read nothing. Nodes read side by side, a bounded number at a time.
     let mut runs = Vec::new();
     for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
-        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n).await) });
+        let published = slices
+            .get(&pn.name)
+            .map_or(0, |s| crate::overlap::schedulable_dra_devices(s, &spec.driver.name, &pn.name));
+        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published).await) });
     }
     let reads: Vec<(String, Result<NodeReads>)> =
         futures::stream::iter(runs).buffered(NODE_READ_CONCURRENCY).collect().await;
@@ -254,20 +257,22 @@ async fn candidate_counts<'n>(
 }
 
 /// The reads `pn`'s step needs in its state. A node in a state that needs none costs no request.
-/// A Switching node's pods are read only once its device plugin has left (allocatable 0): until
-/// then the switch waits on that anyway, and a late pod is evicted before it counts as done.
+/// A Switching node's pods are read only when they can decide something (see [`switch_reads_pods`]);
+/// `published` is how many schedulable devices the driver publishes for it.
 pub async fn node(
     ctx: &Context,
     spec: &GpuPoolMigrationSpec,
     pn: &PoolNode,
     node: &Node,
+    published: u64,
 ) -> Result<NodeReads> {
     let client = &ctx.client;
     let state = pn.state();
     let mut reads = NodeReads::default();
     let plugin_gone = || crate::overlap::allocatable_total(node, &resources(spec)) == 0;
     if matches!(state, NodeState::Draining | NodeState::RollingBack)
-        || (state == NodeState::Switching && plugin_gone())
+        || (state == NodeState::Switching
+            && switch_reads_pods(pn.backend(), plugin_gone(), published, super::decide::gpus_before(pn)))
     {
         reads.pods = pods_on_node(client, &pn.name).await?;
         reads.pods_read = true;
@@ -287,6 +292,20 @@ pub async fn node(
             .map_err(|source| Error::CreateCanary { node: pn.name.clone(), source })?;
     }
     Ok(reads)
+}
+
+/// Whether a Switching node's pods are read. Before the device plugin has left (allocatable 0) the
+/// switch waits on that whatever the pods are. After it, a node in `none` needs them to see that no
+/// device-plugin pod is left before its driver starts; a node labelled `dra` needs them only once
+/// its driver publishes the node's GPUs (`before`), when the switch could complete: a late pod is
+/// evicted then, before the node is uncordoned, and no reconcile that must wait for the slices
+/// anyway lists the node's pods. Pure.
+pub fn switch_reads_pods(backend: Backend, plugin_gone: bool, published: u64, before: Option<u64>) -> bool {
+    match backend {
+        _ if !plugin_gone => false,
+        Backend::None => true,
+        _ => before.is_some_and(|b| published > 0 && published >= b),
+    }
 }
 
 async fn server_facts(ctx: &Context, nodes: &[crate::prerequisites::NodeVersions]) -> Result<ServerFacts> {
@@ -378,5 +397,26 @@ async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Arc<Node>
             warn!(migration = %name, error = %e, "reading the capacity-reader inventory failed");
             cached.map(|(_, _, f)| f).unwrap_or_default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switching_node_lists_its_pods_only_when_they_decide_something() {
+        // The device plugin has not left: the switch waits on that, pods or not.
+        assert!(!switch_reads_pods(Backend::Dra, false, 8, Some(8)));
+        assert!(!switch_reads_pods(Backend::None, false, 0, Some(8)));
+        // Sequential switch: no driver until no device-plugin pod is left, so they are read.
+        assert!(switch_reads_pods(Backend::None, true, 0, Some(8)));
+        // Labelled dra: only once the driver publishes the node's GPUs, when the switch could end.
+        assert!(!switch_reads_pods(Backend::Dra, true, 0, Some(8)));
+        assert!(!switch_reads_pods(Backend::Dra, true, 7, Some(8)));
+        assert!(switch_reads_pods(Backend::Dra, true, 8, Some(8)));
+        assert!(switch_reads_pods(Backend::Dra, true, 16, Some(8)));
+        // Without a GPU count the switch cannot complete, so there is nothing to read for.
+        assert!(!switch_reads_pods(Backend::Dra, true, 8, None));
     }
 }
