@@ -13,6 +13,10 @@ cargo build --release -p switchyard-driver-agent --example bench-prepare >&2
 "$target_dir/release/examples/bench-prepare" --claims 100 \
   --inventory "$root/driver-agent/examples/sim-inventory-mig.yaml"
 
+echo "== operator: one reconcile's decision (pure, no API server) at 100, 1,000 and 5,000 nodes" >&2
+cargo build --release -p switchyard-operator --example bench-decide >&2
+"$target_dir/release/examples/bench-decide" --nodes 100,1000,5000
+
 echo "== control plane: binary cache lookup (warm) and cluster start-up" >&2
 start=$(date +%s.%N); bin_dir=$(bash "$root/e2e/hack/build-controlplane.sh")
 echo "build-controlplane (warm): $(awk "BEGIN{printf \"%.3f\", $(date +%s.%N) - $start}")s"

@@ -621,9 +621,11 @@ impl Pool {
             let _ = api.delete(name, &DeleteParams::default()).await;
         }
         if self.operator.is_some() {
+            // The operator's clean-up patches every pool node, one after the other.
+            let timeout = Duration::from_secs(60 + self.nodes.len() as u64 / 10);
             for name in &ours {
                 let api = api.clone();
-                wait::until(&format!("{name} to be deleted"), Duration::from_secs(60), || {
+                wait::until(&format!("{name} to be deleted"), timeout, || {
                     let api = api.clone();
                     async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
                 })

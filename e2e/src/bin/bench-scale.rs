@@ -114,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let outcome = one_at_a_time(&args, &mut serial, &audit, delay, &mut results).await;
     let outcome = finish(serial, outcome).await;
 
-    let wide = match outcome {
+    match outcome {
         Ok(()) => {
             let t = Instant::now();
             let mut pool = Pool::scale("scale", args.nodes, args.gpus, delay).await?;
@@ -125,12 +125,22 @@ async fn main() -> anyhow::Result<()> {
                 t.elapsed().as_secs_f64()
             );
             let outcome = at_a_percentage(&args, &mut pool, &audit, delay, &mut results).await;
-            finish(pool, outcome).await
+            // The figures go out before the clean-up, which takes minutes at 5,000 nodes.
+            let written = match &outcome {
+                Ok(memory) => {
+                    report(&args, &results, memory);
+                    write_json(&args, &results, memory)
+                }
+                Err(_) => Ok(()),
+            };
+            finish(pool, outcome).await.and(written)
         }
         Err(e) => Err(e),
-    };
-    let memory = wide?;
-    report(&args, &results, &memory);
+    }
+}
+
+/// Appends the run to `--json`, one line.
+fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         use std::io::Write as _;
         let line = json!({
