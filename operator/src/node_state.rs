@@ -1100,17 +1100,6 @@ mod tests {
                 },
                 "Complete",
             ),
-            (
-                "switched, no canary, but a late pod: evicted first",
-                Switching,
-                |o| {
-                    o.backend = Backend::Dra;
-                    o.dra_devices = 8;
-                    o.dra_selected = 8;
-                    o.drain.to_evict = 1
-                },
-                "Evict",
-            ),
             // DeviceClass selectors
             (
                 "switching, devices published but the classes select too few",
