@@ -172,7 +172,14 @@ printf '%s\0' "${apiserver[@]}" > "$state/apiserver.cmd"
 launch kube-apiserver "${apiserver[@]}"
 wait_for kube-apiserver 120 kubectl get --raw /readyz
 
+# The controller manager's and the scheduler's client rate limits. Upstream's defaults (20 and 50
+# requests a second) are sized for small clusters; with them the DaemonSet and ReplicaSet
+# controllers, not the migration, set the pace of a 100-node wave (a pod deleted and one created
+# per node, a replacement per evicted pod). Control planes of large clusters raise them; the scale
+# bench runs with this value, and SWITCHYARD_CONTROL_PLANE_QPS=20 gives upstream's pace back.
+qps=${SWITCHYARD_CONTROL_PLANE_QPS:-100}
 launch kube-controller-manager "$bin/kube-controller-manager" \
+  --kube-api-qps "$qps" --kube-api-burst "$((qps * 2))" \
   --kubeconfig "$state/controller-manager.kubeconfig" \
   --authentication-kubeconfig "$state/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$state/controller-manager.kubeconfig" \
@@ -182,6 +189,7 @@ launch kube-controller-manager "$bin/kube-controller-manager" \
   --use-service-account-credentials --leader-elect=false \
   --service-cluster-ip-range 10.96.0.0/16
 launch kube-scheduler "$bin/kube-scheduler" \
+  --kube-api-qps "$qps" --kube-api-burst "$((qps * 2))" \
   --kubeconfig "$state/scheduler.kubeconfig" \
   --authentication-kubeconfig "$state/scheduler.kubeconfig" \
   --authorization-kubeconfig "$state/scheduler.kubeconfig" \

@@ -13,6 +13,11 @@
 //!   A deleted pod is removed for good once its `deletionGracePeriodSeconds` have passed, as the
 //!   kubelet does after stopping the containers; like the kubelet, it retries that final DELETE
 //!   until the API server takes it (a pod evicted just before an API-server restart).
+//! - **Admission.** Before it marks a pod `Running` it checks, as the kubelet does, that the pod's
+//!   device-plugin resources (`nvidia.com/…` without an `extendedResourceClaimStatus`) fit what
+//!   the node's plugin advertises less what admitted pods use. A pod that does not fit (one a
+//!   scheduler bound from a stale view of the node) is marked `Failed` with the kubelet's
+//!   `OutOf<resource>` reason and message.
 //! - **The device-plugin role.** While a pod of the configured device-plugin DaemonSet runs on a
 //!   node, the node's capacity and allocatable for `nvidia.com/gpu` (and `nvidia.com/mig-<profile>`
 //!   for MIG devices) equal its GPUs. Once that pod is gone, they drop to 0 after a configurable
@@ -303,12 +308,100 @@ struct State {
     hung_run_once: std::collections::HashSet<String>,
     /// Nodes whose kubelet a test made report NotReady.
     not_ready: std::collections::HashSet<String>,
+    /// Nodes whose device-plugin resources are advertised (or about to be): what the kubelet's
+    /// device manager can hand out there.
+    device_plugin_serving: std::collections::HashSet<String>,
+    /// Pods admitted with device-plugin resources, by uid: (node, resources). What is in use on
+    /// a node when the next one asks.
+    admitted: HashMap<String, (String, BTreeMap<String, u32>)>,
 }
 
 impl State {
     fn ready(&self, node: &str) -> bool {
         !self.not_ready.contains(node)
     }
+
+    /// The kubelet's admission of `pod` on `node` for its device-plugin resources. Admitted, the
+    /// pod's resources count as used until it goes; rejected, the reason and message the kubelet
+    /// gives. A pod the scheduler served through a claim (`extendedResourceClaimStatus`) is DRA's
+    /// and admitted here.
+    fn admit(&mut self, node: &str, pod: &Pod) -> Result<(), Rejection> {
+        let uid = pod.uid().unwrap_or_default();
+        if self.admitted.contains_key(&uid) {
+            return Ok(());
+        }
+        let requested = device_plugin_requests(pod);
+        if requested.is_empty() {
+            return Ok(());
+        }
+        let capacity = match self.nodes.get(node) {
+            Some(layout) if self.device_plugin_serving.contains(node) => layout.device_plugin_resources(),
+            _ => BTreeMap::new(),
+        };
+        let mut used: BTreeMap<&str, u32> = BTreeMap::new();
+        for (n, res) in self.admitted.values() {
+            if n == node {
+                for (r, q) in res {
+                    *used.entry(r.as_str()).or_default() += q;
+                }
+            }
+        }
+        admission(&requested, &capacity, &used)?;
+        self.admitted.insert(uid, (node.to_owned(), requested));
+        Ok(())
+    }
+}
+
+/// Why the kubelet rejected a pod at admission: the pod's status reason and message.
+#[derive(Debug, PartialEq, Eq)]
+struct Rejection {
+    reason: String,
+    message: String,
+}
+
+/// The device-plugin resources (`nvidia.com/…`) `pod` asks for, summed over its containers; none
+/// when the scheduler served them through a claim.
+fn device_plugin_requests(pod: &Pod) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    if pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some()) {
+        return out;
+    }
+    for c in pod.spec.iter().flat_map(|s| &s.containers) {
+        let Some(r) = c.resources.as_ref() else { continue };
+        // Extended resources have requests equal to limits; either may be the one given.
+        for (name, q) in r.limits.iter().chain(r.requests.iter()).flatten() {
+            if name.starts_with("nvidia.com/") {
+                let n = q.0.parse::<u32>().unwrap_or(0);
+                let e = out.entry(name.clone()).or_insert(0);
+                *e = (*e).max(n);
+            }
+        }
+    }
+    out.retain(|_, n| *n > 0);
+    out
+}
+
+/// The kubelet's resource check at admission (its `OutOf<resource>` rejection) for device-plugin
+/// resources: each request must fit in the capacity the node's plugin advertises less what
+/// admitted pods use. Pure.
+fn admission(
+    requested: &BTreeMap<String, u32>,
+    capacity: &BTreeMap<String, u32>,
+    used: &BTreeMap<&str, u32>,
+) -> Result<(), Rejection> {
+    for (res, &want) in requested {
+        let cap = capacity.get(res).copied().unwrap_or(0);
+        let in_use = used.get(res.as_str()).copied().unwrap_or(0);
+        if want > cap.saturating_sub(in_use) {
+            return Err(Rejection {
+                reason: format!("OutOf{res}"),
+                message: format!(
+                    "Pod was rejected: Node didn't have enough resource: {res}, requested: {want}, used: {in_use}, capacity: {cap}"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 type Agents = Arc<tokio::sync::Mutex<HashMap<String, AgentProcess>>>;
@@ -577,17 +670,28 @@ async fn renew_lease(client: &Client, name: &str, node_uid: Option<String>) -> a
 }
 
 async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>) {
+    let mut round = tokio::time::interval(HEARTBEAT);
+    // A round that overran (a loaded API server) is followed at once by the next, not by a burst.
+    round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    round.tick().await;
     loop {
-        tokio::time::sleep(HEARTBEAT).await;
+        let start = round.tick().await;
         let nodes: Vec<(String, bool)> = {
             let st = state.lock().unwrap();
             st.nodes.keys().map(|n| (n.clone(), st.ready(n))).collect()
         };
-        // Nodes are independent, as kubelets are: their heartbeats go out side by side.
-        futures::stream::iter(nodes)
-            .for_each_concurrent(HEARTBEAT_CONCURRENCY, |(name, ready)| {
+        // Nodes are independent, as kubelets are: each renews on its own period, spread over
+        // the round rather than all at its start, a bounded number in flight at once. A node's
+        // renewals are one period apart (a round started on the period), whatever the round's
+        // size, so thousands of nodes keep their Leases well inside the 40 s grace period.
+        let count = u32::try_from(nodes.len()).unwrap_or(u32::MAX).max(1);
+        futures::stream::iter(nodes.into_iter().enumerate())
+            .map(|(i, (name, ready))| {
                 let client = client.clone();
+                let slot = start
+                    + HEARTBEAT.mul_f64(f64::from(u32::try_from(i).unwrap_or(u32::MAX)) / f64::from(count));
                 async move {
+                    tokio::time::sleep_until(slot).await;
                     let result = if config.light {
                         renew_lease(&client, &name, None).await
                     } else {
@@ -598,12 +702,14 @@ async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<Stat
                     }
                 }
             })
+            .buffer_unordered(HEARTBEAT_CONCURRENCY)
+            .collect::<()>()
             .await;
     }
 }
 
 /// Heartbeats in flight at once.
-const HEARTBEAT_CONCURRENCY: usize = 16;
+const HEARTBEAT_CONCURRENCY: usize = 64;
 
 fn role_of(pod: &Pod, config: &SimConfig) -> Role {
     let owner = pod.owner_references().iter().find(|o| o.kind == "DaemonSet").map(|o| o.name.as_str());
@@ -640,8 +746,12 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
             Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
             Ok(watcher::Event::Delete(pod)) => {
                 let uid = pod.uid().unwrap_or_default();
-                if state.lock().unwrap().plugins.remove(&uid).is_some() {
-                    changed.notify_one();
+                {
+                    let mut st = state.lock().unwrap();
+                    st.admitted.remove(&uid);
+                    if st.plugins.remove(&uid).is_some() {
+                        changed.notify_one();
+                    }
                 }
                 continue;
             }
@@ -658,9 +768,14 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
         let uid = pod.uid().unwrap_or_default();
         let role = role_of(&pod, &config);
         if let Some(deleted_at) = pod.metadata.deletion_timestamp.clone() {
-            // The plugin stops serving as soon as its pod is terminating.
-            if state.lock().unwrap().plugins.remove(&uid).is_some() {
-                changed.notify_one();
+            // The plugin stops serving, and the pod's devices are free, as soon as it is
+            // terminating.
+            {
+                let mut st = state.lock().unwrap();
+                st.admitted.remove(&uid);
+                if st.plugins.remove(&uid).is_some() {
+                    changed.notify_one();
+                }
             }
             if !finishing.contains_key(&uid) {
                 let (pods, name, ns) = (pods.clone(), pod.name_any(), pod.namespace().unwrap_or_default());
@@ -703,21 +818,38 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
             continue;
         }
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        if phase == "Failed" || phase == "Succeeded" {
+            state.lock().unwrap().admitted.remove(&uid);
+            continue;
+        }
         if phase == "Pending" || phase.is_empty() {
             // Pods start side by side, as on many kubelets. A plugin serves once its pod is seen
             // Running (the next event).
             if marking.lock().unwrap().insert(uid.clone()) {
+                // The kubelet admits a pod before it starts it: one bound on the strength of a
+                // scheduler's stale view of the node (device-plugin GPUs the node no longer
+                // advertises) is rejected, and its controller replaces it.
+                let admitted = state.lock().unwrap().admit(&node, &pod);
                 let (client, marking, slots) = (client.clone(), marking.clone(), slots.clone());
                 tokio::spawn(async move {
                     let _slot = slots.acquire().await;
-                    if let Err(e) = mark_running(&client, &pod).await {
-                        tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod running");
+                    let written = match &admitted {
+                        Ok(()) => mark_running(&client, &pod).await,
+                        Err(rejection) => mark_rejected(&client, &pod, rejection).await,
+                    };
+                    if let Err(e) = written {
+                        tracing::warn!(pod = %pod.name_any(), error = %e, "could not write the pod's status");
                     }
                     marking.lock().unwrap().remove(&pod.uid().unwrap_or_default());
                 });
             }
             finishing.retain(|_, h| !h.is_finished());
             continue;
+        }
+        // Running: a pod a restarted simulator adopts holds its devices.
+        let requested = device_plugin_requests(&pod);
+        if !requested.is_empty() {
+            state.lock().unwrap().admitted.entry(uid.clone()).or_insert((node.clone(), requested));
         }
         // A run-to-completion pod (a canary) "exits 0" a moment after it starts.
         let run_once = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never");
@@ -756,6 +888,17 @@ async fn mark_succeeded(client: &Client, pod: &Pod) -> anyhow::Result<()> {
     let status = json!({"status": {"phase": "Succeeded", "containerStatuses": statuses,
         "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
                        {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}]}});
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+    Ok(())
+}
+
+/// Writes the status the kubelet writes for a pod it rejects at admission: `Failed`, with the
+/// rejection's reason and message.
+async fn mark_rejected(client: &Client, pod: &Pod, rejection: &Rejection) -> anyhow::Result<()> {
+    tracing::info!(pod = %pod.name_any(), reason = %rejection.reason, "pod rejected at admission");
+    let status =
+        json!({"status": {"phase": "Failed", "reason": rejection.reason, "message": rejection.message}});
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
     Ok(())
@@ -893,6 +1036,15 @@ async fn apply_plugins(
     let (was_dp, was_dra) = before.unwrap_or((false, false));
     let mut ok = true;
     if before.is_none() || was_dp != dp {
+        // The device manager knows before the node status says so.
+        {
+            let mut st = state.lock().unwrap();
+            if dp {
+                st.device_plugin_serving.insert(node.to_owned());
+            } else {
+                st.device_plugin_serving.remove(node);
+            }
+        }
         let zeroed: BTreeMap<String, u32> =
             layout.device_plugin_resources().into_keys().map(|k| (k, 0)).collect();
         let gpus = if dp { layout.device_plugin_resources() } else { zeroed };
@@ -1042,4 +1194,76 @@ async fn delete_slices(client: &Client, driver: &str, node: &str) -> anyhow::Res
         slices.delete(&s.name_any(), &DeleteParams::default()).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_pod(limits: &[(&str, &str)], claimed: bool) -> Pod {
+        let limits: BTreeMap<String, String> =
+            limits.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+        }))
+        .unwrap();
+        if claimed {
+            pod.status = Some(
+                serde_json::from_value(json!({"extendedResourceClaimStatus": {
+                    "resourceClaimName": "p-claim", "requestMappings": []}}))
+                .unwrap(),
+            );
+        }
+        pod
+    }
+
+    #[test]
+    fn a_pod_served_by_a_claim_asks_nothing_of_the_device_plugin() {
+        assert!(device_plugin_requests(&gpu_pod(&[("nvidia.com/gpu", "1")], true)).is_empty());
+        assert!(device_plugin_requests(&gpu_pod(&[("cpu", "1")], false)).is_empty());
+        assert_eq!(
+            device_plugin_requests(&gpu_pod(&[("nvidia.com/gpu", "2"), ("cpu", "1")], false)),
+            BTreeMap::from([("nvidia.com/gpu".to_owned(), 2)])
+        );
+    }
+
+    #[test]
+    fn admission_rejects_what_the_plugin_does_not_advertise_as_the_kubelet_does() {
+        let want = BTreeMap::from([("nvidia.com/gpu".to_owned(), 1)]);
+        let rejected = admission(&want, &BTreeMap::new(), &BTreeMap::new()).unwrap_err();
+        assert_eq!(rejected.reason, "OutOfnvidia.com/gpu");
+        assert_eq!(
+            rejected.message,
+            "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 1, used: 0, capacity: 0"
+        );
+        let two = BTreeMap::from([("nvidia.com/gpu".to_owned(), 2)]);
+        assert_eq!(admission(&want, &two, &BTreeMap::from([("nvidia.com/gpu", 1)])), Ok(()));
+        let full = admission(&want, &two, &BTreeMap::from([("nvidia.com/gpu", 2)])).unwrap_err();
+        assert!(full.message.ends_with("requested: 1, used: 2, capacity: 2"), "{}", full.message);
+    }
+
+    #[test]
+    fn state_counts_admitted_pods_until_they_go_and_follows_the_plugin() {
+        let mut st = State::default();
+        st.nodes.insert("n".into(), GpuLayout::gpus(1));
+        let pod = |uid: &str| {
+            let mut p = gpu_pod(&[("nvidia.com/gpu", "1")], false);
+            p.metadata.uid = Some(uid.to_owned());
+            p
+        };
+        // No plugin serving: rejected.
+        assert!(st.admit("n", &pod("a")).is_err());
+        st.device_plugin_serving.insert("n".into());
+        assert_eq!(st.admit("n", &pod("a")), Ok(()));
+        // The same pod seen again is not counted twice.
+        assert_eq!(st.admit("n", &pod("a")), Ok(()));
+        assert!(st.admit("n", &pod("b")).is_err(), "one GPU, already in use");
+        st.admitted.remove("a");
+        assert_eq!(st.admit("n", &pod("b")), Ok(()));
+        // A claim-served pod is DRA's.
+        let mut claimed = gpu_pod(&[("nvidia.com/gpu", "1")], true);
+        claimed.metadata.uid = Some("c".into());
+        assert_eq!(st.admit("n", &claimed), Ok(()));
+    }
 }

@@ -670,6 +670,11 @@ async fn wait_running(pool: &Pool, count: usize) -> anyhow::Result<()> {
                     None => break,
                 }
             }
+            if running < count {
+                // A paged LIST of the whole namespace is work for the API server the pool is
+                // sharing: at 50,000 pods, one every 10 s, not one every poll.
+                tokio::time::sleep(Duration::from_millis(count as u64 / 5)).await;
+            }
             Ok((running >= count).then_some(()))
         }
     })
