@@ -33,7 +33,9 @@
 //! **Light mode** ([`SimConfig::light`], the scale environment of `make bench`): after a node's
 //! first status, its heartbeat is one Lease `renewTime` patch and its status is written again only
 //! when its device-plugin resources change (a real kubelet also reports status only every few
-//! minutes when nothing changes; the node lifecycle controller reads the Lease). No agent
+//! minutes when nothing changes; the node lifecycle controller reads the Lease). Like the
+//! kubelet, it posts a node's status again when the node shows a `Ready` other than the one it
+//! reports (the node lifecycle controller marked it `Unknown`): a watch on its nodes compares. No agent
 //! processes: a DRA node gets the stub slice. Heartbeats, pod status and plugin writes go out side
 //! by side, a bounded number at a time, as from many kubelets.
 //!
@@ -95,6 +97,12 @@ pub fn placeholder_daemon_set(
 /// How often leases and node heartbeats are renewed: the kubelet's default lease renewal
 /// interval is 10s against a 40s grace period in the node lifecycle controller.
 const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Light mode's Lease renewal interval: twice the kubelet's, still well inside the node lifecycle
+/// controller's grace period (50 s; the Lease says 40 s). 5,000 nodes renewing every 10 s are 500
+/// writes a second, more than half of what the 2-core scale environment's API server serves while
+/// a migration runs; every 20 s they are 250.
+const LIGHT_HEARTBEAT: Duration = Duration::from_secs(20);
 
 /// A DaemonSet, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -441,6 +449,9 @@ impl Simulator {
             tasks: JoinSet::new(),
         };
         sim.tasks.spawn(heartbeat_loop(sim.client.clone(), sim.config.clone(), sim.state.clone()));
+        if sim.config.light {
+            sim.tasks.spawn(status_repost_loop(sim.client.clone(), sim.config.clone(), sim.state.clone()));
+        }
         sim.tasks.spawn(pod_loop(
             sim.client.clone(),
             sim.config.clone(),
@@ -670,7 +681,8 @@ async fn renew_lease(client: &Client, name: &str, node_uid: Option<String>) -> a
 }
 
 async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>) {
-    let mut round = tokio::time::interval(HEARTBEAT);
+    let period = if config.light { LIGHT_HEARTBEAT } else { HEARTBEAT };
+    let mut round = tokio::time::interval(period);
     // A round that overran (a loaded API server) is followed at once by the next, not by a burst.
     round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     round.tick().await;
@@ -689,7 +701,7 @@ async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<Stat
             .map(|(i, (name, ready))| {
                 let client = client.clone();
                 let slot = start
-                    + HEARTBEAT.mul_f64(f64::from(u32::try_from(i).unwrap_or(u32::MAX)) / f64::from(count));
+                    + period.mul_f64(f64::from(u32::try_from(i).unwrap_or(u32::MAX)) / f64::from(count));
                 async move {
                     tokio::time::sleep_until(slot).await;
                     let result = if config.light {
@@ -705,6 +717,57 @@ async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<Stat
             .buffer_unordered(HEARTBEAT_CONCURRENCY)
             .collect::<()>()
             .await;
+    }
+}
+
+/// Light mode's answer to the node lifecycle controller: the kubelet compares the status it
+/// computes with the node's, and posts it again when they differ, so a node marked `Unknown`
+/// (its Lease renewed late, on a loaded API server) is `Ready` again within a heartbeat. The light
+/// heartbeat writes only the Lease, so a watch on the simulator's nodes does the comparing: a node
+/// whose `Ready` is not what the simulator reports gets its status written again. Its cost is the
+/// watch's events, which in light mode are the node writes of the migration itself.
+async fn status_repost_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let selector = format!("{LABEL_INSTANCE}={}", config.instance);
+    let mut stream =
+        switchyard_operator::watch::backed_off(watcher(nodes, watcher::Config::default().labels(&selector)))
+            .boxed();
+    let reposting: Arc<Mutex<std::collections::HashSet<String>>> = Default::default();
+    while let Some(event) = stream.next().await {
+        let node = match event {
+            Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "node watch error; the watcher retries");
+                continue;
+            }
+        };
+        let name = node.name_any();
+        let Some(ready) = ({
+            let st = state.lock().unwrap();
+            st.nodes.contains_key(&name).then(|| st.ready(&name))
+        }) else {
+            continue;
+        };
+        let shown = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.clone());
+        // No conditions yet: the node's first heartbeat is on its way.
+        let Some(shown) = shown else { continue };
+        if (shown == "True") == ready || !reposting.lock().unwrap().insert(name.clone()) {
+            continue;
+        }
+        let (client, reposting) = (client.clone(), reposting.clone());
+        tokio::spawn(async move {
+            tracing::info!(node = %name, shown = %shown, "node status posted again");
+            if let Err(e) = write_status(&client, &name, None, ready).await {
+                tracing::warn!(node = %name, error = %e, "could not post the node status again");
+            }
+            reposting.lock().unwrap().remove(&name);
+        });
     }
 }
 

@@ -312,3 +312,85 @@ async fn every_cel_rule_of_the_crd_is_enforced_by_the_real_api_server() -> anyho
     );
     Ok(())
 }
+
+/// The simulator plays the kubelet's side of a node's `Ready`: in light mode (the scale bench)
+/// it writes only Leases, and still posts the status again when the node lifecycle controller has
+/// marked the node `Unknown`, as a kubelet whose status sync sees the change does.
+#[tokio::test]
+async fn light_simulator_posts_ready_again_after_its_node_is_marked_unknown() -> anyhow::Result<()> {
+    let client = cluster::client().await?;
+    let id = unique("lightsim");
+    let sim = Simulator::start(client.clone(), SimConfig::light(id.clone())).await?;
+    let name = format!("{id}-n0");
+    let outcome = async {
+        sim.add_node(SimNode { name: name.clone(), labels: BTreeMap::new(), layout: GpuLayout::gpus(1) })
+            .await?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let ready = |n: &Node| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| c.status.clone())
+        };
+        wait::until("the node Ready", SCHEDULING, || {
+            let nodes = nodes.clone();
+            let name = name.clone();
+            async move { Ok((ready(&nodes.get(&name).await?).as_deref() == Some("True")).then_some(())) }
+        })
+        .await?;
+        // What the node lifecycle controller writes when a Lease is late.
+        let unknown = json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown",
+            "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."}]}});
+        nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&unknown)).await?;
+        wait::until("the node Ready again", Duration::from_secs(30), || {
+            let nodes = nodes.clone();
+            let name = name.clone();
+            async move { Ok((ready(&nodes.get(&name).await?).as_deref() == Some("True")).then_some(())) }
+        })
+        .await
+    }
+    .await;
+    sim.shutdown().await?;
+    outcome
+}
+
+/// The simulator admits pods as the kubelet does: a pod bound to a node for device-plugin GPUs the
+/// node does not advertise (here no device plugin runs at all) fails with the kubelet's reason,
+/// and a pod without GPUs on the same node runs.
+#[tokio::test]
+async fn simulator_rejects_a_pod_bound_for_gpus_its_node_does_not_advertise() -> anyhow::Result<()> {
+    let s = Scenario::new("admit").await?;
+    let outcome = async {
+        let node = s.node("n0").await?;
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+        for (name, limits) in [("gpu", json!({"nvidia.com/gpu": "1"})), ("plain", json!({"cpu": "100m"}))] {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"nodeName": node.name_any(), "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                         "resources": {"limits": limits}}]}
+            }))?;
+            pods.create(&PostParams::default(), &pod).await?;
+        }
+        let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let gpu = wait::until("the GPU pod rejected", SCHEDULING, || {
+            let pods = pods.clone();
+            async move { Ok(Some(pods.get("gpu").await?).filter(|p| phase(p) == "Failed")) }
+        })
+        .await?;
+        let status = gpu.status.unwrap();
+        assert_eq!(status.reason.as_deref(), Some("OutOfnvidia.com/gpu"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 1, used: 0, capacity: 0")
+        );
+        wait::until("the plain pod Running", SCHEDULING, || {
+            let pods = pods.clone();
+            async move { Ok(Some(pods.get("plain").await?).filter(|p| phase(p) == "Running").map(|_| ())) }
+        })
+        .await
+    }
+    .await;
+    s.cleanup().await?;
+    outcome
+}

@@ -338,6 +338,94 @@ fn timed_out(o: &Observed) -> bool {
     matches!((elapsed_seconds(o), timeout_seconds(o)), (Some(e), Some(t)) if e > t)
 }
 
+/// The Switching step, time aside: what moves the node on, or what it waits for.
+fn switching(o: &Observed) -> Action {
+    if o.backend == Backend::DevicePlugin {
+        // Labelled back by someone mid-switch: label it again.
+        switch_action(o)
+    } else if o.backend == Backend::None {
+        // Sequential: the driver starts only once the device plugin is gone, so the
+        // scheduler never sees the node's GPUs through both.
+        if let Some(late) = undrained(o) {
+            late
+        } else if o.allocatable > 0 {
+            wait(
+                WaitReason::DevicePluginStillAdvertising,
+                format!(
+                    "allocatable is still {}; the driver starts once the device plugin has left",
+                    o.allocatable
+                ),
+            )
+        } else {
+            match o.device_plugin_pods {
+                Some(0) => Action::StartDriver,
+                Some(n) => wait(
+                    WaitReason::DevicePluginPodRunning,
+                    format!(
+                        "{n} device-plugin pod(s) still on the node; the driver starts once they are gone"
+                    ),
+                ),
+                None => wait(
+                    WaitReason::DevicePluginPodRunning,
+                    "the node's pods are not read yet; the driver starts once no device-plugin pod is left",
+                ),
+            }
+        }
+    } else if let Some(late) = undrained(o) {
+        // A pod the scheduler bound before it saw the cordon can land after the drain's
+        // last LIST, on a GPU the device plugin handed out and the driver is about to
+        // publish. It goes before the switch counts as done.
+        late
+    } else if o.allocatable > 0 {
+        wait(
+            WaitReason::DevicePluginStillAdvertising,
+            format!("allocatable is still {}; waiting for the device plugin to leave", o.allocatable),
+        )
+    } else if o.gpus_before.is_none() {
+        wait(
+            WaitReason::GpuCountUnknown,
+            "switchyard.dev/gpus-before is missing or 0, so the switch cannot be verified; set it to the node's GPU count as JSON, for example {\"nvidia.com/gpu\":8}",
+        )
+    } else if slices_ready(o) && o.canary == Canary::NotConfigured {
+        // Nothing left to verify: the checks Verifying makes without a canary (allocatable
+        // 0, the devices published) hold now.
+        Action::Complete
+    } else if !slices_ready(o) {
+        let mut message = format!(
+            "driver publishes {} device(s), the pool's DeviceClasses select {}, need {}",
+            o.dra_devices,
+            o.dra_selected,
+            o.gpus_before.unwrap_or(0)
+        );
+        if !o.selection_note.is_empty() {
+            message = format!("{message}; {}", o.selection_note);
+        }
+        wait(WaitReason::WaitingForResourceSlices, message)
+    } else {
+        Action::StartVerify
+    }
+}
+
+/// The Switching step past its timeout, while it still waits: the failure and what is missing.
+fn switch_timeout(o: &Observed) -> Action {
+    let mut message = format!(
+        "within {}s the node did not switch: allocatable still {} (device plugin must report 0), DRA devices {}, selected by the pool's DeviceClasses {} (need {})",
+        o.verify_timeout_seconds,
+        o.allocatable,
+        o.dra_devices,
+        o.dra_selected,
+        o.gpus_before.map_or("the count in switchyard.dev/gpus-before".to_string(), |b| b.to_string())
+    );
+    if o.backend == Backend::None {
+        message.push_str(
+                "; the driver never started, so the node goes back to the device plugin (switchyard.dev/gpu-backend=device-plugin)",
+            );
+    } else if !o.selection_note.is_empty() {
+        message = format!("{message}; {}", o.selection_note);
+    }
+    Action::Fail { reason: FailReason::SwitchTimeout, message }
+}
+
 fn wait(reason: WaitReason, message: impl Into<String>) -> Action {
     Action::Wait { reason, message: message.into() }
 }
@@ -459,88 +547,12 @@ pub fn next_step(o: &Observed) -> Action {
         }
         Switching | Verifying if rollback => Action::StartRollback,
         Switching => {
-            if timed_out(o) {
-                let mut message = format!(
-                    "within {}s the node did not switch: allocatable still {} (device plugin must report 0), DRA devices {}, selected by the pool's DeviceClasses {} (need {})",
-                    o.verify_timeout_seconds,
-                    o.allocatable,
-                    o.dra_devices,
-                    o.dra_selected,
-                    o.gpus_before
-                        .map_or("the count in switchyard.dev/gpus-before".to_string(), |b| b.to_string())
-                );
-                if o.backend == Backend::None {
-                    message.push_str(
-                        "; the driver never started, so the node goes back to the device plugin (switchyard.dev/gpu-backend=device-plugin)",
-                    );
-                } else if !o.selection_note.is_empty() {
-                    message = format!("{message}; {}", o.selection_note);
-                }
-                Action::Fail { reason: FailReason::SwitchTimeout, message }
-            } else if o.backend == Backend::DevicePlugin {
-                // Labelled back by someone mid-switch: label it again.
-                switch_action(o)
-            } else if o.backend == Backend::None {
-                // Sequential: the driver starts only once the device plugin is gone, so the
-                // scheduler never sees the node's GPUs through both.
-                if let Some(late) = undrained(o) {
-                    late
-                } else if o.allocatable > 0 {
-                    wait(
-                        WaitReason::DevicePluginStillAdvertising,
-                        format!(
-                            "allocatable is still {}; the driver starts once the device plugin has left",
-                            o.allocatable
-                        ),
-                    )
-                } else {
-                    match o.device_plugin_pods {
-                        Some(0) => Action::StartDriver,
-                        Some(n) => wait(
-                            WaitReason::DevicePluginPodRunning,
-                            format!(
-                                "{n} device-plugin pod(s) still on the node; the driver starts once they are gone"
-                            ),
-                        ),
-                        None => wait(
-                            WaitReason::DevicePluginPodRunning,
-                            "the node's pods are not read yet; the driver starts once no device-plugin pod is left",
-                        ),
-                    }
-                }
-            } else if let Some(late) = undrained(o) {
-                // A pod the scheduler bound before it saw the cordon can land after the drain's
-                // last LIST, on a GPU the device plugin handed out and the driver is about to
-                // publish. It goes before the switch counts as done.
-                late
-            } else if o.allocatable > 0 {
-                wait(
-                    WaitReason::DevicePluginStillAdvertising,
-                    format!("allocatable is still {}; waiting for the device plugin to leave", o.allocatable),
-                )
-            } else if o.gpus_before.is_none() {
-                wait(
-                    WaitReason::GpuCountUnknown,
-                    "switchyard.dev/gpus-before is missing or 0, so the switch cannot be verified; set it to the node's GPU count as JSON, for example {\"nvidia.com/gpu\":8}",
-                )
-            } else if slices_ready(o) && o.canary == Canary::NotConfigured {
-                // Nothing left to verify: the checks Verifying makes without a canary (allocatable
-                // 0, the devices published) hold now.
-                Action::Complete
-            } else if !slices_ready(o) {
-                let mut message = format!(
-                    "driver publishes {} device(s), the pool's DeviceClasses select {}, need {}",
-                    o.dra_devices,
-                    o.dra_selected,
-                    o.gpus_before.unwrap_or(0)
-                );
-                if !o.selection_note.is_empty() {
-                    message = format!("{message}; {}", o.selection_note);
-                }
-                wait(WaitReason::WaitingForResourceSlices, message)
-            } else {
-                Action::StartVerify
-            }
+            let next = switching(o);
+            // A finished switch is never late: the timeout is for a node that does not switch,
+            // not for a reconcile that sees the switch done after it (a loaded API server,
+            // hundreds of nodes in flight). Anything short of done fails at the timeout.
+            let done = matches!(next, Action::Complete | Action::StartVerify);
+            if timed_out(o) && !done { switch_timeout(o) } else { next }
         }
         Verifying => {
             if o.allocatable > 0 {
@@ -887,6 +899,41 @@ mod tests {
                 Switching,
                 |o| {
                     o.backend = Backend::Dra;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "Fail:SwitchTimeout",
+            ),
+            (
+                "a switch seen done after its timeout completes",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "Complete",
+            ),
+            (
+                "a switch seen done after its timeout still verifies its canary",
+                Switching,
+                |o| {
+                    o.canary = Canary::Absent;
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8;
+                    o.now = Timestamp::from_second(1_301).unwrap()
+                },
+                "StartVerify",
+            ),
+            (
+                "a late pod at the timeout fails the switch",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8;
+                    o.drain.to_evict = 1;
                     o.now = Timestamp::from_second(1_301).unwrap()
                 },
                 "Fail:SwitchTimeout",
