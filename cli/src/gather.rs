@@ -90,15 +90,11 @@ pub async fn plan_inputs(
         controller::pool_verdict(spec, &facts, versions, &nodes, driver_ds.is_some(), plugin_ds.is_some());
 
     // One paged LIST of the cluster's bound pods, not one per node: a 5,000-node pool costs
-    // (cluster pods / 500) requests. Only the pool's pods are kept, without managedFields.
+    // (cluster pods / 500) requests. Only the pool's pods are kept, each with the few fields a
+    // drain reads.
     let node_names: HashSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
-    let pods: BTreeMap<String, Vec<Pod>> = controller::pods_on_nodes(client, &node_names, false, |mut p| {
-        p.metadata.managed_fields = None;
-        Some(p)
-    })
-    .await?
-    .into_iter()
-    .collect();
+    let pods: BTreeMap<String, Vec<Pod>> =
+        controller::pods_on_nodes(client, &node_names, false, Some).await?.into_iter().collect();
     let pdbs = Api::<PodDisruptionBudget>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -17,6 +17,10 @@ echo "== operator: one reconcile's decision (pure, no API server) at 100, 1,000 
 cargo build --release -p switchyard-operator --example bench-decide >&2
 "$target_dir/release/examples/bench-decide" --nodes 100,1000,5000
 
+echo "== operator: cache memory per node and per ResourceSlice at 5,000 nodes (no API server)" >&2
+cargo build --release -p switchyard-operator --example cache-footprint >&2
+"$target_dir/release/examples/cache-footprint" 5000
+
 echo "== control plane: binary cache lookup (warm) and cluster start-up" >&2
 start=$(date +%s.%N); bin_dir=$(bash "$root/e2e/hack/build-controlplane.sh")
 echo "build-controlplane (warm): $(awk "BEGIN{printf \"%.3f\", $(date +%s.%N) - $start}")s"
@@ -63,4 +67,5 @@ cargo build --release -p switchyard-e2e --bin bench-scale >&2
 SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
 SWITCHYARD_OPERATOR_BIN="$target_dir/release/switchyard-operator" \
 SWITCHYARD_CLI_BIN="$target_dir/release/switchyard" \
-  "$target_dir/release/bench-scale" --nodes "${SCALE:-100}" --serial-nodes "${SERIAL_NODES:-10}"
+  "$target_dir/release/bench-scale" --nodes "${SCALE:-100}" --serial-nodes "${SERIAL_NODES:-10}" \
+  ${SCALE_DEADLINE_S:+--wide-deadline-s "$SCALE_DEADLINE_S"}

@@ -32,6 +32,7 @@ use crate::inventory::Finding;
 use crate::metrics::Metrics;
 use crate::node_state::{self, Action};
 use crate::plan::{self, Backend, Failure, PoolNode};
+use crate::pod_list;
 use crate::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
 use crate::reconcile::{decide, execute, observe};
 use crate::watch;
@@ -347,7 +348,8 @@ pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
 /// The pods bound to any node in `nodes`, by node, from paged LISTs of every bound pod in the
 /// cluster ([`POD_PAGE`] a page), each pod passed through `keep` as its page arrives: a pool of
 /// thousands of nodes costs (cluster pods / page) requests, not one per node, and only what `keep`
-/// returns is held. `unfinished` leaves out Succeeded and Failed pods on the server.
+/// returns is held. `unfinished` leaves out Succeeded and Failed pods on the server. Each pod has
+/// only the fields a drain reads ([`pod_list::PodFields`]).
 pub async fn pods_on_nodes<T>(
     client: &Client,
     nodes: &HashSet<&str>,
@@ -359,18 +361,16 @@ pub async fn pods_on_nodes<T>(
     } else {
         "spec.nodeName!="
     };
-    let api = Api::<Pod>::all(client.clone());
     let mut out: HashMap<String, Vec<T>> = HashMap::new();
     let mut lp = ListParams::default().fields(fields).limit(POD_PAGE);
     loop {
-        let page = api.list(&lp).await.map_err(|source| Error::ListBoundPods { source })?;
+        let page =
+            pod_list::list_page(client, &lp).await.map_err(|source| Error::ListBoundPods { source })?;
         for pod in page.items {
-            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
-            if !nodes.contains(node) {
+            let Some(node) = pod.node_name().filter(|n| nodes.contains(n)).map(str::to_owned) else {
                 continue;
-            }
-            let node = node.to_owned();
-            if let Some(t) = keep(pod) {
+            };
+            if let Some(t) = keep(pod.into_pod()) {
                 out.entry(node).or_default().push(t);
             }
         }
@@ -783,7 +783,7 @@ pub async fn run(
     let (node_reader, node_writer) = reflector::store::<Node>();
     let (ds_reader, ds_writer) = reflector::store::<DaemonSet>();
     let (dc_reader, dc_writer) = reflector::store::<DeviceClass>();
-    let (slice_reader, slice_writer) = reflector::store::<ResourceSlice>();
+    let (slice_reader, slice_writer) = reflector::store::<cache::CachedSlice>();
     let caches = Caches {
         nodes: node_reader.clone(),
         daemon_sets: ds_reader.clone(),
@@ -803,7 +803,14 @@ pub async fn run(
     );
     let ds_stream = trimmed_cache("DaemonSet", &metrics, &client, ds_writer);
     let dc_stream = trimmed_cache("DeviceClass", &metrics, &client, dc_writer);
-    let slice_stream = trimmed_cache("ResourceSlice", &metrics, &client, slice_writer);
+    let slice_stream = watch::errors_handled(
+        "ResourceSlice",
+        metrics.clone(),
+        cache::slice_reflector(
+            slice_writer,
+            watch::backed_off(watcher(Api::<ResourceSlice>::all(client.clone()), wc())),
+        ),
+    );
 
     let s = store.clone();
     let map_node = move |n: Node| migrations_for_labels(&s, n.labels());

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::node_state::DrainCounts;
 
 /// Annotation the kubelet puts on mirror pods of static pods; the API cannot evict those.
-const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// `namespace/name` of a pod, for messages and eviction.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

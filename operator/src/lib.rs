@@ -21,6 +21,7 @@ pub mod node_state;
 pub mod overlap;
 pub mod placement;
 pub mod plan;
+pub mod pod_list;
 pub mod prerequisites;
 pub mod preview;
 pub mod reconcile;

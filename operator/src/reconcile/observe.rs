@@ -100,16 +100,6 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     } else {
         None
     };
-    let mut slices: HashMap<String, Vec<Arc<ResourceSlice>>> = HashMap::new();
-    if facts.served.resource_slices {
-        cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
-        let ours = cache::slices_for_driver(&ctx.caches.resource_slices.state(), &spec.driver.name);
-        for slice in ours {
-            if let Some(node) = slice.spec.node_name.clone() {
-                slices.entry(node).or_default().push(slice);
-            }
-        }
-    }
     let others: Vec<OtherMigration> = ctx
         .migrations
         .state()
@@ -122,6 +112,13 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // may start. An invalid spec fails here, with the message the decision would give.
     let pool: Vec<PoolNode> = nodes.iter().map(|n| PoolNode::from_node(n)).collect();
     let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
+    let slices = if facts.served.resource_slices {
+        cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
+        let in_flight: HashSet<&str> = first.in_flight.iter().map(String::as_str).collect();
+        slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &in_flight)
+    } else {
+        HashMap::new()
+    };
     let consuming_pods = if !first.to_start.is_empty() && !first.queued.is_empty() {
         candidate_counts(ctx, gpm, first.to_start.iter().chain(&first.queued)).await
     } else {
@@ -169,6 +166,26 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         inventory,
         canary_namespace: ctx.config.canary_namespace.clone(),
     })
+}
+
+/// The node-local slices of `driver`, by node and then by name. The nodes in flight get their
+/// slices whole (their switch compares devices with the selectors); the others the cache's shared
+/// light copies, which count devices and their taints (see [`cache::CachedSlice`]).
+pub fn slices_by_node(
+    cached: &[Arc<cache::CachedSlice>],
+    driver: &str,
+    in_flight: &HashSet<&str>,
+) -> HashMap<String, Vec<Arc<ResourceSlice>>> {
+    let mut ours: Vec<&cache::CachedSlice> =
+        cached.iter().map(AsRef::as_ref).filter(|c| c.driver() == driver).collect();
+    ours.sort_by(|a, b| a.light.metadata.name.cmp(&b.light.metadata.name));
+    let mut slices: HashMap<String, Vec<Arc<ResourceSlice>>> = HashMap::new();
+    for c in ours {
+        let Some(node) = c.node_name() else { continue };
+        let slice = if in_flight.contains(node) { Arc::new(c.full()) } else { c.light.clone() };
+        slices.entry(node.to_owned()).or_default().push(slice);
+    }
+    slices
 }
 
 /// GPU consumers on each candidate, so the whole pool starts cheapest first. One paged LIST of the
@@ -418,5 +435,39 @@ mod tests {
         assert!(switch_reads_pods(Backend::Dra, true, 16, Some(8)));
         // Without a GPU count the switch cannot complete, so there is nothing to read for.
         assert!(!switch_reads_pods(Backend::Dra, true, 8, None));
+    }
+
+    #[test]
+    fn slices_come_whole_for_nodes_in_flight_and_light_for_the_rest() {
+        let slice = |name: &str, driver: &str, node: &str| {
+            cache::CachedSlice::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name},
+                    "spec": {"driver": driver, "nodeName": node,
+                             "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                             "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}
+                }))
+                .unwrap(),
+            )
+        };
+        let cached: Vec<Arc<cache::CachedSlice>> = [
+            slice("n1-b", "gpu.switchyard.dev", "n1"),
+            slice("n1-a", "gpu.switchyard.dev", "n1"),
+            slice("n2", "gpu.switchyard.dev", "n2"),
+            slice("n2-other", "gpu.example.com", "n2"),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let by_node = slices_by_node(&cached, "gpu.switchyard.dev", &HashSet::from(["n1"]));
+        let names = |n: &str| by_node[n].iter().map(|s| s.metadata.name.clone().unwrap()).collect::<Vec<_>>();
+        assert_eq!(
+            (names("n1"), names("n2")),
+            (vec!["n1-a".to_string(), "n1-b".into()], vec!["n2".to_string()])
+        );
+        let attributes = |n: &str| by_node[n][0].spec.devices.as_ref().unwrap()[0].attributes.is_some();
+        assert!(attributes("n1"), "in flight: whole");
+        assert!(!attributes("n2"), "not in flight: light");
+        assert!(Arc::ptr_eq(&by_node["n2"][0], &cached[2].light), "the cache's own copy, not a clone");
     }
 }

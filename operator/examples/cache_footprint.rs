@@ -1,0 +1,123 @@
+//! What the operator's caches cost per object: builds `N` nodes shaped as the scale simulator's
+//! (and `N` ResourceSlices of 4 GPUs), runs each through the same trim and reflector store as the
+//! operator's watches, and prints the resident memory they add. No API server. The slices are
+//! stored twice for comparison: as the cache holds them (`cache::CachedSlice`), and whole (less
+//! `managedFields`), as the cache held them before.
+//!
+//! ```sh
+//! cargo run --release -p switchyard-operator --example cache-footprint -- 5000
+//! ```
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use switchyard_operator::cache;
+
+fn rss_kib() -> u64 {
+    // SAFETY: malloc_trim only returns free memory to the system.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn node_json(i: usize) -> String {
+    let name = format!("scale-n{i:05}");
+    let now = "2026-12-02T10:00:00Z";
+    let res = json!({"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4"});
+    let cond = |t: &str, s: &str| {
+        json!({"type": t, "status": s, "reason": "R", "message": "simulated",
+        "lastHeartbeatTime": now, "lastTransitionTime": now})
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": format!("0b6c3c1e-0000-4000-8000-{i:012}"), "resourceVersion": "123456",
+            "creationTimestamp": now,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                       "e2e.switchyard.dev/pool": "scale-12345", "sim.switchyard.dev/instance": "scale-12345",
+                       "wave": "wide", "switchyard.dev/gpu-backend": "device-plugin"},
+            "annotations": {"sim.switchyard.dev/layout": "{\"gpus\":4,\"product\":\"NVIDIA H100 80GB HBM3\",\"mig_gpus\":[]}",
+                            "node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": [
+                {"manager": "sim", "operation": "Update", "apiVersion": "v1", "time": now, "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:kubernetes.io/hostname": {}}}}},
+                {"manager": "sim", "operation": "Update", "apiVersion": "v1", "time": now, "fieldsType": "FieldsV1",
+                 "subresource": "status", "fieldsV1": {"f:status": {"f:allocatable": {}, "f:capacity": {}}}}]},
+        "spec": {"podCIDR": "10.0.0.0/24"},
+        "status": {"capacity": res, "allocatable": res,
+            "conditions": [cond("Ready", "True"), cond("MemoryPressure", "False"), cond("DiskPressure", "False"),
+                           cond("PIDPressure", "False")],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
+            "nodeInfo": {"machineID": name, "systemUUID": name, "bootID": "sim", "kernelVersion": "6.1.0-sim",
+                "osImage": "Simulated GPU node", "containerRuntimeVersion": "containerd://2.1.4",
+                "kubeletVersion": "v1.37.2", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}
+    })
+    .to_string()
+}
+
+fn slice_json(i: usize) -> String {
+    let node = format!("scale-n{i:05}");
+    let devices: Vec<_> = (0..4)
+        .map(|g| json!({"name": format!("gpu-{g}"), "attributes": {
+            "type": {"string": "gpu"}, "uuid": {"string": format!("GPU-{node}-{g}")},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"}, "resource.kubernetes.io/numaNode": {"int": 0}},
+            "capacity": {"memory": {"value": "80Gi"}}}))
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-gpu-switchyard-dev"), "uid": format!("1b6c3c1e-0000-4000-8000-{i:012}"),
+            "resourceVersion": "123456", "creationTimestamp": "2026-12-02T10:00:00Z",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": "0b6c3c1e-0000-4000-8000-000000000000"}],
+            "managedFields": [{"manager": "sim", "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+                "time": "2026-12-02T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:devices": {}}}}]},
+        "spec": {"driver": "gpu.switchyard.dev", "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}})
+    .to_string()
+}
+
+fn main() {
+    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5000);
+    let start = rss_kib();
+    let (nodes, mut writer) = reflector::store::<Node>();
+    writer.apply_watcher_event(&Event::Init);
+    for i in 0..n {
+        let mut node: Node = serde_json::from_str(&node_json(i)).expect("node");
+        cache::trim_node(&mut node);
+        writer.apply_watcher_event(&Event::InitApply(node));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    let after_nodes = rss_kib();
+    let (slices, mut swriter) = reflector::store::<cache::CachedSlice>();
+    swriter.apply_watcher_event(&Event::Init);
+    for i in 0..n {
+        let slice: ResourceSlice = serde_json::from_str(&slice_json(i)).expect("slice");
+        swriter.apply_watcher_event(&Event::InitApply(cache::CachedSlice::new(slice)));
+    }
+    swriter.apply_watcher_event(&Event::InitDone);
+    let after_slices = rss_kib();
+    let (whole, mut wwriter) = reflector::store::<ResourceSlice>();
+    wwriter.apply_watcher_event(&Event::Init);
+    for i in 0..n {
+        let mut slice: ResourceSlice = serde_json::from_str(&slice_json(i)).expect("slice");
+        cache::trim(&mut slice);
+        wwriter.apply_watcher_event(&Event::InitApply(slice));
+    }
+    wwriter.apply_watcher_event(&Event::InitDone);
+    let after_whole = rss_kib();
+    let per = |kib: u64| (kib as f64 / 1024.0, kib as f64 * 1024.0 / n as f64);
+    let (nodes_mib, node_b) = per(after_nodes - start);
+    let (slices_mib, slice_b) = per(after_slices - after_nodes);
+    let (whole_mib, whole_b) = per(after_whole - after_slices);
+    println!("{n} nodes ({} cached): {nodes_mib:.1} MiB, {node_b:.0} B a node", nodes.state().len());
+    println!("{n} slices as cached ({}): {slices_mib:.1} MiB, {slice_b:.0} B a slice", slices.state().len());
+    println!("{n} slices whole ({}): {whole_mib:.1} MiB, {whole_b:.0} B a slice", whole.state().len());
+    println!("process at start: {:.1} MiB", start as f64 / 1024.0);
+}

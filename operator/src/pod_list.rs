@@ -1,0 +1,274 @@
+//! Paged LISTs of every bound pod in the cluster, read into the few fields a drain judges a pod
+//! by. At 50,000 pods the LIST is the largest read the operator and `switchyard plan` make: read
+//! into `Pod`, every field of every pod is allocated (a few KiB a pod) and freed again; read
+//! into [`PodFields`], the parser skips the rest of each pod without allocating it.
+//!
+//! What is kept is what [`crate::drain`] and [`crate::preview`] read: the pod's namespace, name,
+//! uid, labels (PodDisruptionBudget selectors), the mirror-pod annotation, owner references,
+//! deletion timestamp; its node, its containers' and init containers' names and resources, its
+//! volumes' names and emptyDir, its resource claims; its phase and extended-resource claim
+//! status. A pod made by [`PodFields::into_pod`] has nothing else set.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, Pod, PodExtendedResourceClaimStatus, PodResourceClaim, PodSpec,
+    PodStatus, ResourceRequirements, Volume,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, OwnerReference, Time};
+use kube::Client;
+use kube::api::ListParams;
+use kube::core::Request;
+use serde::Deserialize;
+
+use crate::drain::MIRROR_POD_ANNOTATION;
+
+/// A page of a pod LIST, as [`list_page`] reads it.
+#[derive(Deserialize)]
+pub struct PodPage {
+    #[serde(default)]
+    pub metadata: ListMeta,
+    #[serde(default)]
+    pub items: Vec<PodFields>,
+}
+
+/// The fields of a pod a drain reads (see the module).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct PodFields {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    spec: Option<Spec>,
+    #[serde(default)]
+    status: Option<Status>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    deletion_timestamp: Option<Time>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    node_name: Option<String>,
+    #[serde(default)]
+    containers: Vec<ContainerFields>,
+    init_containers: Option<Vec<ContainerFields>>,
+    volumes: Option<Vec<VolumeFields>>,
+    resource_claims: Option<Vec<PodResourceClaim>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct ContainerFields {
+    #[serde(default)]
+    name: String,
+    resources: Option<ResourceRequirements>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct VolumeFields {
+    #[serde(default)]
+    name: String,
+    empty_dir: Option<EmptyDirVolumeSource>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct Status {
+    phase: Option<String>,
+    extended_resource_claim_status: Option<PodExtendedResourceClaimStatus>,
+}
+
+impl PodFields {
+    /// The node the pod is bound to.
+    pub fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+
+    /// The pod with these fields and nothing else.
+    pub fn into_pod(self) -> Pod {
+        let Meta { name, namespace, uid, labels, annotations, owner_references, deletion_timestamp } =
+            self.metadata;
+        let annotations = annotations
+            .map(|a| a.into_iter().filter(|(k, _)| k == MIRROR_POD_ANNOTATION).collect::<BTreeMap<_, _>>())
+            .filter(|a| !a.is_empty());
+        let container =
+            |c: ContainerFields| Container { name: c.name, resources: c.resources, ..Default::default() };
+        Pod {
+            metadata: ObjectMeta {
+                name,
+                namespace,
+                uid,
+                labels,
+                annotations,
+                owner_references,
+                deletion_timestamp,
+                ..Default::default()
+            },
+            spec: self.spec.map(|s| PodSpec {
+                node_name: s.node_name,
+                containers: s.containers.into_iter().map(container).collect(),
+                init_containers: s.init_containers.map(|cs| cs.into_iter().map(container).collect()),
+                volumes: s.volumes.map(|vs| {
+                    vs.into_iter()
+                        .map(|v| Volume { name: v.name, empty_dir: v.empty_dir, ..Default::default() })
+                        .collect()
+                }),
+                resource_claims: s.resource_claims,
+                ..Default::default()
+            }),
+            status: self.status.map(|s| PodStatus {
+                phase: s.phase,
+                extended_resource_claim_status: s.extended_resource_claim_status,
+                ..Default::default()
+            }),
+        }
+    }
+}
+
+/// One page of a cluster-wide pod LIST with `lp` (its field selector, limit and continue token).
+pub async fn list_page(client: &Client, lp: &ListParams) -> Result<PodPage, kube::Error> {
+    let request = Request::new("/api/v1/pods").list(lp).map_err(kube::Error::BuildRequest)?;
+    client.request::<PodPage>(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A pod as the API server returns it, with the fields a drain never reads.
+    fn served_pod() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "train-0", "namespace": "ml", "uid": "u-1", "resourceVersion": "42",
+                "labels": {"app": "train"},
+                "annotations": {"kubernetes.io/config.mirror": "x", "other": "y"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train-abc",
+                                     "uid": "rs-1", "controller": true}],
+                "deletionTimestamp": "2026-12-02T10:00:00Z",
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}]
+            },
+            "spec": {
+                "nodeName": "gpu-1", "schedulerName": "default-scheduler",
+                "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
+                "containers": [{"name": "main", "image": "cuda:12", "command": ["python"],
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "initContainers": [{"name": "fetch", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}],
+                "volumes": [{"name": "scratch", "emptyDir": {}},
+                            {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "c-1"}]
+            },
+            "status": {
+                "phase": "Running", "podIP": "10.0.0.5",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "cuda:12", "imageID": ""}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "train-0-extended-resources-x",
+                    "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}
+            }
+        })
+    }
+
+    #[test]
+    fn a_pod_read_into_its_fields_keeps_what_a_drain_reads_and_drops_the_rest() {
+        let fields: PodFields = serde_json::from_value(served_pod()).unwrap();
+        assert_eq!(fields.node_name(), Some("gpu-1"));
+        let got = fields.into_pod();
+        let full: Pod = serde_json::from_value(served_pod()).unwrap();
+
+        let (m, fm) = (&got.metadata, &full.metadata);
+        assert_eq!(
+            (&m.name, &m.namespace, &m.uid, &m.labels),
+            (&fm.name, &fm.namespace, &fm.uid, &fm.labels)
+        );
+        assert_eq!(
+            (&m.owner_references, &m.deletion_timestamp),
+            (&fm.owner_references, &fm.deletion_timestamp)
+        );
+        assert_eq!(
+            m.annotations,
+            Some(BTreeMap::from([(MIRROR_POD_ANNOTATION.to_string(), "x".to_string())])),
+            "only the mirror-pod annotation"
+        );
+        assert!(m.managed_fields.is_none() && m.resource_version.is_none());
+
+        let (s, fs) = (got.spec.as_ref().unwrap(), full.spec.as_ref().unwrap());
+        assert_eq!(s.node_name, fs.node_name);
+        assert_eq!(s.resource_claims, fs.resource_claims);
+        assert_eq!(s.containers[0].resources, fs.containers[0].resources);
+        assert_eq!(
+            s.init_containers.as_ref().unwrap()[0].resources,
+            fs.init_containers.as_ref().unwrap()[0].resources
+        );
+        assert!(s.containers[0].image.is_none() && s.tolerations.is_none() && s.scheduler_name.is_none());
+        let volumes = s.volumes.as_ref().unwrap();
+        assert_eq!(
+            volumes.iter().map(|v| (v.name.as_str(), v.empty_dir.is_some())).collect::<Vec<_>>(),
+            [("scratch", true), ("token", false)]
+        );
+        assert!(volumes[1].projected.is_none());
+
+        let (st, fst) = (got.status.as_ref().unwrap(), full.status.as_ref().unwrap());
+        assert_eq!(
+            (&st.phase, &st.extended_resource_claim_status),
+            (&fst.phase, &fst.extended_resource_claim_status)
+        );
+        assert!(st.conditions.is_none() && st.container_statuses.is_none() && st.pod_ip.is_none());
+    }
+
+    /// Every judgement of `drain` and of the plan's preview comes out the same on the fields as on
+    /// the whole pod.
+    #[test]
+    fn drain_judges_the_fields_as_it_judges_the_whole_pod() {
+        use crate::drain;
+        let variants = [
+            served_pod(),
+            json!({"metadata": {"name": "bare", "namespace": "ml"}, "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
+                   "status": {"phase": "Succeeded"}}),
+            json!({"metadata": {"name": "ds", "namespace": "gpu",
+                                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "plugin", "uid": "d", "controller": true}]},
+                   "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
+                   "status": {"phase": "Running"}}),
+            json!({"metadata": {"name": "empty"}}),
+        ];
+        for v in variants {
+            let full: Pod = serde_json::from_value(v.clone()).unwrap();
+            let slim = serde_json::from_value::<PodFields>(v).unwrap().into_pod();
+            let res = ["nvidia.com/gpu"];
+            assert_eq!(drain::consumes_any(&slim, &res), drain::consumes_any(&full, &res));
+            assert_eq!(drain::is_daemonset_pod(&slim), drain::is_daemonset_pod(&full));
+            assert_eq!(
+                drain::owned_by_daemon_set(&slim, "gpu", "plugin"),
+                drain::owned_by_daemon_set(&full, "gpu", "plugin")
+            );
+            assert_eq!(drain::is_unmanaged(&slim), drain::is_unmanaged(&full));
+            assert_eq!(drain::is_mirror_pod(&slim), drain::is_mirror_pod(&full));
+            assert_eq!(drain::is_finished(&slim), drain::is_finished(&full));
+            assert_eq!(drain::uses_empty_dir(&slim), drain::uses_empty_dir(&full));
+            assert_eq!(drain::holds_dra_claim(&slim), drain::holds_dra_claim(&full));
+        }
+    }
+
+    #[test]
+    fn a_page_reads_its_continue_token_and_items() {
+        let page: PodPage = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PodList",
+            "metadata": {"resourceVersion": "9", "continue": "tok"},
+            "items": [served_pod()]
+        }))
+        .unwrap();
+        assert_eq!(page.metadata.continue_.as_deref(), Some("tok"));
+        assert_eq!(page.items.len(), 1);
+    }
+}
