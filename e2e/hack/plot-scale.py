@@ -7,7 +7,8 @@ Four panels share the x axis (pool size, log scale), one point per run of the wi
 (Switchyard at maxUnavailable 10%): CPU seconds per migrated node, operator API requests per
 migrated node, reconcile duration p50 and p99, and the operator's RSS once its caches synced
 and at the end. Flat lines are what the scale goal asks for in the first two; the last two show
-how time and memory grow with the pool. Standard library only.
+how time and memory grow with the pool. A partial run (`--wide-deadline-s`) is marked with a star.
+Standard library only.
 """
 import json
 import math
@@ -31,6 +32,7 @@ def load(path):
                 "p99": (wide["reconcile_p99_s"] or 0) * 1000,
                 "rss_synced": run["rss_synced_kib"] / 1024,
                 "rss_end": run["rss_end_kib"] / 1024,
+                "partial": bool(run.get("partial")),
             })
     runs.sort(key=lambda r: r["nodes"])
     return runs
@@ -53,7 +55,8 @@ def panel(x0, y0, w, h, runs, series, title, unit):
         out.append(f'<line x1="{x0}" y1="{py(v):.1f}" x2="{x0 + w}" y2="{py(v):.1f}" stroke="#ddd"/>')
     for r in runs:
         x = px(math.log10(r["nodes"]))
-        out.append(f'<text x="{x:.1f}" y="{y0 + h + 14}" font-size="10" text-anchor="middle">{r["nodes"]}</text>')
+        star = "*" if r["partial"] else ""
+        out.append(f'<text x="{x:.1f}" y="{y0 + h + 14}" font-size="10" text-anchor="middle">{r["nodes"]}{star}</text>')
     for (key, color) in series:
         pts = " ".join(f'{px(math.log10(r["nodes"])):.1f},{py(r[key]):.1f}' for r in runs)
         out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
@@ -80,7 +83,10 @@ def main():
     body += panel(60 + 3 * (w + 80), 40, w, h, runs, [("rss_synced", "#9467bd"), ("rss_end", "#8c564b")],
                   "operator RSS synced (purple), end (brown)", "MiB")
     width = 60 + 4 * (w + 80)
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + 90}" font-family="sans-serif">',
+    if any(r["partial"] for r in runs):
+        body.append(f'<text x="60" y="{h + 84}" font-size="10">* partial run (--wide-deadline-s): per node migrated '
+                    'by the deadline; "end" RSS is mid-migration</text>')
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h + 100}" font-family="sans-serif">',
            '<rect width="100%" height="100%" fill="white"/>'] + body + ['</svg>']
     with open(sys.argv[2], "w") as f:
         f.write("\n".join(svg) + "\n")

@@ -335,14 +335,9 @@ pub async fn apply_device_class(client: &Client, dc: &DeviceClass) -> Result<Dev
         .map_err(|source| Error::ApplyDeviceClass { name, source })
 }
 
-/// Every pod bound to `node`.
+/// Every pod bound to `node`, with the fields a drain reads ([`pod_list::PodFields`]).
 pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
-    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    Api::<Pod>::all(client.clone())
-        .list(&lp)
-        .await
-        .map(|l| l.items)
-        .map_err(|source| Error::ListPods { node: node.into(), source })
+    pod_list::list_node(client, node).await.map_err(|source| Error::ListPods { node: node.into(), source })
 }
 
 /// The pods bound to any node in `nodes`, by node, from paged LISTs of every bound pod in the

@@ -5,9 +5,10 @@
 //!
 //! What is kept is what [`crate::drain`] and [`crate::preview`] read: the pod's namespace, name,
 //! uid, labels (PodDisruptionBudget selectors), the mirror-pod annotation, owner references,
-//! deletion timestamp; its node, its containers' and init containers' names and resources, its
-//! volumes' names and emptyDir, its resource claims; its phase and extended-resource claim
-//! status. A pod made by [`PodFields::into_pod`] has nothing else set.
+//! deletion timestamp; its node, termination grace period, its containers' and init containers'
+//! names and resources, its volumes' names and emptyDir, its resource claims; its phase and
+//! extended-resource claim status. A pod made by [`PodFields::into_pod`] has nothing else set.
+//! The drain's own per-node LIST reads pods the same way ([`list_node`]).
 
 use std::collections::BTreeMap;
 
@@ -59,6 +60,7 @@ struct Meta {
 #[serde(rename_all = "camelCase")]
 struct Spec {
     node_name: Option<String>,
+    termination_grace_period_seconds: Option<i64>,
     #[serde(default)]
     containers: Vec<ContainerFields>,
     init_containers: Option<Vec<ContainerFields>>,
@@ -117,6 +119,7 @@ impl PodFields {
             },
             spec: self.spec.map(|s| PodSpec {
                 node_name: s.node_name,
+                termination_grace_period_seconds: s.termination_grace_period_seconds,
                 containers: s.containers.into_iter().map(container).collect(),
                 init_containers: s.init_containers.map(|cs| cs.into_iter().map(container).collect()),
                 volumes: s.volumes.map(|vs| {
@@ -142,6 +145,12 @@ pub async fn list_page(client: &Client, lp: &ListParams) -> Result<PodPage, kube
     client.request::<PodPage>(request).await
 }
 
+/// Every pod bound to `node`, with the fields a drain reads.
+pub async fn list_node(client: &Client, node: &str) -> Result<Vec<Pod>, kube::Error> {
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(list_page(client, &lp).await?.items.into_iter().map(PodFields::into_pod).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,7 +170,7 @@ mod tests {
                 "managedFields": [{"manager": "kubelet", "operation": "Update"}]
             },
             "spec": {
-                "nodeName": "gpu-1", "schedulerName": "default-scheduler",
+                "nodeName": "gpu-1", "schedulerName": "default-scheduler", "terminationGracePeriodSeconds": 45,
                 "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
                 "containers": [{"name": "main", "image": "cuda:12", "command": ["python"],
                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
@@ -205,6 +214,7 @@ mod tests {
 
         let (s, fs) = (got.spec.as_ref().unwrap(), full.spec.as_ref().unwrap());
         assert_eq!(s.node_name, fs.node_name);
+        assert_eq!(s.termination_grace_period_seconds, Some(45), "the drain's recheck reads it");
         assert_eq!(s.resource_claims, fs.resource_claims);
         assert_eq!(s.containers[0].resources, fs.containers[0].resources);
         assert_eq!(
@@ -257,6 +267,26 @@ mod tests {
             assert_eq!(drain::is_finished(&slim), drain::is_finished(&full));
             assert_eq!(drain::uses_empty_dir(&slim), drain::uses_empty_dir(&full));
             assert_eq!(drain::holds_dra_claim(&slim), drain::holds_dra_claim(&full));
+            let policy = crate::api::v1alpha1::DrainSpec {
+                pod_selection: crate::api::v1alpha1::PodSelection::All,
+                ..Default::default()
+            };
+            let (sel_slim, sel_full) = (
+                drain::select(std::slice::from_ref(&slim), &res, &policy),
+                drain::select(std::slice::from_ref(&full), &res, &policy),
+            );
+            assert_eq!(sel_slim, sel_full);
+            let now = "2026-12-02T09:59:00Z".parse().unwrap();
+            let recheck = |p: &Pod| {
+                crate::reconcile::decide::recheck_after(
+                    std::slice::from_ref(p),
+                    &sel_full.evict,
+                    &sel_full.terminating,
+                    None,
+                    now,
+                )
+            };
+            assert_eq!(recheck(&slim), recheck(&full));
         }
     }
 
