@@ -1,8 +1,9 @@
 //! What the operator's caches cost per object: builds `N` nodes shaped as the scale simulator's
 //! (and `N` ResourceSlices of 4 GPUs), runs each through the same trim and reflector store as the
-//! operator's watches, and prints the resident memory they add. No API server. The slices are
-//! stored twice for comparison: as the cache holds them (`cache::CachedSlice`), and whole (less
-//! `managedFields`), as the cache held them before.
+//! operator's watches, and prints the resident memory they add. No API server. Nodes and slices
+//! are each stored twice for comparison: as the cache holds them (nodes read as
+//! `node_fields::SlimNode`, slices as `cache::CachedSlice`), and as it held them before (nodes read
+//! whole and then trimmed, slices whole less `managedFields`).
 //!
 //! ```sh
 //! cargo run --release -p switchyard-operator --example cache-footprint -- 5000
@@ -14,6 +15,7 @@ use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 use switchyard_operator::cache;
+use switchyard_operator::node_fields::SlimNode;
 
 fn rss_kib() -> u64 {
     // SAFETY: malloc_trim only returns free memory to the system.
@@ -89,12 +91,20 @@ fn main() {
     let (nodes, mut writer) = reflector::store::<Node>();
     writer.apply_watcher_event(&Event::Init);
     for i in 0..n {
-        let mut node: Node = serde_json::from_str(&node_json(i)).expect("node");
-        cache::trim_node(&mut node);
-        writer.apply_watcher_event(&Event::InitApply(node));
+        let node: SlimNode = serde_json::from_str(&node_json(i)).expect("node");
+        writer.apply_watcher_event(&Event::InitApply(node.0));
     }
     writer.apply_watcher_event(&Event::InitDone);
     let after_nodes = rss_kib();
+    let (whole_nodes, mut nwriter) = reflector::store::<Node>();
+    nwriter.apply_watcher_event(&Event::Init);
+    for i in 0..n {
+        let mut node: Node = serde_json::from_str(&node_json(i)).expect("node");
+        cache::trim_node(&mut node);
+        nwriter.apply_watcher_event(&Event::InitApply(node));
+    }
+    nwriter.apply_watcher_event(&Event::InitDone);
+    let after_whole_nodes = rss_kib();
     let (slices, mut swriter) = reflector::store::<cache::CachedSlice>();
     swriter.apply_watcher_event(&Event::Init);
     for i in 0..n {
@@ -114,9 +124,14 @@ fn main() {
     let after_whole = rss_kib();
     let per = |kib: u64| (kib as f64 / 1024.0, kib as f64 * 1024.0 / n as f64);
     let (nodes_mib, node_b) = per(after_nodes - start);
-    let (slices_mib, slice_b) = per(after_slices - after_nodes);
+    let (trimmed_mib, trimmed_b) = per(after_whole_nodes - after_nodes);
+    let (slices_mib, slice_b) = per(after_slices - after_whole_nodes);
     let (whole_mib, whole_b) = per(after_whole - after_slices);
-    println!("{n} nodes ({} cached): {nodes_mib:.1} MiB, {node_b:.0} B a node", nodes.state().len());
+    println!("{n} nodes as cached ({}): {nodes_mib:.1} MiB, {node_b:.0} B a node", nodes.state().len());
+    println!(
+        "{n} nodes read whole, then trimmed ({}): {trimmed_mib:.1} MiB, {trimmed_b:.0} B a node",
+        whole_nodes.state().len()
+    );
     println!("{n} slices as cached ({}): {slices_mib:.1} MiB, {slice_b:.0} B a slice", slices.state().len());
     println!("{n} slices whole ({}): {whole_mib:.1} MiB, {whole_b:.0} B a slice", whole.state().len());
     println!("process at start: {:.1} MiB", start as f64 / 1024.0);

@@ -37,7 +37,7 @@
 //!   would conclude "no nodes selected" or "DaemonSet missing" and flap PrerequisitesMet, so every
 //!   read first waits for its store's first sync ([`synced`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -45,6 +45,7 @@ use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -134,9 +135,10 @@ pub fn trim<K: Resource>(obj: &mut K) {
 /// [`trim`], and everything of a node the operator never reads, which is most of it: the cache
 /// holds every node of the cluster, so each KiB kept is 5 MiB at 5,000 nodes. Kept: labels (any
 /// may be in a selector), Switchyard's own annotations, `spec.unschedulable` and `spec.taints`,
-/// `status.capacity` and `status.allocatable`, the `Ready` condition, and the kubelet's and the
-/// runtime's versions in `status.nodeInfo`. Dropped: other annotations, images, addresses,
-/// volumes, daemon endpoints, the other conditions, the rest of `nodeInfo`. Cached nodes are only
+/// the extended resources of `status.capacity` and `status.allocatable`, the `Ready` condition's
+/// status, and the kubelet's and the runtime's versions in `status.nodeInfo` (see
+/// [`keep_read_status`]). Dropped: other annotations, images, addresses, volumes, daemon
+/// endpoints, the other conditions, the rest of `nodeInfo`. Cached nodes are only
 /// read, never written back (node writes are merge patches built from scratch), so nothing
 /// dropped here can be lost on the server.
 pub fn trim_node(node: &mut Node) {
@@ -157,20 +159,48 @@ pub fn trim_node(node: &mut Node) {
             container_runtime_version: i.container_runtime_version,
             ..Default::default()
         });
-        let mut ready = status.conditions.take().unwrap_or_default();
-        ready.retain(|c| c.type_ == "Ready");
         *status = k8s_openapi::api::core::v1::NodeStatus {
             capacity: status.capacity.take(),
             allocatable: status.allocatable.take(),
-            conditions: Some(ready),
+            conditions: status.conditions.take(),
             node_info: info,
             ..Default::default()
         };
+        keep_read_status(status);
+    }
+}
+
+/// What [`trim_node`] keeps of a node's conditions and resources, in place:
+/// - of the conditions, `Ready`'s type and status, all a reconcile judges by;
+/// - of `capacity` and `allocatable`, the extended resources (a name with a domain: the pool's
+///   resources always are), without `cpu`, `memory`, `pods` and the like;
+/// - `capacity` only where it differs from `allocatable`: its one reader takes the larger of the
+///   two per resource ([`crate::overlap::device_plugin_gpus`]), and the other the keys of both
+///   ([`crate::capacity::check`]), so a capacity equal to allocatable says nothing more. Most
+///   nodes hold one map instead of two.
+pub(crate) fn keep_read_status(s: &mut k8s_openapi::api::core::v1::NodeStatus) {
+    use k8s_openapi::api::core::v1::NodeCondition;
+    let ready = s
+        .conditions
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ == "Ready")
+        .map(|c| NodeCondition { type_: c.type_, status: c.status, ..Default::default() })
+        .collect();
+    s.conditions = Some(ready);
+    let extended = |m: Option<BTreeMap<String, Quantity>>| {
+        m.map(|m| m.into_iter().filter(|(k, _)| k.contains('/')).collect::<BTreeMap<_, _>>())
+    };
+    s.allocatable = extended(s.allocatable.take());
+    s.capacity = extended(s.capacity.take());
+    if s.capacity == s.allocatable {
+        s.capacity = None;
     }
 }
 
 /// The prefix of Switchyard's node annotations, the only ones a reconcile reads.
-const SWITCHYARD_PREFIX: &str = "switchyard.dev/";
+pub(crate) const SWITCHYARD_PREFIX: &str = "switchyard.dev/";
 
 /// The nodes `selector` selects, by name (the order a LIST returns them in, so status messages
 /// that name "the first" node stay stable between reconciles). Pure.
@@ -586,6 +616,43 @@ mod tests {
     }
 
     #[test]
+    fn a_trimmed_node_counts_the_device_plugins_gpus_as_the_whole_node_does() {
+        let res = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
+        let cases = [
+            // At rest: capacity equals allocatable.
+            json!({"capacity": {"nvidia.com/gpu": "8", "cpu": "32"}, "allocatable": {"nvidia.com/gpu": "8", "cpu": "31"}}),
+            // The plugin's pod restarts: allocatable drops, capacity stays.
+            json!({"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "0"}}),
+            // A resource in capacity only, and one in allocatable only.
+            json!({"capacity": {"nvidia.com/mig-1g.10gb": "7"}, "allocatable": {"nvidia.com/gpu": "1"}}),
+            json!({"allocatable": {"nvidia.com/gpu": "2"}}),
+            json!({"capacity": {"nvidia.com/gpu": "2"}}),
+            json!({}),
+        ];
+        for status in cases {
+            let whole: Node =
+                serde_json::from_value(json!({"metadata": {"name": "n"}, "status": status})).unwrap();
+            let mut trimmed = whole.clone();
+            trim_node(&mut trimmed);
+            assert_eq!(
+                crate::overlap::device_plugin_gpus(&trimmed, &res),
+                crate::overlap::device_plugin_gpus(&whole, &res),
+                "{status}"
+            );
+            assert_eq!(
+                crate::overlap::allocatable_total(&trimmed, &res),
+                crate::overlap::allocatable_total(&whole, &res),
+                "{status}"
+            );
+            assert_eq!(
+                crate::capacity::check([&trimmed], &res[..1]),
+                crate::capacity::check([&whole], &res[..1]),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
     fn trim_node_keeps_what_the_reconcile_reads() {
         let mut n: Node = serde_json::from_value(json!({
             "metadata": {"name": "gpu-1", "labels": {"pool": "a100", "nvidia.com/gpu.count": "8"},
@@ -593,8 +660,10 @@ mod tests {
                          "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
             "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24", "providerID": "aws:///i-1",
                      "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
-                       "conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": "True"}],
+            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "32"}, "capacity": {"nvidia.com/gpu": "8", "cpu": "32"},
+                       "conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready",
+                                       "lastHeartbeatTime": "2026-12-02T10:00:00Z"}],
                        "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
                        "nodeInfo": {"kubeletVersion": "v1.37.0", "containerRuntimeVersion": "containerd://2.1",
                                     "architecture": "amd64", "bootID": "b", "kernelVersion": "6.1", "kubeProxyVersion": "",
@@ -617,11 +686,21 @@ mod tests {
         assert_eq!((spec.unschedulable, &spec.taints), (Some(true), &before.spec.as_ref().unwrap().taints));
         assert!(spec.pod_cidr.is_none() && spec.provider_id.is_none());
         let (status, was) = (n.status.as_ref().unwrap(), before.status.as_ref().unwrap());
-        assert_eq!((&status.allocatable, &status.capacity), (&was.allocatable, &was.capacity));
+        let gpus = BTreeMap::from([("nvidia.com/gpu".to_string(), Quantity("8".into()))]);
         assert_eq!(
-            status.conditions.as_ref().map(|c| c.iter().map(|c| c.type_.as_str()).collect::<Vec<_>>()),
-            Some(vec!["Ready"])
+            (status.allocatable.as_ref(), status.capacity.as_ref()),
+            (Some(&gpus), None),
+            "extended resources only, and no capacity where it equals allocatable"
         );
+        assert_eq!(
+            status.conditions,
+            Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }])
+        );
+        assert_eq!(was.capacity.as_ref().map(BTreeMap::len), Some(2));
         let info = status.node_info.as_ref().unwrap();
         assert_eq!(
             (info.kubelet_version.as_str(), info.container_runtime_version.as_str()),

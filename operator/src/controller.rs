@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
@@ -30,6 +30,7 @@ use crate::cache::{self, Caches};
 use crate::error::{Error, Result};
 use crate::inventory::Finding;
 use crate::metrics::Metrics;
+use crate::node_fields::{SlimNode, into_nodes};
 use crate::node_state::{self, Action};
 use crate::plan::{self, Backend, Failure, PoolNode};
 use crate::pod_list;
@@ -771,10 +772,10 @@ pub async fn run(
     let controller = Controller::for_stream(gpm_stream, store.clone());
 
     // Every watch feeds a store the reconcile reads (see `cache`), besides triggering reconciles.
-    // Nodes are cached whole: the reconcile reads labels, annotations, spec.unschedulable,
-    // status.allocatable, status.conditions and status.nodeInfo. Without managedFields and
-    // status.images (`cache::trim_node`) a node is a few KiB, so thousands of nodes cost megabytes;
-    // a metadata-only watch plus a LIST per reconcile was the larger cost.
+    // Nodes are cached in part: the reconcile reads labels, annotations, spec.unschedulable,
+    // status.allocatable, status.conditions and status.nodeInfo. Read as `SlimNode` (the fields
+    // `cache::trim_node` keeps, the rest skipped by the parser) a node is a few KiB, so thousands of
+    // nodes cost megabytes; a metadata-only watch plus a LIST per reconcile was the larger cost.
     let (node_reader, node_writer) = reflector::store::<Node>();
     let (ds_reader, ds_writer) = reflector::store::<DaemonSet>();
     let (dc_reader, dc_writer) = reflector::store::<DeviceClass>();
@@ -792,7 +793,7 @@ pub async fn run(
         metrics.clone(),
         cache::node_reflector(
             node_writer,
-            watch::backed_off(watcher(Api::<Node>::all(client.clone()), wc())),
+            watch::backed_off(watcher(Api::<SlimNode>::all(client.clone()), wc())).map_ok(into_nodes),
             node_writes,
         ),
     );

@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod inventory_source;
 pub mod leader;
 pub mod metrics;
+pub mod node_fields;
 pub mod node_state;
 pub mod overlap;
 pub mod placement;
