@@ -126,29 +126,71 @@ pub fn requests_by(
     from: &str,
     to: &str,
 ) -> anyhow::Result<BTreeMap<String, u64>> {
+    count_audit(log, agent_prefix, from, to, |e| {
+        e["userAgent"].as_str().unwrap_or_default().starts_with(agent_prefix).then(|| request_kind(e))
+    })
+}
+
+/// The users whose pod writes bound a wide migration's time: the DaemonSet controller (device
+/// plugin pods deleted, driver pods created), the ReplicaSet controller (evicted pods replaced) and
+/// the scheduler (bindings). The cluster's audit policy logs these writes of theirs, and nothing
+/// else of the control plane's (`e2e/hack/cluster-up.sh`).
+pub const CONTROL_PLANE_WRITERS: [(&str, &str); 3] = [
+    ("system:serviceaccount:kube-system:daemon-set-controller", "daemon-set-controller"),
+    ("system:serviceaccount:kube-system:replicaset-controller", "replicaset-controller"),
+    ("system:kube-scheduler", "kube-scheduler"),
+];
+
+/// The pod writes of [`CONTROL_PLANE_WRITERS`] between `from` and `to`, counted by writer, verb
+/// and resource (`daemon-set-controller delete pods`), from the log and its rotated files.
+pub fn control_plane_writes(
+    log: &std::path::Path,
+    from: &str,
+    to: &str,
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    count_audit(log, r#""username":"system:"#, from, to, |e| {
+        let user = e["user"]["username"].as_str()?;
+        let (_, short) = CONTROL_PLANE_WRITERS.iter().find(|(u, _)| *u == user)?;
+        Some(format!("{short} {}", request_kind(e)))
+    })
+}
+
+/// `verb resource[/subresource]` of one audit event.
+fn request_kind(e: &serde_json::Value) -> String {
+    let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
+    let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
+    format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))
+}
+
+/// Audit events between two instants whose line contains `needle` (a cheap filter before
+/// parsing), counted under the key `key` gives them (`None`: not counted).
+fn count_audit(
+    log: &std::path::Path,
+    needle: &str,
+    from: &str,
+    to: &str,
+    key: impl Fn(&serde_json::Value) -> Option<String>,
+) -> anyhow::Result<BTreeMap<String, u64>> {
     use std::io::BufRead as _;
-    let mut by_kind = BTreeMap::new();
+    let mut counts = BTreeMap::new();
     for path in audit_files(log, from)? {
         let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
         for line in std::io::BufReader::new(file).lines() {
             let line = line?;
-            // Cheap filters before parsing: most lines are other clients'.
-            if !line.contains(agent_prefix) {
+            if !line.contains(needle) {
                 continue;
             }
             let Ok(e) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-            let agent = e["userAgent"].as_str().unwrap_or_default();
             let at = e["requestReceivedTimestamp"].as_str().unwrap_or_default();
-            if !agent.starts_with(agent_prefix) || at < from || at > to {
+            if at < from || at > to {
                 continue;
             }
-            let resource = e["objectRef"]["resource"].as_str().unwrap_or("?");
-            let sub = e["objectRef"]["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
-            *by_kind.entry(format!("{} {resource}{sub}", e["verb"].as_str().unwrap_or("?"))).or_default() +=
-                1;
+            if let Some(k) = key(&e) {
+                *counts.entry(k).or_default() += 1;
+            }
         }
     }
-    Ok(by_kind)
+    Ok(counts)
 }
 
 /// One request as RBAC sees it: API group ("" for core), resource (with `/subresource`), verb.
@@ -281,5 +323,75 @@ switchyard_reconcile_duration_seconds_bucket{le=\"+Inf\"} 10
         assert_eq!(percentile(&s, 50.0), Duration::from_millis(5));
         assert_eq!(percentile(&s, 99.0), Duration::from_millis(10));
         assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+    }
+
+    fn audit_line(
+        at: &str,
+        user: &str,
+        agent: &str,
+        verb: &str,
+        resource: &str,
+        sub: Option<&str>,
+    ) -> String {
+        serde_json::json!({
+            "kind": "Event", "stage": "ResponseComplete", "verb": verb,
+            "user": {"username": user, "groups": ["system:authenticated"]},
+            "userAgent": agent,
+            "objectRef": {"resource": resource, "subresource": sub},
+            "requestReceivedTimestamp": at,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn audit_counts_take_the_window_from_every_file_by_writer() {
+        let dir = std::env::temp_dir().join(format!("switchyard-audit-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ds = "system:serviceaccount:kube-system:daemon-set-controller";
+        let op = "switchyard-operator/0.1.0";
+        // The rotated file holds the window's start, the live log its end.
+        let rotated = [
+            audit_line("2026-12-03T07:00:00.000000Z", "admin", op, "patch", "nodes", None),
+            audit_line("2026-12-03T07:00:01.000000Z", ds, "kcm", "delete", "pods", None),
+            audit_line("2026-12-03T07:00:02.000000Z", "admin", op, "create", "pods", Some("eviction")),
+        ];
+        let live = [
+            audit_line("2026-12-03T07:00:03.000000Z", ds, "kcm", "create", "pods", None),
+            audit_line(
+                "2026-12-03T07:00:03.500000Z",
+                "system:kube-scheduler",
+                "sched",
+                "create",
+                "pods",
+                Some("binding"),
+            ),
+            audit_line(
+                "2026-12-03T07:00:04.000000Z",
+                "system:serviceaccount:kube-system:job-controller",
+                "kcm",
+                "create",
+                "pods",
+                None,
+            ),
+            audit_line("2026-12-03T07:00:09.000000Z", ds, "kcm", "create", "pods", None),
+        ];
+        std::fs::write(dir.join("audit-2026-12-03T07-00-02.000.log"), rotated.join("\n") + "\n").unwrap();
+        std::fs::write(dir.join("audit.log"), live.join("\n") + "\n").unwrap();
+        let log = dir.join("audit.log");
+        let (from, to) = ("2026-12-03T07:00:00.500000Z", "2026-12-03T07:00:05.000000Z");
+        let ops = requests_by(&log, "switchyard-operator/", from, to).unwrap();
+        assert_eq!(ops, BTreeMap::from([("create pods/eviction".to_string(), 1)]));
+        let cp = control_plane_writes(&log, from, to).unwrap();
+        assert_eq!(
+            cp,
+            BTreeMap::from([
+                ("daemon-set-controller create pods".to_string(), 1),
+                ("daemon-set-controller delete pods".to_string(), 1),
+                ("kube-scheduler create pods/binding".to_string(), 1),
+            ])
+        );
+        // A window older than the oldest file is an error, not a smaller count.
+        assert!(requests_by(&log, "switchyard-operator/", "2026-12-03T06:00:00Z", to).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

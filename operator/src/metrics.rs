@@ -55,7 +55,9 @@ fn drain_histogram() -> Histogram {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
-    /// `observe` (caches and the moving nodes' reads), `decide` (pure) or `execute` (the writes).
+    /// `observe` (caches and the moving nodes' reads), `decide` (pure) or `execute` (the writes);
+    /// and two parts of `execute`: `execute_steps` (the nodes' steps) and `execute_status` (the
+    /// status write, when there is one).
     pub phase: &'static str,
 }
 
@@ -154,7 +156,7 @@ impl Metrics {
             });
         registry.register_with_unit(
             "reconcile_phase_duration",
-            "Time one part of a reconcile took: observe, decide or execute",
+            "Time one part of a reconcile took: observe, decide or execute (execute_steps and execute_status are parts of execute)",
             Unit::Seconds,
             reconcile_phase_duration.clone(),
         );

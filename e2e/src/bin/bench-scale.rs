@@ -96,8 +96,10 @@ struct OperatorCost {
     p50: Option<f64>,
     p99: Option<f64>,
     reconciles: f64,
-    /// Per part of the reconcile (observe, decide, execute): p50 and p99.
+    /// Per part of the reconcile (observe, decide, execute and execute's parts): p50 and p99.
     phases: Vec<(&'static str, Option<f64>, Option<f64>)>,
+    /// The control plane's pod writes in the window (`measure::control_plane_writes`).
+    control_plane: BTreeMap<String, u64>,
 }
 
 const PHASE_HISTOGRAM: &str = "switchyard_reconcile_phase_duration_seconds";
@@ -166,6 +168,10 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
                 "reconcile_p99_s": r.operator.as_ref().and_then(|o| o.p99),
                 "reconciles": r.operator.as_ref().map(|o| o.reconciles),
                 "requests": r.operator.as_ref().map(|o| o.requests.values().sum::<u64>()),
+                "phases": r.operator.as_ref().map(|o| o.phases.iter().map(|(p, a, b)| json!({
+                    "phase": p, "p50_s": a, "p99_s": b,
+                })).collect::<Vec<_>>()),
+                "control_plane_writes": r.operator.as_ref().map(|o| &o.control_plane),
             })).collect::<Vec<_>>(),
         });
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
@@ -625,6 +631,30 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
             println!("reconcile parts, p50 / p99, {}: {}", r.what, phases.join(", "));
         }
     }
+    let limits = control_plane_limits();
+    for r in results {
+        if let Some(o) = &r.operator {
+            println!("control plane's pod writes in the window, {}:", r.what);
+            for (_, writer) in measure::CONTROL_PLANE_WRITERS {
+                let mine: Vec<(&String, &u64)> =
+                    o.control_plane.iter().filter(|(k, _)| k.starts_with(&format!("{writer} "))).collect();
+                let total: u64 = mine.iter().map(|(_, n)| **n).sum();
+                let parts: Vec<String> =
+                    mine.iter().map(|(k, n)| format!("{} {n}", &k[writer.len() + 1..])).collect();
+                // The scheduler has its own client; the two controllers share the manager's flags.
+                let limit =
+                    limits.map(|l| if writer == "kube-scheduler" { (l[2], l[3]) } else { (l[0], l[1]) });
+                let floor = match limit {
+                    Some((qps, burst)) if qps > 0 => format!(
+                        "; at {qps} requests a second after a burst of {burst}, at least {:.1} s",
+                        total.saturating_sub(burst) as f64 / qps as f64
+                    ),
+                    _ => String::new(),
+                };
+                println!("    {writer:<24} {total:>7}  ({}){floor}", parts.join(", "));
+            }
+        }
+    }
     for r in results {
         if let Some(o) = &r.operator {
             println!("operator API requests, {} ({} nodes):", r.what, r.nodes);
@@ -633,6 +663,15 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
             }
         }
     }
+}
+
+/// The controller manager's and the scheduler's client limits (requests a second, burst) as
+/// `cluster-up.sh` set them, where it wrote them.
+fn control_plane_limits() -> Option<[u64; 4]> {
+    let path = cluster::kubeconfig().parent()?.join("control-plane-qps");
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: Vec<u64> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    v.try_into().ok()
 }
 
 fn ms(v: Option<f64>) -> String {
@@ -659,10 +698,11 @@ where
     // The audit log is written asynchronously; give it a moment.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let requests = requests_by(audit, "switchyard-operator/", &from, &to)?;
+    let control_plane = measure::control_plane_writes(audit, &from, &to)?;
     let (b, _) = histogram(&before, RECONCILE_HISTOGRAM);
     let (a, total) = histogram(&after, RECONCILE_HISTOGRAM);
     let reconciles = total - b.last().map_or(0.0, |x| x.1);
-    let phases = ["observe", "decide", "execute"]
+    let phases = ["observe", "decide", "execute", "execute_steps", "execute_status"]
         .into_iter()
         .map(|phase| {
             let only = |text: &str| -> String {
@@ -685,6 +725,7 @@ where
             p99: histogram_quantile(&b, &a, 0.99),
             reconciles,
             phases,
+            control_plane,
         },
     ))
 }

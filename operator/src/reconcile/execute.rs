@@ -28,7 +28,7 @@ use crate::controller::{
 use crate::drain;
 use crate::error::{Error, Result};
 use crate::events;
-use crate::metrics::{ErrorLabels, EvictionLabels, MigrationLabels};
+use crate::metrics::{ErrorLabels, EvictionLabels, MigrationLabels, PhaseLabels};
 use crate::plan::PoolNode;
 use crate::well_known::OPERATOR_FIELD_MANAGER;
 
@@ -101,8 +101,10 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
             }
         });
     }
+    let t = std::time::Instant::now();
     let mut outcomes: Vec<(Option<NodeOutcome>, bool)> =
         futures::stream::iter(runs).buffered(STEP_CONCURRENCY).collect().await;
+    observe_part(ctx, "execute_steps", t);
     let node_events: Vec<(&Node, NodeEvent)> = d
         .steps
         .iter()
@@ -143,7 +145,9 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     match status_write(gpm.status.as_ref(), &status, warned, last, std::time::Instant::now()) {
         StatusWrite::Unchanged => {}
         StatusWrite::Now => {
+            let t = std::time::Instant::now();
             write_status(ctx, &name, &status).await?;
+            observe_part(ctx, "execute_status", t);
             if let Ok(mut g) = ctx.status_writes.lock() {
                 g.insert(name.clone(), std::time::Instant::now());
             }
@@ -182,6 +186,14 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         next = next.min(wait);
     }
     Ok(Requeue::requeue(next))
+}
+
+/// Records how long a part of the execute phase took, under its own `phase` label.
+fn observe_part(ctx: &Context, phase: &'static str, since: std::time::Instant) {
+    ctx.metrics
+        .reconcile_phase_duration
+        .get_or_create(&PhaseLabels { phase })
+        .observe(since.elapsed().as_secs_f64());
 }
 
 /// `at` as the status stores it: a `metav1.Time` has whole seconds. The node annotation keeps the
