@@ -237,6 +237,11 @@ pub fn now() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
+/// The value of an unlabelled gauge or counter in Prometheus or OpenMetrics text.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).find_map(|v| v.trim().parse().ok())
+}
+
 /// The cumulative buckets `(le, count)` of a histogram in Prometheus or OpenMetrics text, and its
 /// total count. `name` is the metric name without `_bucket`.
 pub fn histogram(text: &str, name: &str) -> (Vec<(f64, f64)>, f64) {
@@ -314,6 +319,13 @@ switchyard_reconcile_duration_seconds_bucket{le=\"+Inf\"} 10
         assert_eq!(histogram_quantile(&[], &buckets, 0.99), Some(0.008));
         // Between two scrapes only the new observations count; none means no quantile.
         assert_eq!(histogram_quantile(&buckets, &buckets, 0.5), None);
+    }
+
+    #[test]
+    fn a_sample_is_read_by_its_exact_name() {
+        let text = "# TYPE switchyard_heap_in_use_bytes gauge\nswitchyard_heap_in_use_bytes_extra 1\nswitchyard_heap_in_use_bytes 12345678\n";
+        assert_eq!(sample(text, "switchyard_heap_in_use_bytes"), Some(12345678.0));
+        assert_eq!(sample(text, "switchyard_heap"), None);
     }
 
     #[test]

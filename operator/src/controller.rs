@@ -609,11 +609,10 @@ pub async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Re
 async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
     let client = &ctx.client;
     let name = gpm.name_any();
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{LABEL_MIGRATION}={name}")))
-        .await
-        .map_err(|source| Error::ListNodes { source })?
-        .items;
+    // The nodes the migration labelled, from the node cache: a LIST would read every one whole
+    // (with managed fields, about 17 KiB a node: 85 MiB at 5,000 nodes).
+    let labelled = kube::core::Selector::from_iter([(LABEL_MIGRATION.to_string(), name.clone())]);
+    let nodes = observe::cached_nodes(ctx, &labelled).await?;
     let now = Timestamp::now();
     let mut busy = 0;
     for node in &nodes {

@@ -92,6 +92,10 @@ pub struct Metrics {
     /// 1 per migration whose Stalled condition is True, labelled with its reason; no series
     /// otherwise. See [`Metrics::set_stalled`].
     pub migration_stalled: Family<StalledLabels, Gauge>,
+    /// Bytes the allocator has handed out and not had back, read at each scrape
+    /// ([`crate::alloc::heap_in_use`]): beside the process's RSS it tells live data from what the
+    /// allocator holds free.
+    pub heap_in_use: Gauge,
     stalled_reasons: Mutex<HashMap<String, String>>,
 }
 
@@ -202,6 +206,13 @@ impl Metrics {
             "1 while a GpuPoolMigration's Stalled condition is True (only a person can unblock it), by the condition's reason",
             migration_stalled.clone(),
         );
+        let heap_in_use = Gauge::default();
+        registry.register_with_unit(
+            "heap_in_use",
+            "Heap memory allocated and not freed (glibc mallinfo2), read at each scrape",
+            Unit::Bytes,
+            heap_in_use.clone(),
+        );
         Self {
             registry,
             reconciliations,
@@ -216,6 +227,7 @@ impl Metrics {
             watch_errors,
             leader,
             migration_stalled,
+            heap_in_use,
             stalled_reasons: Mutex::new(HashMap::new()),
         }
     }
@@ -269,6 +281,9 @@ impl Metrics {
 
     /// The OpenMetrics text for `/metrics`.
     pub fn encode(&self) -> String {
+        if let Some(bytes) = crate::alloc::heap_in_use() {
+            self.heap_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

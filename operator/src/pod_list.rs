@@ -8,10 +8,12 @@
 //! deletion timestamp; its node, termination grace period, its containers' and init containers'
 //! names and resources, its volumes' names and emptyDir, its resource claims; its phase and
 //! extended-resource claim status. A pod made by [`PodFields::into_pod`] has nothing else set.
-//! The drain's own per-node LIST reads pods the same way ([`list_node`]).
+//! The drain's own per-node LIST reads pods the same way ([`list_node`]). Pages are asked for in
+//! the API server's protobuf encoding and read into the same fields ([`proto`]).
 
 use std::collections::BTreeMap;
 
+use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, Pod, PodExtendedResourceClaimStatus, PodResourceClaim, PodSpec,
     PodStatus, ResourceRequirements, Volume,
@@ -23,6 +25,8 @@ use kube::core::Request;
 use serde::Deserialize;
 
 use crate::drain::MIRROR_POD_ANNOTATION;
+
+mod proto;
 
 /// A page of a pod LIST, as [`list_page`] reads it.
 #[derive(Deserialize)]
@@ -139,10 +143,51 @@ impl PodFields {
     }
 }
 
-/// One page of a cluster-wide pod LIST with `lp` (its field selector, limit and continue token).
+/// One page of a cluster-wide pod LIST with `lp` (its field selector, limit and continue token),
+/// asked for in protobuf ([`proto`]: a quarter of the bytes, and far less of the API server's
+/// time than JSON); a JSON answer is read as JSON.
 pub async fn list_page(client: &Client, lp: &ListParams) -> Result<PodPage, kube::Error> {
-    let request = Request::new("/api/v1/pods").list(lp).map_err(kube::Error::BuildRequest)?;
-    client.request::<PodPage>(request).await
+    let mut request = Request::new("/api/v1/pods").list(lp).map_err(kube::Error::BuildRequest)?;
+    request.headers_mut().insert(http::header::ACCEPT, http::HeaderValue::from_static(ACCEPT));
+    let response = client.send(request.map(kube::client::Body::from)).await?;
+    let code = response.status();
+    let protobuf = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with(proto::MEDIA_TYPE));
+    let body = response.into_body().collect().await?.to_bytes();
+    read_page(code, protobuf, &body)
+}
+
+/// What a pod LIST asks for: protobuf, else JSON.
+const ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json;q=0.9";
+
+/// A pod LIST's answer: its page, or the API's error (a `Status` in either encoding, else the
+/// body as the message, as the client reads other errors).
+fn read_page(code: http::StatusCode, protobuf: bool, body: &[u8]) -> Result<PodPage, kube::Error> {
+    let unreadable = |reason: &str| {
+        kube::Error::Api(
+            kube::core::Status::failure(String::from_utf8_lossy(body).trim(), reason)
+                .with_code(code.as_u16())
+                .boxed(),
+        )
+    };
+    if code.is_client_error() || code.is_server_error() {
+        let status = if protobuf {
+            proto::status(body).ok()
+        } else {
+            serde_json::from_slice::<kube::core::Status>(body).ok()
+        };
+        return Err(
+            status.map_or_else(|| unreadable("Failed to parse error data"), |s| kube::Error::Api(s.boxed()))
+        );
+    }
+    if protobuf {
+        proto::page(body).map_err(|e| kube::Error::Service(Box::new(e)))
+    } else {
+        serde_json::from_slice(body).map_err(kube::Error::SerdeError)
+    }
 }
 
 /// Every pod bound to `node`, with the fields a drain reads.

@@ -155,6 +155,7 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
             "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
             "unregister_delay_ms": args.unregister_delay_ms,
             "rss_synced_kib": memory.synced, "rss_end_kib": memory.end, "rss_peak_kib": memory.peak,
+            "heap_synced_bytes": memory.heap[0], "heap_end_bytes": memory.heap[1],
             "partial": memory.partial,
             "status_bytes": memory.status_bytes,
             "plan_s": memory.plan.as_ref().map(|p| p.wall.as_secs_f64()),
@@ -329,6 +330,9 @@ struct Memory {
     synced: u64,
     end: u64,
     peak: u64,
+    /// The operator's heap in use (bytes, its `switchyard_heap_in_use_bytes`) at `synced` and
+    /// `end`: the live data inside the RSS.
+    heap: [Option<f64>; 2],
     plan: Option<CliCost>,
     status: Option<Following>,
     /// The largest `.status` of the wide migration seen by a watch, in JSON bytes.
@@ -453,6 +457,7 @@ async fn at_a_percentage(
     populate(args, pool, &[("wide", &nodes)]).await?;
     let (pid, metrics_url) = operator(pool).await?;
     let synced = proc_status(pid, "VmRSS")?;
+    let heap_synced = heap_in_use(&metrics_url).await;
     let name = pool.id.clone();
     let k = (args.nodes * args.percent / 100).max(1);
     let gpm = pool.migration(
@@ -528,10 +533,12 @@ async fn at_a_percentage(
         intrinsic: delay * migrated.div_ceil(k),
         operator: Some(cost),
     });
+    let end = proc_status(pid, "VmRSS")?;
     let memory = Memory {
         synced,
-        end: proc_status(pid, "VmRSS")?,
+        end,
         peak: proc_status(pid, "VmHWM")?,
+        heap: [heap_synced, heap_in_use(&metrics_url).await],
         plan,
         status,
         status_bytes: status_bytes.load(std::sync::atomic::Ordering::Relaxed),
@@ -541,6 +548,12 @@ async fn at_a_percentage(
         all_on_dra(pool).await?;
     }
     Ok(memory)
+}
+
+/// The operator's heap in use, from its `/metrics` (`None` if it does not say).
+async fn heap_in_use(metrics_url: &str) -> Option<f64> {
+    let (_, text) = measure::http("GET", metrics_url, None).await.ok()?;
+    measure::sample(&text, "switchyard_heap_in_use_bytes")
 }
 
 /// Every node of the pool is on DRA: labelled so, advertising no `nvidia.com/gpu`.
@@ -572,6 +585,13 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
         memory.end as f64 / 1024.0,
         if memory.partial { "mid-migration (at the deadline)" } else { "at the end" },
         memory.peak as f64 / 1024.0
+    );
+    let mib = |b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.1} MiB", b / 1048576.0));
+    println!(
+        "operator heap in use (switchyard_heap_in_use_bytes): {} synced, {} {}",
+        mib(memory.heap[0]),
+        mib(memory.heap[1]),
+        if memory.partial { "mid-migration" } else { "at the end" }
     );
     println!(
         "| migration | nodes | wall | intrinsic | wall / intrinsic | overhead per node | CPU s per node | reconcile p50 / p99 | requests per node |"

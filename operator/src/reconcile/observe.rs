@@ -345,7 +345,12 @@ async fn server_facts(ctx: &Context, nodes: &[crate::prerequisites::NodeVersions
 /// from the API for this reconcile: a step must never be decided on a copy older than our own
 /// last write of that node. A reconcile with no such node makes no request here.
 async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<Node>>> {
-    let selector = controller::node_selector(spec)?;
+    cached_nodes(ctx, &controller::node_selector(spec)?).await
+}
+
+/// The nodes `selector` selects, by name, from the node cache once it shows this operator's
+/// finished node patches; a node it still lags on is read from the API.
+pub(crate) async fn cached_nodes(ctx: &Context, selector: &kube::core::Selector) -> Result<Vec<Arc<Node>>> {
     cache::synced(&ctx.caches.nodes, "Node").await?;
     let writes = &ctx.caches.node_writes;
     let unseen = writes.settle(cache::NODE_WRITE_VISIBLE_TIMEOUT).await;
@@ -374,7 +379,7 @@ async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result
     }
     let cached = ctx.caches.nodes.state();
     let current = cached.iter().filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
-    Ok(cache::select_nodes(current.chain(fresh.iter()), &selector))
+    Ok(cache::select_nodes(current.chain(fresh.iter()), selector))
 }
 
 /// The capacity-reader inventory for this migration, reused for [`INVENTORY_TTL`] unless the spec
