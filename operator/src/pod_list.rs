@@ -335,6 +335,32 @@ mod tests {
         }
     }
 
+    /// A failed LIST is the API's error whatever its encoding: the Status's code, reason and
+    /// message when the body is one, else the HTTP code with the body as the message.
+    #[test]
+    fn a_failed_list_reads_as_the_api_error_in_either_encoding() {
+        let code = |e: kube::Error| match e {
+            kube::Error::Api(s) => (s.code, s.reason, s.message),
+            other => panic!("not an API error: {other}"),
+        };
+        let bad = http::StatusCode::BAD_REQUEST;
+        let pb = read_page(bad, true, include_bytes!("../testdata/status-bad-request.pb")).err().unwrap();
+        let (c, reason, message) = code(pb);
+        assert_eq!((c, reason.as_str()), (400, "BadRequest"));
+        assert!(message.contains("spec.bogus"), "{message}");
+        let json = serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "pods is forbidden", "reason": "Forbidden", "code": 403}))
+        .unwrap();
+        let (c, reason, _) = code(read_page(http::StatusCode::FORBIDDEN, false, &json).err().unwrap());
+        assert_eq!((c, reason.as_str()), (403, "Forbidden"));
+        let (c, _, message) =
+            code(read_page(http::StatusCode::BAD_GATEWAY, false, b"upstream went away\n").err().unwrap());
+        assert_eq!((c, message.as_str()), (502, "upstream went away"));
+        // A success whose body is not what its content type says is an error, not an empty page.
+        assert!(read_page(http::StatusCode::OK, true, b"{}").is_err());
+        assert!(read_page(http::StatusCode::OK, false, b"k8s\0").is_err());
+    }
+
     #[test]
     fn a_page_reads_its_continue_token_and_items() {
         let page: PodPage = serde_json::from_value(json!({
