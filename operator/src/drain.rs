@@ -158,6 +158,18 @@ pub fn select(pods: &[Pod], resources: &[&str], drain: &DrainSpec) -> Selection 
     s
 }
 
+/// Whether any step of a moving node reads `pod`: one [`select`] could pick, one of the device
+/// plugin's DaemonSet `plugin` (`namespace`, `name`), or one that may hold a DRA claim. A node's
+/// pods are read through this (`reconcile::observe::node`), so a reconcile of hundreds of moving
+/// nodes holds their GPU pods, not every pod they run. Pure.
+pub fn read_by_step(pod: &Pod, resources: &[&str], drain: &DrainSpec, plugin: (&str, &str)) -> bool {
+    let selectable = !is_daemonset_pod(pod)
+        && !is_mirror_pod(pod)
+        && !is_finished(pod)
+        && (drain.pod_selection != PodSelection::ResourceConsumers || consumes_any(pod, resources));
+    selectable || owned_by_daemon_set(pod, plugin.0, plugin.1) || holds_dra_claim(pod)
+}
+
 /// True while a pod may still hold a prepared DRA claim: a generated one for an extended
 /// resource, or one from `spec.resourceClaims`. Rollback waits until no pod on the node does,
 /// since the driver must outlive every claim it prepared.
@@ -306,10 +318,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn select_table() {
+    /// One pod of each kind a drain tells apart.
+    fn sample_pods() -> Vec<Pod> {
         let ds_owner = json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dp", "uid": "u", "controller": true}]}});
-        let pods = vec![
+        vec![
             pod("gpu-a", gpu_limits()),
             pod("cpu-b", json!({})),
             pod("gpu-ds", {
@@ -344,7 +356,12 @@ mod tests {
                 );
                 v
             }),
-        ];
+        ]
+    }
+
+    #[test]
+    fn select_table() {
+        let pods = sample_pods();
         let names = |v: &[PodRef]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
         // (selection, deleteEmptyDirData, force, evict, blocked, unmanaged, terminating)
         let rc = PodSelection::ResourceConsumers;
@@ -370,6 +387,89 @@ mod tests {
             assert_eq!(names(&s.unmanaged), unmanaged, "{sel:?} {ed} {force}");
             assert_eq!(names(&s.terminating), terminating, "{sel:?} {ed} {force}");
         }
+    }
+
+    #[test]
+    fn the_pods_a_step_reads_decide_as_all_the_nodes_pods_do() {
+        let plugin = |ns: &str| {
+            json!({"metadata": {"namespace": ns, "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-device-plugin", "uid": "u", "controller": true}]}})
+        };
+        let mut pods = sample_pods();
+        pods.extend([
+            pod("plugin", plugin("gpu-operator")),
+            pod("plugin-done", {
+                let mut v = plugin("gpu-operator");
+                crate::testing::merge_patch(&mut v, &json!({"status": {"phase": "Succeeded"}}));
+                v
+            }),
+            pod("same-name-other-namespace", plugin("monitoring")),
+            pod("cpu-with-claim", json!({"spec": {"resourceClaims": [{"name": "fpga", "resourceClaimName": "x"}]}})),
+            pod(
+                "gpu-through-dra",
+                json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                       "status": {"extendedResourceClaimStatus": {"resourceClaimName": "g", "requestMappings": []}}}),
+            ),
+            pod(
+                "cpu-leaving",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"terminationGracePeriodSeconds": 5}}),
+            ),
+        ]);
+        let res = ["nvidia.com/gpu"];
+        let dp = ("gpu-operator", "nvidia-device-plugin");
+        let now: k8s_openapi::jiff::Timestamp = "2025-12-31T23:59:50Z".parse().unwrap();
+        for sel in [PodSelection::ResourceConsumers, PodSelection::All] {
+            for (ed, force) in [(false, false), (true, false), (false, true), (true, true)] {
+                let spec = DrainSpec { force, ..drain(sel, ed) };
+                let read: Vec<Pod> =
+                    pods.iter().filter(|p| read_by_step(p, &res, &spec, dp)).cloned().collect();
+                let case = format!("{sel:?} deleteEmptyDirData={ed} force={force}");
+                // Draining: what to evict, and when to look again.
+                let (all, kept) = (select(&pods, &res, &spec), select(&read, &res, &spec));
+                assert_eq!(all, kept, "{case}");
+                let recheck = |ps: &[Pod]| {
+                    crate::reconcile::decide::recheck_after(ps, &all.evict, &all.terminating, None, now)
+                };
+                assert_eq!(recheck(&pods), recheck(&read), "{case}");
+                // Switching: the late arrivals, and the device plugin's pods.
+                let late = |ps: &[Pod]| -> Vec<Pod> {
+                    ps.iter()
+                        .filter(|p| {
+                            p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none())
+                        })
+                        .cloned()
+                        .collect()
+                };
+                assert_eq!(select(&late(&pods), &res, &spec), select(&late(&read), &res, &spec), "{case}");
+                let plugin_pods =
+                    |ps: &[Pod]| ps.iter().filter(|p| owned_by_daemon_set(p, dp.0, dp.1)).count();
+                assert_eq!((plugin_pods(&pods), plugin_pods(&read)), (1, 1), "{case}");
+                // RollingBack: the claim holders.
+                let holders = |ps: &[Pod]| ps.iter().filter(|p| holds_dra_claim(p)).count();
+                assert_eq!((holders(&pods), holders(&read)), (2, 2), "{case}");
+                // And something is left out, or the filter saves nothing.
+                assert!(read.len() < pods.len(), "{case}: read {} of {}", read.len(), pods.len());
+            }
+        }
+        // Resource consumers only: the CPU pods a drain leaves are not held.
+        let spec = drain(PodSelection::ResourceConsumers, false);
+        let dropped: Vec<&str> = pods
+            .iter()
+            .filter(|p| !read_by_step(p, &res, &spec, dp))
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect();
+        assert_eq!(
+            dropped,
+            [
+                "cpu-b",
+                "gpu-ds",
+                "mirror",
+                "gpu-done",
+                "plugin-done",
+                "same-name-other-namespace",
+                "cpu-leaving"
+            ]
+        );
     }
 
     #[test]

@@ -27,11 +27,12 @@ pub async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
             .observe(since.elapsed().as_secs_f64());
     };
     let t = std::time::Instant::now();
-    let snapshot = observe::pool(ctx, gpm).await?;
+    let mut snapshot = observe::pool(ctx, gpm).await?;
     timed("observe", t);
     let t = std::time::Instant::now();
     let decision = decide::pool(&snapshot)?;
     timed("decide", t);
+    snapshot.release_decided();
     let t = std::time::Instant::now();
     let requeue = execute::pool(ctx, &snapshot, decision).await;
     timed("execute", t);

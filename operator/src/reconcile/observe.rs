@@ -62,11 +62,26 @@ pub struct Snapshot<'a> {
     pub canary_namespace: String,
 }
 
+impl Snapshot<'_> {
+    /// Frees what only the decision reads: the moving nodes' pods, the slices (whole for the nodes
+    /// in flight), the DeviceClasses, the counts and the inventory. The execute phase, the longest
+    /// part of a reconcile of hundreds of moving nodes, reads only the migration, the nodes and
+    /// the read errors, and need not hold the rest meanwhile.
+    pub fn release_decided(&mut self) {
+        self.node_reads = HashMap::new();
+        self.slices = HashMap::new();
+        self.device_classes = None;
+        self.consuming_pods = HashMap::new();
+        self.inventory = Vec::new();
+    }
+}
+
 /// The reads one node's step needs, by its state.
 #[derive(Clone, Debug, Default)]
 pub struct NodeReads {
-    /// The node's pods: read while Draining (what to evict), Switching (device-plugin pods that
-    /// landed after the drain) and RollingBack (DRA claim holders).
+    /// The node's pods that a step reads ([`drain::read_by_step`]): read while Draining (what to
+    /// evict), Switching (device-plugin pods that landed after the drain) and RollingBack (DRA
+    /// claim holders).
     pub pods: Vec<Pod>,
     /// Whether `pods` was read this reconcile (an empty list read from the API says the node has
     /// no pods; an unread one says nothing).
@@ -291,7 +306,12 @@ pub async fn node(
         || (state == NodeState::Switching
             && switch_reads_pods(pn.backend(), plugin_gone(), published, super::decide::gpus_before(pn)))
     {
+        // Only the pods a step can read are kept (most of a GPU node's pods are not its GPU
+        // consumers); the reconcile holds them for every moving node at once.
+        let (res, dp) = (resources(spec), &spec.device_plugin.daemon_set);
         reads.pods = pods_on_node(client, &pn.name).await?;
+        reads.pods.retain(|p| drain::read_by_step(p, &res, &spec.strategy.drain, (&dp.namespace, &dp.name)));
+        reads.pods.shrink_to_fit();
         reads.pods_read = true;
     }
     if matches!(state, NodeState::RollingBack | NodeState::Failed) {
