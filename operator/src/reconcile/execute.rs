@@ -103,7 +103,7 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     }
     let t = std::time::Instant::now();
     let mut outcomes: Vec<(Option<NodeOutcome>, bool)> =
-        futures::stream::iter(runs).buffered(STEP_CONCURRENCY).collect().await;
+        super::bounded_in_order(runs, STEP_CONCURRENCY).await;
     observe_part(ctx, "execute_steps", t);
     let node_events: Vec<(&Node, NodeEvent)> = d
         .steps

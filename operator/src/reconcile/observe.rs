@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
@@ -150,8 +149,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
             .map_or(0, |s| crate::overlap::schedulable_dra_devices(s, &spec.driver.name, &pn.name));
         runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published).await) });
     }
-    let reads: Vec<(String, Result<NodeReads>)> =
-        futures::stream::iter(runs).buffered(NODE_READ_CONCURRENCY).collect().await;
+    let reads: Vec<(String, Result<NodeReads>)> = super::bounded_in_order(runs, NODE_READ_CONCURRENCY).await;
     let (mut node_reads, mut read_errors) = (HashMap::new(), HashMap::new());
     for (n, r) in reads {
         match r {
