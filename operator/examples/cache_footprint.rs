@@ -31,6 +31,11 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// glibc's bytes in use, as the operator's `switchyard_heap_in_use_bytes` reads them.
+fn heap_kib() -> u64 {
+    switchyard_operator::alloc::heap_in_use().unwrap_or(0) / 1024
+}
+
 fn node_json(i: usize) -> String {
     let name = format!("scale-n{i:05}");
     let now = "2026-12-02T10:00:00Z";
@@ -88,6 +93,7 @@ fn slice_json(i: usize) -> String {
 fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5000);
     let start = rss_kib();
+    let heap_start = heap_kib();
     let (nodes, mut writer) = reflector::store::<Node>();
     writer.apply_watcher_event(&Event::Init);
     for i in 0..n {
@@ -96,6 +102,7 @@ fn main() {
     }
     writer.apply_watcher_event(&Event::InitDone);
     let after_nodes = rss_kib();
+    let heap_nodes = heap_kib();
     let (whole_nodes, mut nwriter) = reflector::store::<Node>();
     nwriter.apply_watcher_event(&Event::Init);
     for i in 0..n {
@@ -105,6 +112,7 @@ fn main() {
     }
     nwriter.apply_watcher_event(&Event::InitDone);
     let after_whole_nodes = rss_kib();
+    let heap_whole_nodes = heap_kib();
     let (slices, mut swriter) = reflector::store::<cache::CachedSlice>();
     swriter.apply_watcher_event(&Event::Init);
     for i in 0..n {
@@ -113,6 +121,7 @@ fn main() {
     }
     swriter.apply_watcher_event(&Event::InitDone);
     let after_slices = rss_kib();
+    let heap_slices = heap_kib();
     let (whole, mut wwriter) = reflector::store::<ResourceSlice>();
     wwriter.apply_watcher_event(&Event::Init);
     for i in 0..n {
@@ -122,17 +131,32 @@ fn main() {
     }
     wwriter.apply_watcher_event(&Event::InitDone);
     let after_whole = rss_kib();
+    let heap_whole = heap_kib();
     let per = |kib: u64| (kib as f64 / 1024.0, kib as f64 * 1024.0 / n as f64);
     let (nodes_mib, node_b) = per(after_nodes - start);
     let (trimmed_mib, trimmed_b) = per(after_whole_nodes - after_nodes);
     let (slices_mib, slice_b) = per(after_slices - after_whole_nodes);
     let (whole_mib, whole_b) = per(after_whole - after_slices);
-    println!("{n} nodes as cached ({}): {nodes_mib:.1} MiB, {node_b:.0} B a node", nodes.state().len());
+    let heap = |kib: u64| kib as f64 * 1024.0 / n as f64;
     println!(
-        "{n} nodes read whole, then trimmed ({}): {trimmed_mib:.1} MiB, {trimmed_b:.0} B a node",
-        whole_nodes.state().len()
+        "{n} nodes as cached ({}): {nodes_mib:.1} MiB, {node_b:.0} B a node (heap in use {:.0} B)",
+        nodes.state().len(),
+        heap(heap_nodes - heap_start)
     );
-    println!("{n} slices as cached ({}): {slices_mib:.1} MiB, {slice_b:.0} B a slice", slices.state().len());
-    println!("{n} slices whole ({}): {whole_mib:.1} MiB, {whole_b:.0} B a slice", whole.state().len());
+    println!(
+        "{n} nodes read whole, then trimmed ({}): {trimmed_mib:.1} MiB, {trimmed_b:.0} B a node (heap in use {:.0} B)",
+        whole_nodes.state().len(),
+        heap(heap_whole_nodes - heap_nodes)
+    );
+    println!(
+        "{n} slices as cached ({}): {slices_mib:.1} MiB, {slice_b:.0} B a slice (heap in use {:.0} B)",
+        slices.state().len(),
+        heap(heap_slices - heap_whole_nodes)
+    );
+    println!(
+        "{n} slices whole ({}): {whole_mib:.1} MiB, {whole_b:.0} B a slice (heap in use {:.0} B)",
+        whole.state().len(),
+        heap(heap_whole - heap_slices)
+    );
     println!("process at start: {:.1} MiB", start as f64 / 1024.0);
 }

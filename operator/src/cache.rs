@@ -214,62 +214,118 @@ pub fn select_nodes<'a, N: std::borrow::Borrow<Node> + Clone + 'a>(
     out
 }
 
-/// A ResourceSlice as the slice cache holds it. Its devices' `attributes` and `capacity` are what
-/// makes a slice large in memory (two B-tree maps a device, each node of a map sized for eleven
-/// entries: about 20 KiB for a slice of 4 GPUs, 95 MiB at 5,000 nodes); a reconcile reads them
-/// only for the nodes in flight, whose switch compares the devices with the migration's
-/// selectors. So the cache keeps the slice without them (`light`, shared), and them apart as one
-/// compact JSON text (`details`), restored by [`CachedSlice::full`] for those few nodes. Every
-/// other reader (device counts, taints, the driver and node of a slice) reads `light`.
+/// What a reconcile reads of a node's DRA devices for every node of the pool, not only the nodes
+/// it steps: the devices a node's slices publish (the pool's GPU count), and those the scheduler
+/// may allocate now (the backend-overlap invariant; see [`crate::overlap`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Devices, tainted or not.
+    pub devices: u64,
+    /// Devices without a NoSchedule or NoExecute taint.
+    pub schedulable: u64,
+}
+
+impl DeviceCounts {
+    /// The counts of `driver`'s devices for `node` in `slices`.
+    pub fn of(slices: &[impl std::borrow::Borrow<ResourceSlice>], driver: &str, node: &str) -> Self {
+        DeviceCounts {
+            devices: crate::overlap::dra_devices(slices, driver, node),
+            schedulable: crate::overlap::schedulable_dra_devices(slices, driver, node),
+        }
+    }
+}
+
+impl std::ops::AddAssign for DeviceCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.devices += other.devices;
+        self.schedulable += other.schedulable;
+    }
+}
+
+/// A ResourceSlice as the slice cache holds it: the fields every reconcile reads (driver, node,
+/// [`DeviceCounts`]) and the store's keys, with the whole slice kept apart as one compact JSON
+/// text. The cache holds a slice of every DRA node of the cluster, so each KiB kept is 5 MiB at
+/// 5,000 nodes; decoded, a slice of 4 GPUs is about 4 KiB (a `Device` is 272 bytes before its
+/// strings, its attributes and capacity two B-tree maps), as text about 1 KiB. A reconcile needs
+/// the devices themselves only for the few nodes it steps, whose switch compares them with the
+/// migration's selectors: [`CachedSlice::full`] decodes those.
 #[derive(Clone, Debug)]
 pub struct CachedSlice {
-    /// The slice, trimmed by [`trim`], its devices without `attributes` and `capacity`.
-    pub light: Arc<ResourceSlice>,
-    /// `[[attributes, capacity], ...]` in the order of `light`'s devices.
-    details: Box<str>,
+    name: Box<str>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    driver: Box<str>,
+    node_name: Option<Box<str>>,
+    counts: DeviceCounts,
+    /// The slice less `managedFields`, as JSON.
+    whole: Box<str>,
 }
 
 impl CachedSlice {
     /// Trims `slice` for the cache (see the type).
     pub fn new(mut slice: ResourceSlice) -> Self {
         trim(&mut slice);
-        let details: Vec<_> = slice
-            .spec
-            .devices
-            .iter_mut()
-            .flatten()
-            .map(|d| (d.attributes.take(), d.capacity.take()))
-            .collect();
-        // Maps of strings and quantities always serialize.
-        let details = serde_json::to_string(&details).unwrap_or_default().into_boxed_str();
-        CachedSlice { light: Arc::new(slice), details }
+        let node_name = slice.spec.node_name.clone();
+        let counts = DeviceCounts::of(
+            std::slice::from_ref(&slice),
+            &slice.spec.driver,
+            node_name.as_deref().unwrap_or_default(),
+        );
+        // A node-less slice (a network-attached pool) counts for no node.
+        let counts = if node_name.is_some() { counts } else { DeviceCounts::default() };
+        // A decoded object always serializes.
+        let whole = serde_json::to_string(&slice).unwrap_or_default().into_boxed_str();
+        let boxed = |s: Option<String>| s.map(String::into_boxed_str);
+        CachedSlice {
+            name: slice.metadata.name.take().unwrap_or_default().into_boxed_str(),
+            uid: boxed(slice.metadata.uid.take()),
+            resource_version: boxed(slice.metadata.resource_version.take()),
+            driver: std::mem::take(&mut slice.spec.driver).into_boxed_str(),
+            node_name: boxed(node_name),
+            counts,
+            whole,
+        }
     }
 
-    /// The slice with its devices' attributes and capacity, as the API served it (less
-    /// `managedFields`).
+    /// The slice as the API served it (less `managedFields`).
     pub fn full(&self) -> ResourceSlice {
-        type Details = Vec<(
-            Option<std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::DeviceAttribute>>,
-            Option<std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::DeviceCapacity>>,
-        )>;
-        let mut slice = (*self.light).clone();
-        // Written by `new` from the same types, so it reads back.
-        let details: Details = serde_json::from_str(&self.details).unwrap_or_default();
-        for (d, (attributes, capacity)) in slice.spec.devices.iter_mut().flatten().zip(details) {
-            d.attributes = attributes;
-            d.capacity = capacity;
+        // Written by `new` from the same type, so it reads back.
+        serde_json::from_str(&self.whole).unwrap_or_default()
+    }
+
+    /// The slice's name, driver and node, nothing else: what maps a slice event to migrations.
+    pub fn key(&self) -> ResourceSlice {
+        ResourceSlice {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(self.name.to_string()),
+                ..Default::default()
+            },
+            spec: k8s_openapi::api::resource::v1::ResourceSliceSpec {
+                driver: self.driver.to_string(),
+                node_name: self.node_name.as_deref().map(str::to_owned),
+                ..Default::default()
+            },
         }
-        slice
+    }
+
+    /// The slice's `metadata.name`.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The slice's `spec.driver`.
     pub fn driver(&self) -> &str {
-        &self.light.spec.driver
+        &self.driver
     }
 
     /// The slice's `spec.nodeName`, for a node-local slice.
     pub fn node_name(&self) -> Option<&str> {
-        self.light.spec.node_name.as_deref()
+        self.node_name.as_deref()
+    }
+
+    /// Its devices, counted (none for a slice that is not node-local).
+    pub fn counts(&self) -> DeviceCounts {
+        self.counts
     }
 }
 
@@ -293,7 +349,7 @@ impl Lookup for CachedSlice {
     }
 
     fn name(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.light.metadata.name.as_deref().map(Into::into)
+        Some(self.name.as_ref().into())
     }
 
     fn namespace(&self) -> Option<std::borrow::Cow<'_, str>> {
@@ -301,16 +357,16 @@ impl Lookup for CachedSlice {
     }
 
     fn resource_version(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.light.metadata.resource_version.as_deref().map(Into::into)
+        self.resource_version.as_deref().map(Into::into)
     }
 
     fn uid(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.light.metadata.uid.as_deref().map(Into::into)
+        self.uid.as_deref().map(Into::into)
     }
 }
 
 /// The slice watch as the controller consumes it: each slice made a [`CachedSlice`] and applied
-/// to the slice store, then the touched slices (light, without device details), to map to
+/// to the slice store, then the touched slices' keys ([`CachedSlice::key`]), to map to
 /// migrations.
 pub fn slice_reflector(
     writer: Writer<CachedSlice>,
@@ -324,7 +380,7 @@ pub fn slice_reflector(
         Event::Init => Event::Init,
         Event::InitDone => Event::InitDone,
     });
-    reflector::reflector(writer, cached).touched_objects().map_ok(|c| (*c.light).clone())
+    reflector::reflector(writer, cached).touched_objects().map_ok(|c| c.key())
 }
 
 /// Every object of a cache, by name. Pure.
@@ -582,15 +638,16 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_slice_keeps_devices_light_and_gives_them_back_whole() {
+    fn a_cached_slice_counts_its_devices_and_gives_them_back_whole() {
         let slice = gpu_slice("s-1", "gpu.switchyard.dev", "gpu-1");
         let cached = CachedSlice::new(slice.clone());
-        let devices = cached.light.spec.devices.as_ref().unwrap();
-        assert_eq!(devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["gpu-0", "gpu-1", "bare"]);
-        assert!(devices.iter().all(|d| d.attributes.is_none() && d.capacity.is_none()));
-        assert_eq!(devices[1].taints, slice.spec.devices.as_ref().unwrap()[1].taints, "taints stay light");
-        assert!(cached.light.metadata.managed_fields.iter().flatten().next().is_none());
-        assert_eq!((cached.driver(), cached.node_name()), ("gpu.switchyard.dev", Some("gpu-1")));
+        // gpu-1's NoSchedule taint: 3 devices, 2 the scheduler may allocate.
+        assert_eq!(cached.counts(), DeviceCounts { devices: 3, schedulable: 2 });
+        assert_eq!(cached.counts(), DeviceCounts::of(&[&slice], "gpu.switchyard.dev", "gpu-1"));
+        assert_eq!(
+            (cached.name(), cached.driver(), cached.node_name()),
+            ("s-1", "gpu.switchyard.dev", Some("gpu-1"))
+        );
         let mut want = slice;
         want.metadata.managed_fields = Some(Vec::new());
         assert_eq!(cached.full(), want);
@@ -598,6 +655,17 @@ mod tests {
             (Lookup::name(&cached).as_deref(), Lookup::uid(&cached).as_deref()),
             (Some("s-1"), Some("uid-s-1"))
         );
+        assert_eq!(Lookup::resource_version(&cached).as_deref(), Some("7"));
+        let key = cached.key();
+        assert_eq!(
+            (key.metadata.name.as_deref(), key.spec.driver.as_str(), key.spec.node_name.as_deref()),
+            (Some("s-1"), "gpu.switchyard.dev", Some("gpu-1"))
+        );
+        // A slice of no node (a network-attached pool) counts for none.
+        let mut shared = gpu_slice("s-2", "gpu.switchyard.dev", "gpu-1");
+        shared.spec.node_name = None;
+        shared.spec.all_nodes = Some(true);
+        assert_eq!(CachedSlice::new(shared).counts(), DeviceCounts::default());
     }
 
     #[test]

@@ -97,21 +97,15 @@ impl std::fmt::Display for Overlap {
     }
 }
 
-/// Checks the invariant for one node.
-pub fn check(
-    node: &Node,
-    resources: &[&str],
-    slices: &[impl Borrow<ResourceSlice>],
-    driver: &str,
-) -> Option<Overlap> {
-    let name = node.metadata.name.clone().unwrap_or_default();
+/// Checks the invariant for one node, given the DRA devices the scheduler may allocate on it
+/// ([`schedulable_dra_devices`]).
+pub fn check(node: &Node, resources: &[&str], dra_schedulable: u64) -> Option<Overlap> {
     let alloc: BTreeMap<String, u64> =
         allocatable(node, resources).into_iter().filter(|(_, v)| *v > 0).collect();
-    let devices = schedulable_dra_devices(slices, driver, &name);
-    (!alloc.is_empty() && devices > 0).then_some(Overlap {
-        node: name,
+    (!alloc.is_empty() && dra_schedulable > 0).then(|| Overlap {
+        node: node.metadata.name.clone().unwrap_or_default(),
         allocatable: alloc,
-        dra_devices: devices,
+        dra_devices: dra_schedulable,
     })
 }
 
@@ -205,8 +199,8 @@ mod tests {
             ),
         ];
         for (name, alloc, slices, want) in cases {
-            let got =
-                check(&node("n1", alloc), &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], &slices, DRIVER);
+            let devices = schedulable_dra_devices(&slices, DRIVER, "n1");
+            let got = check(&node("n1", alloc), &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], devices);
             assert_eq!(got.is_some(), want, "{name}: {got:?}");
         }
     }
@@ -220,13 +214,9 @@ mod tests {
 
     #[test]
     fn overlap_message_names_node_and_counts() {
-        let o = check(
-            &node("n1", json!({"nvidia.com/gpu": "8"})),
-            &["nvidia.com/gpu"],
-            &[slice(DRIVER, "n1", 4), slice(DRIVER, "n1", 4)],
-            DRIVER,
-        )
-        .unwrap();
+        let devices =
+            schedulable_dra_devices(&[slice(DRIVER, "n1", 4), slice(DRIVER, "n1", 4)], DRIVER, "n1");
+        let o = check(&node("n1", json!({"nvidia.com/gpu": "8"})), &["nvidia.com/gpu"], devices).unwrap();
         assert_eq!(o.dra_devices, 8);
         assert_eq!(
             o.to_string(),

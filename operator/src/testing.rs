@@ -147,6 +147,7 @@ pub fn snapshot(
         plugin_ds: None,
         device_classes: None,
         slices: Default::default(),
+        dra_counts: Default::default(),
         others: Vec::new(),
         consuming_pods: Default::default(),
         node_reads: Default::default(),

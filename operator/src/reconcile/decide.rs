@@ -17,6 +17,7 @@ use super::observe::{NodeReads, Snapshot};
 use crate::api::v1alpha1::{
     Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
 };
+use crate::cache::DeviceCounts;
 use crate::capacity::Block;
 use crate::conditions::{self, ConditionType, Desired, Progress};
 use crate::controller::{
@@ -317,7 +318,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         .nodes
         .iter()
         .filter(|n| PoolNode::from_node(n).state() != NodeState::Switching)
-        .filter_map(|n| overlap::check(n, &res, node_slices(s, n), &spec.driver.name))
+        .filter_map(|n| overlap::check(n, &res, node_counts(s, n).schedulable))
         .collect();
 
     // Plan.
@@ -602,9 +603,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     for (n, pn) in s.nodes.iter().zip(&pool) {
         match pn.backend() {
             Backend::DevicePlugin => metrics.device_plugin_gpus += overlap::allocatable_total(n, &res),
-            Backend::Dra => {
-                metrics.dra_gpus += overlap::dra_devices(node_slices(s, n), &spec.driver.name, &pn.name)
-            }
+            Backend::Dra => metrics.dra_gpus += node_counts(s, n).devices,
             // Mid-switch: the device plugin has left and the driver has not started.
             Backend::None => {}
         }
@@ -622,7 +621,13 @@ fn on_migration(
     MigrationEvent { type_, reason, action, note, node: None }
 }
 
-/// The node-local slices of the migration's driver for `node`.
+/// The devices of the migration's driver on `node`.
+fn node_counts(s: &Snapshot<'_>, node: &Node) -> DeviceCounts {
+    node.metadata.name.as_deref().and_then(|n| s.dra_counts.get(n)).copied().unwrap_or_default()
+}
+
+/// The node-local slices of the migration's driver for `node`, whole where the reconcile may step
+/// it.
 fn node_slices<'a>(s: &'a Snapshot<'_>, node: &Node) -> &'a [Arc<ResourceSlice>] {
     node.metadata.name.as_deref().and_then(|n| s.slices.get(n)).map_or(&[], Vec::as_slice)
 }
@@ -1064,6 +1069,15 @@ mod tests {
                     m
                 },
             ),
+            dra_counts: w
+                .nodes
+                .iter()
+                .map(|n| {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    let counts = DeviceCounts::of(&w.slices, &w.gpm.spec.driver.name, &name);
+                    (name, counts)
+                })
+                .collect(),
             others: w.others.clone(),
             consuming_pods: w.consuming.clone(),
             node_reads: w.reads.clone(),

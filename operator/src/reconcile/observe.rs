@@ -16,7 +16,7 @@ use kube::{Resource, ResourceExt};
 use tracing::warn;
 
 use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
-use crate::cache;
+use crate::cache::{self, DeviceCounts};
 use crate::controller::{
     self, Context, INVENTORY_TTL, POD_COUNT_TTL, ServerFacts, pods_on_node, pods_on_nodes, resources,
     taint_rule_name,
@@ -42,9 +42,13 @@ pub struct Snapshot<'a> {
     pub plugin_ds: Option<DaemonSet>,
     /// Every DeviceClass; `None` where resource.k8s.io/v1 does not serve the kind.
     pub device_classes: Option<Vec<DeviceClass>>,
-    /// The node-local ResourceSlices of the migration's driver, by node: grouped once, so no
-    /// per-node judgement scans every slice; the cache's own copies, shared.
-    pub slices: HashMap<String, Vec<Arc<ResourceSlice>>>,
+    /// The node-local ResourceSlices of the migration's driver, whole, for the nodes this
+    /// reconcile may step (those in flight and those that may start), by node: grouped once, so
+    /// no per-node judgement scans every slice.
+    pub slices: WholeSlices,
+    /// The devices of the migration's driver on every node of the cluster that has any, by node:
+    /// the overlap invariant and the GPU counts read these for the whole pool.
+    pub dra_counts: HashMap<String, DeviceCounts>,
     /// The other migrations, to find nodes that two select.
     pub others: Vec<OtherMigration>,
     /// GPU consumers per candidate node, every candidate of the pool, so the cheapest start first
@@ -62,13 +66,14 @@ pub struct Snapshot<'a> {
 }
 
 impl Snapshot<'_> {
-    /// Frees what only the decision reads: the moving nodes' pods, the slices (whole for the nodes
-    /// in flight), the DeviceClasses, the counts and the inventory. The execute phase, the longest
+    /// Frees what only the decision reads: the moving nodes' pods, the slices and device counts,
+    /// the DeviceClasses, the pod counts and the inventory. The execute phase, the longest
     /// part of a reconcile of hundreds of moving nodes, reads only the migration, the nodes and
     /// the read errors, and need not hold the rest meanwhile.
     pub fn release_decided(&mut self) {
         self.node_reads = HashMap::new();
         self.slices = HashMap::new();
+        self.dra_counts = HashMap::new();
         self.device_classes = None;
         self.consuming_pods = HashMap::new();
         self.inventory = Vec::new();
@@ -126,12 +131,13 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // may start. An invalid spec fails here, with the message the decision would give.
     let pool: Vec<PoolNode> = nodes.iter().map(|n| PoolNode::from_node(n)).collect();
     let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
-    let slices = if facts.served.resource_slices {
+    let (slices, dra_counts) = if facts.served.resource_slices {
         cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
-        let in_flight: HashSet<&str> = first.in_flight.iter().map(String::as_str).collect();
-        slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &in_flight)
+        let stepped: HashSet<&str> =
+            first.in_flight.iter().chain(&first.to_start).map(String::as_str).collect();
+        slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &stepped)
     } else {
-        HashMap::new()
+        Default::default()
     };
     let consuming_pods = if !first.to_start.is_empty() && !first.queued.is_empty() {
         candidate_counts(ctx, gpm, first.to_start.iter().chain(&first.queued)).await
@@ -144,9 +150,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // and those states read nothing. Nodes read side by side, a bounded number at a time.
     let mut runs = Vec::new();
     for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
-        let published = slices
-            .get(&pn.name)
-            .map_or(0, |s| crate::overlap::schedulable_dra_devices(s, &spec.driver.name, &pn.name));
+        let published = dra_counts.get(&pn.name).map_or(0, |c| c.schedulable);
         runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published).await) });
     }
     let reads: Vec<(String, Result<NodeReads>)> = super::bounded_in_order(runs, NODE_READ_CONCURRENCY).await;
@@ -172,6 +176,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         plugin_ds,
         device_classes,
         slices,
+        dra_counts,
         others,
         consuming_pods,
         node_reads,
@@ -181,24 +186,32 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     })
 }
 
-/// The node-local slices of `driver`, by node and then by name. The nodes in flight get their
-/// slices whole (their switch compares devices with the selectors); the others the cache's shared
-/// light copies, which count devices and their taints (see [`cache::CachedSlice`]).
+/// A node's slices, whole, by node.
+pub type WholeSlices = HashMap<String, Vec<Arc<ResourceSlice>>>;
+
+/// The node-local slices of `driver`: whole for the nodes in `stepped`, by node and then by name
+/// (their steps compare devices with the selectors), and counted for every node.
 pub fn slices_by_node(
     cached: &[Arc<cache::CachedSlice>],
     driver: &str,
-    in_flight: &HashSet<&str>,
-) -> HashMap<String, Vec<Arc<ResourceSlice>>> {
-    let mut ours: Vec<&cache::CachedSlice> =
-        cached.iter().map(AsRef::as_ref).filter(|c| c.driver() == driver).collect();
-    ours.sort_by(|a, b| a.light.metadata.name.cmp(&b.light.metadata.name));
-    let mut slices: HashMap<String, Vec<Arc<ResourceSlice>>> = HashMap::new();
+    stepped: &HashSet<&str>,
+) -> (WholeSlices, HashMap<String, DeviceCounts>) {
+    let mut ours: Vec<&cache::CachedSlice> = cached
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|c| c.driver() == driver && c.node_name().is_some())
+        .collect();
+    ours.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut slices = WholeSlices::new();
+    let mut counts: HashMap<String, DeviceCounts> = HashMap::new();
     for c in ours {
         let Some(node) = c.node_name() else { continue };
-        let slice = if in_flight.contains(node) { Arc::new(c.full()) } else { c.light.clone() };
-        slices.entry(node.to_owned()).or_default().push(slice);
+        *counts.entry(node.to_owned()).or_default() += c.counts();
+        if stepped.contains(node) {
+            slices.entry(node.to_owned()).or_default().push(Arc::new(c.full()));
+        }
     }
-    slices
+    (slices, counts)
 }
 
 /// GPU consumers on each candidate, so the whole pool starts cheapest first. One paged LIST of the
@@ -461,36 +474,46 @@ mod tests {
     }
 
     #[test]
-    fn slices_come_whole_for_nodes_in_flight_and_light_for_the_rest() {
-        let slice = |name: &str, driver: &str, node: &str| {
+    fn slices_come_whole_for_the_stepped_nodes_and_counted_for_every_node() {
+        let slice = |name: &str, driver: &str, node: &str, taint: bool| {
+            let taints = if taint {
+                serde_json::json!([{"key": "k", "effect": "NoExecute"}])
+            } else {
+                serde_json::json!([])
+            };
             cache::CachedSlice::new(
                 serde_json::from_value(serde_json::json!({
                     "metadata": {"name": name},
                     "spec": {"driver": driver, "nodeName": node,
                              "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                             "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}
+                             "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                                         {"name": "gpu-1", "taints": taints}]}
                 }))
                 .unwrap(),
             )
         };
         let cached: Vec<Arc<cache::CachedSlice>> = [
-            slice("n1-b", "gpu.switchyard.dev", "n1"),
-            slice("n1-a", "gpu.switchyard.dev", "n1"),
-            slice("n2", "gpu.switchyard.dev", "n2"),
-            slice("n2-other", "gpu.example.com", "n2"),
+            slice("n1-b", "gpu.switchyard.dev", "n1", false),
+            slice("n1-a", "gpu.switchyard.dev", "n1", true),
+            slice("n2", "gpu.switchyard.dev", "n2", true),
+            slice("n2-other", "gpu.example.com", "n2", false),
+            slice("n3-other", "gpu.example.com", "n3", false),
         ]
         .into_iter()
         .map(Arc::new)
         .collect();
-        let by_node = slices_by_node(&cached, "gpu.switchyard.dev", &HashSet::from(["n1"]));
-        let names = |n: &str| by_node[n].iter().map(|s| s.metadata.name.clone().unwrap()).collect::<Vec<_>>();
+        let (whole, counts) = slices_by_node(&cached, "gpu.switchyard.dev", &HashSet::from(["n1", "n3"]));
+        let names = |n: &str| whole[n].iter().map(|s| s.metadata.name.clone().unwrap()).collect::<Vec<_>>();
+        assert_eq!(names("n1"), ["n1-a", "n1-b"], "by name");
+        assert!(whole["n1"][0].spec.devices.as_ref().unwrap()[0].attributes.is_some(), "whole");
+        assert_eq!(whole.len(), 1, "only stepped nodes with our driver's slices: {:?}", whole.keys());
         assert_eq!(
-            (names("n1"), names("n2")),
-            (vec!["n1-a".to_string(), "n1-b".into()], vec!["n2".to_string()])
+            counts,
+            HashMap::from([
+                ("n1".to_string(), DeviceCounts { devices: 4, schedulable: 3 }),
+                ("n2".to_string(), DeviceCounts { devices: 2, schedulable: 1 }),
+            ]),
+            "every node with our driver's slices, other drivers not counted"
         );
-        let attributes = |n: &str| by_node[n][0].spec.devices.as_ref().unwrap()[0].attributes.is_some();
-        assert!(attributes("n1"), "in flight: whole");
-        assert!(!attributes("n2"), "not in flight: light");
-        assert!(Arc::ptr_eq(&by_node["n2"][0], &cached[2].light), "the cache's own copy, not a clone");
     }
 }
