@@ -4,13 +4,14 @@
 use std::collections::{BTreeMap, HashSet};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
+use switchyard_operator::node_fields::SlimNode;
 
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
 use switchyard_operator::controller;
@@ -174,7 +175,7 @@ pub async fn inventory_observed(
         None => Vec::new(),
     };
     let mut targets: Vec<Target> = Vec::new();
-    let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
+    let mut nodes: BTreeMap<String, SlimNode> = BTreeMap::new();
     for m in &migrations {
         for t in inventory_source::targets(&m.spec) {
             if !targets.contains(&t) {
@@ -199,20 +200,19 @@ pub async fn inventory_observed(
     };
     if migrations.is_empty() {
         // No migration names the pool: every node that advertises one of the resources.
-        let all =
-            Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("listing Nodes")?;
+        let all = Api::<SlimNode>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .context("listing Nodes")?;
         for n in all.items {
-            let advertises = n
-                .status
-                .as_ref()
-                .and_then(|s| s.allocatable.as_ref())
-                .is_some_and(|a| targets.iter().any(|t| a.contains_key(&t.extended_resource_name)));
+            let advertises =
+                n.allocatable().any(|(r, _)| targets.iter().any(|t| t.extended_resource_name == r));
             if advertises {
                 nodes.insert(n.name_any(), n);
             }
         }
     }
-    let nodes: Vec<Node> = nodes.into_values().collect();
+    let nodes: Vec<SlimNode> = nodes.into_values().collect();
     inventory_source::observe(client, targets, node_selector, inventory_source::pool_nodes(&nodes), scope)
         .await
         .context("reading the inventory")

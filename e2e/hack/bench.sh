@@ -59,13 +59,14 @@ SWITCHYARD_CLI_BIN="$target_dir/debug/switchyard" \
   "$target_dir/debug/bench-migration" --runs 3
 
 echo "== scale: SCALE=${SCALE:-100} light nodes x 10 pods; Switchyard at maxUnavailable 1 beside the kubectl runbook, then at 10%" >&2
-# The operator and the CLI as they ship (release): their memory, CPU and wall time are measured.
-cargo build --release -p switchyard-operator --bin switchyard-operator -p switchyard-cli --bin switchyard >&2
+# The operator and the CLI as they ship: their memory, CPU and wall time are measured. The operator
+# is its image's binary (profile "image", built by build-images.sh above), the CLI release.
+cargo build --release -p switchyard-cli --bin switchyard >&2
 # The simulator and the measuring loop run in the bench process: release, so that they take less
 # of the two cores the control plane needs at 5,000 nodes.
 cargo build --release -p switchyard-e2e --bin bench-scale >&2
 SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
-SWITCHYARD_OPERATOR_BIN="$target_dir/release/switchyard-operator" \
+SWITCHYARD_OPERATOR_BIN="$target_dir/image/switchyard-operator" \
 SWITCHYARD_CLI_BIN="$target_dir/release/switchyard" \
   "$target_dir/release/bench-scale" --nodes "${SCALE:-100}" --serial-nodes "${SERIAL_NODES:-10}" \
   ${SCALE_DEADLINE_S:+--wide-deadline-s "$SCALE_DEADLINE_S"}

@@ -55,7 +55,9 @@ fn slice(node: &str) -> ResourceSlice {
 }
 
 /// The pool: per node its name and state (None: pending), slices for the nodes on DRA.
-fn pool(n: usize) -> (Vec<k8s_openapi::api::core::v1::Node>, HashMap<String, Vec<Arc<ResourceSlice>>>) {
+fn pool(
+    n: usize,
+) -> (Vec<switchyard_operator::node_fields::SlimNode>, HashMap<String, Vec<Arc<ResourceSlice>>>) {
     let moving = ["Draining", "Switching", "Switching", "Draining"];
     let mut nodes = Vec::with_capacity(n);
     let mut slices = HashMap::new();

@@ -37,15 +37,13 @@
 //!   would conclude "no nodes selected" or "DaemonSet missing" and flap PrerequisitesMet, so every
 //!   read first waits for its store's first sync ([`synced`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -53,6 +51,7 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
+use crate::node_fields::SlimNode;
 
 /// How long a reconcile waits for a cache's first LIST before it fails and retries with backoff:
 /// long enough to list every node of a large cluster, short enough that a watch which cannot list
@@ -67,8 +66,8 @@ pub const NODE_WRITE_VISIBLE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The reflector stores a reconcile reads instead of the API.
 #[derive(Clone)]
 pub struct Caches {
-    /// Every node, trimmed by [`trim_node`].
-    pub nodes: Store<Node>,
+    /// Every node, as a [`SlimNode`].
+    pub nodes: Store<SlimNode>,
     /// Every DaemonSet: the two a migration names are looked up by namespace and name.
     pub daemon_sets: Store<DaemonSet>,
     pub device_classes: Store<DeviceClass>,
@@ -113,17 +112,15 @@ where
     }
 }
 
-/// The node watch as the controller consumes it: trimmed, applied to the node store, then shown
-/// to `writes` (so a write counts as visible only once the store holds it), then the touched
-/// nodes, to map to migrations.
+/// The node watch as the controller consumes it: applied to the node store, then shown to
+/// `writes` (so a write counts as visible only once the store holds it), then the touched nodes,
+/// to map to migrations.
 pub fn node_reflector(
-    writer: Writer<Node>,
-    events: impl Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + 'static,
+    writer: Writer<SlimNode>,
+    events: impl Stream<Item = watcher::Result<watcher::Event<SlimNode>>> + Send + 'static,
     writes: Arc<NodeWrites>,
-) -> impl Stream<Item = watcher::Result<Node>> + Send + 'static {
-    reflector::reflector(writer, events.modify(trim_node))
-        .inspect_ok(move |event| writes.observe(event))
-        .touched_objects()
+) -> impl Stream<Item = watcher::Result<SlimNode>> + Send + 'static {
+    reflector::reflector(writer, events).inspect_ok(move |event| writes.observe(event)).touched_objects()
 }
 
 /// Drops what no reconcile reads from a cached object: `managedFields` is often the larger half of
@@ -132,79 +129,12 @@ pub fn trim<K: Resource>(obj: &mut K) {
     obj.managed_fields_mut().clear();
 }
 
-/// [`trim`], and everything of a node the operator never reads, which is most of it: the cache
-/// holds every node of the cluster, so each KiB kept is 5 MiB at 5,000 nodes. Kept: labels (any
-/// may be in a selector), Switchyard's own annotations, `spec.unschedulable` and `spec.taints`,
-/// the extended resources of `status.capacity` and `status.allocatable`, the `Ready` condition's
-/// status, and the kubelet's and the runtime's versions in `status.nodeInfo` (see
-/// [`keep_read_status`]). Dropped: other annotations, images, addresses, volumes, daemon
-/// endpoints, the other conditions, the rest of `nodeInfo`. Cached nodes are only
-/// read, never written back (node writes are merge patches built from scratch), so nothing
-/// dropped here can be lost on the server.
-pub fn trim_node(node: &mut Node) {
-    trim(node);
-    if let Some(a) = node.metadata.annotations.as_mut() {
-        a.retain(|k, _| k.starts_with(SWITCHYARD_PREFIX));
-    }
-    if let Some(spec) = node.spec.as_mut() {
-        *spec = k8s_openapi::api::core::v1::NodeSpec {
-            unschedulable: spec.unschedulable,
-            taints: spec.taints.take(),
-            ..Default::default()
-        };
-    }
-    if let Some(status) = node.status.as_mut() {
-        let info = status.node_info.take().map(|i| k8s_openapi::api::core::v1::NodeSystemInfo {
-            kubelet_version: i.kubelet_version,
-            container_runtime_version: i.container_runtime_version,
-            ..Default::default()
-        });
-        *status = k8s_openapi::api::core::v1::NodeStatus {
-            capacity: status.capacity.take(),
-            allocatable: status.allocatable.take(),
-            conditions: status.conditions.take(),
-            node_info: info,
-            ..Default::default()
-        };
-        keep_read_status(status);
-    }
-}
-
-/// What [`trim_node`] keeps of a node's conditions and resources, in place:
-/// - of the conditions, `Ready`'s type and status, all a reconcile judges by;
-/// - of `capacity` and `allocatable`, the extended resources (a name with a domain: the pool's
-///   resources always are), without `cpu`, `memory`, `pods` and the like;
-/// - `capacity` only where it differs from `allocatable`: its one reader takes the larger of the
-///   two per resource ([`crate::overlap::device_plugin_gpus`]), and the other the keys of both
-///   ([`crate::capacity::check`]), so a capacity equal to allocatable says nothing more. Most
-///   nodes hold one map instead of two.
-pub(crate) fn keep_read_status(s: &mut k8s_openapi::api::core::v1::NodeStatus) {
-    use k8s_openapi::api::core::v1::NodeCondition;
-    let ready = s
-        .conditions
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.type_ == "Ready")
-        .map(|c| NodeCondition { type_: c.type_, status: c.status, ..Default::default() })
-        .collect();
-    s.conditions = Some(ready);
-    let extended = |m: Option<BTreeMap<String, Quantity>>| {
-        m.map(|m| m.into_iter().filter(|(k, _)| k.contains('/')).collect::<BTreeMap<_, _>>())
-    };
-    s.allocatable = extended(s.allocatable.take());
-    s.capacity = extended(s.capacity.take());
-    if s.capacity == s.allocatable {
-        s.capacity = None;
-    }
-}
-
 /// The prefix of Switchyard's node annotations, the only ones a reconcile reads.
 pub(crate) const SWITCHYARD_PREFIX: &str = "switchyard.dev/";
 
 /// The nodes `selector` selects, by name (the order a LIST returns them in, so status messages
 /// that name "the first" node stay stable between reconciles). Pure.
-pub fn select_nodes<'a, N: std::borrow::Borrow<Node> + Clone + 'a>(
+pub fn select_nodes<'a, N: std::borrow::Borrow<SlimNode> + Clone + 'a>(
     nodes: impl IntoIterator<Item = &'a N>,
     selector: &Selector,
 ) -> Vec<N> {
@@ -490,7 +420,7 @@ impl NodeWrites {
     /// Records an event the node reflector has applied to its store. Relist events
     /// (`InitApply`) are not counted: the store swaps a relist in only at `InitDone`, and a write
     /// a relist carries is caught by the API read after [`NODE_WRITE_VISIBLE_TIMEOUT`].
-    pub fn observe(&self, event: &watcher::Event<Node>) {
+    pub fn observe(&self, event: &watcher::Event<SlimNode>) {
         match event {
             watcher::Event::Apply(node) => {
                 let (Some(name), Some(rv)) = (&node.metadata.name, &node.metadata.resource_version) else {
@@ -553,7 +483,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str, labels: serde_json::Value) -> Node {
+    fn node(name: &str, labels: serde_json::Value) -> SlimNode {
         serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
     }
 
@@ -565,7 +495,7 @@ mod tests {
     /// `Store::wait_until_ready` alone the one that polled first is never woken; `ready` is.
     #[tokio::test]
     async fn every_waiter_sees_the_store_become_ready() {
-        let (reader, mut writer) = reflector::store::<Node>();
+        let (reader, mut writer) = reflector::store::<SlimNode>();
         let first = tokio::spawn({
             let reader = reader.clone();
             async move { ready(&reader).await }
@@ -683,111 +613,7 @@ mod tests {
         assert_eq!(names(&list), ["a", "b", "c"]);
     }
 
-    #[test]
-    fn a_trimmed_node_counts_the_device_plugins_gpus_as_the_whole_node_does() {
-        let res = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
-        let cases = [
-            // At rest: capacity equals allocatable.
-            json!({"capacity": {"nvidia.com/gpu": "8", "cpu": "32"}, "allocatable": {"nvidia.com/gpu": "8", "cpu": "31"}}),
-            // The plugin's pod restarts: allocatable drops, capacity stays.
-            json!({"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "0"}}),
-            // A resource in capacity only, and one in allocatable only.
-            json!({"capacity": {"nvidia.com/mig-1g.10gb": "7"}, "allocatable": {"nvidia.com/gpu": "1"}}),
-            json!({"allocatable": {"nvidia.com/gpu": "2"}}),
-            json!({"capacity": {"nvidia.com/gpu": "2"}}),
-            json!({}),
-        ];
-        for status in cases {
-            let whole: Node =
-                serde_json::from_value(json!({"metadata": {"name": "n"}, "status": status})).unwrap();
-            let mut trimmed = whole.clone();
-            trim_node(&mut trimmed);
-            assert_eq!(
-                crate::overlap::device_plugin_gpus(&trimmed, &res),
-                crate::overlap::device_plugin_gpus(&whole, &res),
-                "{status}"
-            );
-            assert_eq!(
-                crate::overlap::allocatable_total(&trimmed, &res),
-                crate::overlap::allocatable_total(&whole, &res),
-                "{status}"
-            );
-            assert_eq!(
-                crate::capacity::check([&trimmed], &res[..1]),
-                crate::capacity::check([&whole], &res[..1]),
-                "{status}"
-            );
-        }
-    }
-
-    #[test]
-    fn trim_node_keeps_what_the_reconcile_reads() {
-        let mut n: Node = serde_json::from_value(json!({
-            "metadata": {"name": "gpu-1", "labels": {"pool": "a100", "nvidia.com/gpu.count": "8"},
-                         "annotations": {"node.alpha.kubernetes.io/ttl": "0", "switchyard.dev/migration-state": "Draining"},
-                         "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
-            "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24", "providerID": "aws:///i-1",
-                     "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "32"}, "capacity": {"nvidia.com/gpu": "8", "cpu": "32"},
-                       "conditions": [{"type": "MemoryPressure", "status": "False"},
-                                      {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready",
-                                       "lastHeartbeatTime": "2026-12-02T10:00:00Z"}],
-                       "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                       "nodeInfo": {"kubeletVersion": "v1.37.0", "containerRuntimeVersion": "containerd://2.1",
-                                    "architecture": "amd64", "bootID": "b", "kernelVersion": "6.1", "kubeProxyVersion": "",
-                                    "machineID": "m", "operatingSystem": "linux", "osImage": "x", "systemUUID": "s"},
-                       "images": [{"names": ["registry.example.com/cuda:12"], "sizeBytes": 1}]}
-        }))
-        .unwrap();
-        let before = n.clone();
-        trim_node(&mut n);
-        assert!(n.metadata.managed_fields.iter().flatten().next().is_none());
-        assert_eq!(n.metadata.labels, before.metadata.labels, "any label may be in a selector");
-        assert_eq!(
-            n.metadata.annotations,
-            Some(std::collections::BTreeMap::from([(
-                "switchyard.dev/migration-state".to_string(),
-                "Draining".to_string()
-            )]))
-        );
-        let spec = n.spec.as_ref().unwrap();
-        assert_eq!((spec.unschedulable, &spec.taints), (Some(true), &before.spec.as_ref().unwrap().taints));
-        assert!(spec.pod_cidr.is_none() && spec.provider_id.is_none());
-        let (status, was) = (n.status.as_ref().unwrap(), before.status.as_ref().unwrap());
-        let gpus = BTreeMap::from([("nvidia.com/gpu".to_string(), Quantity("8".into()))]);
-        assert_eq!(
-            (status.allocatable.as_ref(), status.capacity.as_ref()),
-            (Some(&gpus), None),
-            "extended resources only, and no capacity where it equals allocatable"
-        );
-        assert_eq!(
-            status.conditions,
-            Some(vec![k8s_openapi::api::core::v1::NodeCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                ..Default::default()
-            }])
-        );
-        assert_eq!(was.capacity.as_ref().map(BTreeMap::len), Some(2));
-        let info = status.node_info.as_ref().unwrap();
-        assert_eq!(
-            (info.kubelet_version.as_str(), info.container_runtime_version.as_str()),
-            ("v1.37.0", "containerd://2.1")
-        );
-        assert!(info.machine_id.is_empty() && info.os_image.is_empty());
-        assert!(status.images.is_none() && status.addresses.is_none());
-        // What the reconcile makes of it is unchanged.
-        assert_eq!(
-            crate::plan::PoolNode::from_node(&n),
-            crate::plan::PoolNode {
-                annotations: n.metadata.annotations.clone().unwrap_or_default(),
-                ..crate::plan::PoolNode::from_node(&before)
-            }
-        );
-        assert_eq!(crate::controller::node_versions(&n), crate::controller::node_versions(&before));
-    }
-
-    fn applied(name: &str, rv: &str) -> watcher::Event<Node> {
+    fn applied(name: &str, rv: &str) -> watcher::Event<SlimNode> {
         watcher::Event::Apply(
             serde_json::from_value(json!({"metadata": {"name": name, "resourceVersion": rv}})).unwrap(),
         )
@@ -842,10 +668,10 @@ mod tests {
     #[tokio::test]
     async fn node_reflector_counts_a_write_once_the_store_holds_it() {
         use futures::StreamExt;
-        let (reader, writer) = reflector::store::<Node>();
+        let (reader, writer) = reflector::store::<SlimNode>();
         let writes = Arc::new(NodeWrites::default());
         writes.begin("gpu-1").finish(Some("7"));
-        let node = |rv: &str| -> Node {
+        let node = |rv: &str| -> SlimNode {
             serde_json::from_value(json!({
                 "metadata": {"name": "gpu-1", "resourceVersion": rv,
                              "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
@@ -868,7 +694,7 @@ mod tests {
         assert!(stream.next().await.is_some());
         let cached = reader.get(&ObjectRef::new("gpu-1")).unwrap();
         assert_eq!(cached.metadata.resource_version.as_deref(), Some("7"));
-        assert!(cached.status.as_ref().unwrap().images.is_none(), "trimmed before the store");
+        assert!(cached.metadata.managed_fields.is_none(), "read slim before the store");
         assert!(writes.unseen().is_empty());
         assert!(stream.next().await.is_none());
     }

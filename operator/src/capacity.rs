@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Node;
+use crate::node_fields::SlimNode;
 use kube::ResourceExt;
 
 use crate::overlap;
@@ -69,19 +69,19 @@ pub struct Check {
     pub shared: Vec<SharedNode>,
 }
 
-fn label_u64(node: &Node, key: &str) -> Option<u64> {
+fn label_u64(node: &SlimNode, key: &str) -> Option<u64> {
     node.labels().get(key).and_then(|v| v.trim().parse().ok())
 }
 
 /// How many `resource` the device plugin advertises on `node`: capacity or allocatable, the
 /// larger (allocatable drops to 0 while a plugin pod restarts).
-fn advertised(node: &Node, resource: &str) -> u64 {
+fn advertised(node: &SlimNode, resource: &str) -> u64 {
     overlap::device_plugin_gpus(node, &[resource]).get(resource).copied().unwrap_or(0)
 }
 
 /// Whether `node`'s device plugin shares its GPUs, and how. `None` for a node that does not, or
 /// advertises no `nvidia.com/gpu`.
-pub fn sharing(node: &Node) -> Option<SharedNode> {
+pub fn sharing(node: &SlimNode) -> Option<SharedNode> {
     let now = advertised(node, NVIDIA_GPU_RESOURCE);
     let strategy = node.labels().get(LABEL_SHARING_STRATEGY).map(|s| s.trim().to_string());
     let replicas = label_u64(node, LABEL_REPLICAS).filter(|r| *r > 0);
@@ -117,24 +117,22 @@ pub fn sharing(node: &Node) -> Option<SharedNode> {
 
 /// Judges the pool nodes that are still to move forward (on the device plugin, not yet
 /// Migrated): a node already on DRA advertises nothing through the device plugin.
-pub fn check<'a>(nodes: impl IntoIterator<Item = &'a Node>, mapped: &[&str]) -> Check {
+pub fn check<'a>(nodes: impl IntoIterator<Item = &'a SlimNode>, mapped: &[&str]) -> Check {
     let mut out = Check::default();
     for node in nodes {
         if PoolNode::from_node(node).backend() != Backend::DevicePlugin {
             continue;
         }
         let name = node.name_any();
-        let status = node.status.as_ref();
         // Capacity and allocatable both list a resource: once per node.
-        let advertised_keys: BTreeSet<&String> = status
-            .into_iter()
-            .flat_map(|s| s.capacity.iter().chain(s.allocatable.iter()))
-            .flat_map(|m| m.iter())
+        let advertised_keys: BTreeSet<&str> = node
+            .capacity()
+            .chain(node.allocatable())
             .filter(|(k, q)| k.starts_with(NVIDIA_PREFIX) && q.0.trim() != "0")
             .map(|(k, _)| k)
             .collect();
-        for key in advertised_keys.into_iter().filter(|k| !mapped.contains(&k.as_str())) {
-            out.unmapped.entry(key.clone()).or_default().push(name.clone());
+        for key in advertised_keys.into_iter().filter(|k| !mapped.contains(k)) {
+            out.unmapped.entry(key.to_string()).or_default().push(name.clone());
         }
         if mapped.contains(&NVIDIA_GPU_RESOURCE)
             && let Some(s) = sharing(node)
@@ -204,7 +202,7 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
 
 /// The GPUs a node must publish through DRA to count as switched, per resource: what the device
 /// plugin advertises, except that a shared `nvidia.com/gpu` counts its physical GPUs.
-pub fn gpus_to_publish(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
+pub fn gpus_to_publish(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
     let mut counts = overlap::device_plugin_gpus(node, resources);
     if let (Some(s), Some(n)) = (sharing(node), counts.get_mut(NVIDIA_GPU_RESOURCE)) {
         *n = s.physical;
@@ -217,7 +215,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str, labels: serde_json::Value, capacity: serde_json::Value) -> Node {
+    fn node(name: &str, labels: serde_json::Value, capacity: serde_json::Value) -> SlimNode {
         serde_json::from_value(json!({
             "metadata": {"name": name, "labels": labels},
             "status": {"capacity": capacity, "allocatable": capacity},

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ResourceSlice,
 };
@@ -30,7 +30,7 @@ use crate::cache::{self, Caches};
 use crate::error::{Error, Result};
 use crate::inventory::Finding;
 use crate::metrics::Metrics;
-use crate::node_fields::{SlimNode, into_nodes};
+use crate::node_fields::SlimNode;
 use crate::node_state::{self, Action};
 use crate::plan::{self, Backend, Failure, PoolNode};
 use crate::pod_list;
@@ -247,7 +247,7 @@ pub fn pool_verdict(
     spec: &GpuPoolMigrationSpec,
     facts: &ServerFacts,
     versions: Vec<NodeVersions>,
-    nodes: &[impl std::borrow::Borrow<Node>],
+    nodes: &[impl std::borrow::Borrow<SlimNode>],
     driver_daemonset_exists: bool,
     device_plugin_daemonset_exists: bool,
 ) -> prerequisites::Verdict {
@@ -310,12 +310,11 @@ async fn probe_extended_resource(client: &Client) -> ExtendedResourceProbe {
 }
 
 /// The versions the prerequisites judge, from a node's status.
-pub fn node_versions(n: &Node) -> NodeVersions {
-    let info = n.status.as_ref().and_then(|s| s.node_info.as_ref());
+pub fn node_versions(n: &SlimNode) -> NodeVersions {
     NodeVersions {
         name: n.name_any(),
-        kubelet_version: info.map(|i| i.kubelet_version.clone()).unwrap_or_default(),
-        container_runtime_version: info.map(|i| i.container_runtime_version.clone()).unwrap_or_default(),
+        kubelet_version: n.kubelet_version().to_string(),
+        container_runtime_version: n.container_runtime_version().to_string(),
     }
 }
 
@@ -592,11 +591,11 @@ pub(crate) fn node_selector(spec: &GpuPoolMigrationSpec) -> Result<Selector> {
         .map_err(|e| Error::InvalidSpec { message: format!("spec.nodeSelector: {e}") })
 }
 
-/// The nodes `spec.nodeSelector` selects, listed from the API (the CLI's read; the controller
-/// reads its cache with `cached_pool_nodes`).
-pub async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Result<Vec<Node>> {
+/// The nodes `spec.nodeSelector` selects, listed from the API and read as the cache reads them
+/// (the CLI's read; the controller reads its cache with `cached_pool_nodes`).
+pub async fn list_pool_nodes(client: &Client, spec: &GpuPoolMigrationSpec) -> Result<Vec<SlimNode>> {
     let selector = node_selector(spec)?;
-    Api::<Node>::all(client.clone())
+    Api::<SlimNode>::all(client.clone())
         .list(&ListParams::default().labels_from(&selector))
         .await
         .map(|l| l.items)
@@ -772,10 +771,10 @@ pub async fn run(
 
     // Every watch feeds a store the reconcile reads (see `cache`), besides triggering reconciles.
     // Nodes are cached in part: the reconcile reads labels, annotations, spec.unschedulable,
-    // status.allocatable, status.conditions and status.nodeInfo. Read as `SlimNode` (the fields
-    // `cache::trim_node` keeps, the rest skipped by the parser) a node is a few KiB, so thousands of
-    // nodes cost megabytes; a metadata-only watch plus a LIST per reconcile was the larger cost.
-    let (node_reader, node_writer) = reflector::store::<Node>();
+    // status.allocatable, status.conditions and status.nodeInfo. Read as `SlimNode` (those fields,
+    // the rest skipped by the parser) a node is about a KiB and a half, so thousands of nodes cost
+    // megabytes; a metadata-only watch plus a LIST per reconcile was the larger cost.
+    let (node_reader, node_writer) = reflector::store::<SlimNode>();
     let (ds_reader, ds_writer) = reflector::store::<DaemonSet>();
     let (dc_reader, dc_writer) = reflector::store::<DeviceClass>();
     let (slice_reader, slice_writer) = reflector::store::<cache::CachedSlice>();
@@ -792,7 +791,7 @@ pub async fn run(
         metrics.clone(),
         cache::node_reflector(
             node_writer,
-            watch::backed_off(watcher(Api::<SlimNode>::all(client.clone()), wc())).map_ok(into_nodes),
+            watch::backed_off(watcher(Api::<SlimNode>::all(client.clone()), wc())),
             node_writes,
         ),
     );
@@ -808,7 +807,7 @@ pub async fn run(
     );
 
     let s = store.clone();
-    let map_node = move |n: Node| migrations_for_labels(&s, n.labels());
+    let map_node = move |n: SlimNode| migrations_for_labels(&s, n.labels());
     let s = store.clone();
     let map_ds = move |ds: DaemonSet| {
         let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());

@@ -3,9 +3,10 @@
 //! is not served, or a kind the caller may not list, is recorded in `Observed::skipped` instead of
 //! failing the whole inventory.
 
+use crate::node_fields::SlimNode;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Node, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, ResourceQuota};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -42,7 +43,7 @@ pub fn targets(spec: &GpuPoolMigrationSpec) -> Vec<Target> {
 }
 
 /// Pool nodes as the inventory sees them.
-pub fn pool_nodes(nodes: &[impl std::borrow::Borrow<Node>]) -> Vec<PoolNodeLabels> {
+pub fn pool_nodes(nodes: &[impl std::borrow::Borrow<SlimNode>]) -> Vec<PoolNodeLabels> {
     nodes
         .iter()
         .map(|n| n.borrow())

@@ -8,37 +8,34 @@
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::node_fields::SlimNode;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Pool resources in the node's `status.allocatable`, by name. Unparsable or fractional
 /// quantities count as 0: extended resources are whole numbers.
-pub fn allocatable(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
-    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-    resources
-        .iter()
-        .map(|r| {
-            let n = alloc.and_then(|a| a.get(*r)).and_then(|q| q.0.trim().parse::<u64>().ok()).unwrap_or(0);
-            (r.to_string(), n)
-        })
-        .collect()
+pub fn allocatable(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
+    resources.iter().map(|r| (r.to_string(), quantity(node.allocatable(), r))).collect()
 }
 
 /// Per pool resource, the larger of capacity and allocatable: the device plugin's GPUs on the
 /// node even while its pod restarts (allocatable drops within seconds, the kubelet keeps capacity
 /// for minutes after a plugin leaves).
-pub fn device_plugin_gpus(node: &Node, resources: &[&str]) -> BTreeMap<String, u64> {
-    let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+pub fn device_plugin_gpus(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
     let mut counts = allocatable(node, resources);
     for (r, n) in counts.iter_mut() {
-        let cap = capacity.and_then(|c| c.get(r)).and_then(|q| q.0.trim().parse::<u64>().ok()).unwrap_or(0);
-        *n = (*n).max(cap);
+        *n = (*n).max(quantity(node.capacity(), r));
     }
     counts
 }
 
+/// The whole-number quantity of `resource` in `list`; 0 when absent, unparsable or fractional.
+fn quantity<'a>(mut list: impl Iterator<Item = (&'a str, &'a Quantity)>, resource: &str) -> u64 {
+    list.find(|(k, _)| *k == resource).and_then(|(_, q)| q.0.trim().parse::<u64>().ok()).unwrap_or(0)
+}
+
 /// The sum of [`allocatable`].
-pub fn allocatable_total(node: &Node, resources: &[&str]) -> u64 {
+pub fn allocatable_total(node: &SlimNode, resources: &[&str]) -> u64 {
     allocatable(node, resources).values().sum()
 }
 
@@ -99,7 +96,7 @@ impl std::fmt::Display for Overlap {
 
 /// Checks the invariant for one node, given the DRA devices the scheduler may allocate on it
 /// ([`schedulable_dra_devices`]).
-pub fn check(node: &Node, resources: &[&str], dra_schedulable: u64) -> Option<Overlap> {
+pub fn check(node: &SlimNode, resources: &[&str], dra_schedulable: u64) -> Option<Overlap> {
     let alloc: BTreeMap<String, u64> =
         allocatable(node, resources).into_iter().filter(|(_, v)| *v > 0).collect();
     (!alloc.is_empty() && dra_schedulable > 0).then(|| Overlap {
@@ -114,7 +111,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str, alloc: serde_json::Value) -> Node {
+    fn node(name: &str, alloc: serde_json::Value) -> SlimNode {
         serde_json::from_value(json!({"metadata": {"name": name}, "status": {"allocatable": alloc}})).unwrap()
     }
 
@@ -146,7 +143,7 @@ mod tests {
     #[test]
     fn device_plugin_gpus_keep_the_capacity_while_allocatable_drops() {
         // The plugin pod restarts: the kubelet drops allocatable at once and keeps capacity.
-        let restarting: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
+        let restarting: SlimNode = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
             "capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "0"}}}))
         .unwrap();
         let res = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];

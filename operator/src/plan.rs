@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Node;
+use crate::node_fields::SlimNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{Selector, SelectorExt};
@@ -63,18 +63,13 @@ pub fn state_str(s: NodeState) -> String {
 }
 
 impl PoolNode {
-    pub fn from_node(node: &Node) -> Self {
-        let ready = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-            .is_some_and(|c| c.status == "True");
+    pub fn from_node(node: &SlimNode) -> Self {
+        let ready = node.is_ready();
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
             labels: node.metadata.labels.clone().unwrap_or_default(),
             annotations: node.metadata.annotations.clone().unwrap_or_default(),
-            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            unschedulable: node.unschedulable,
             ready,
             consuming_pods: 0,
         }

@@ -8,8 +8,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::node_fields::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
@@ -38,7 +39,7 @@ pub struct Inputs {
     /// Its uid when it exists (empty for a manifest not applied yet).
     pub uid: String,
     /// The nodes `spec.nodeSelector` selects.
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<SlimNode>,
     /// Pods per node name (only nodes that may move need an entry).
     pub pods: BTreeMap<String, Vec<Pod>>,
     pub pdbs: Vec<PodDisruptionBudget>,
@@ -323,7 +324,7 @@ fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
     (evict, stay)
 }
 
-fn gpus(inputs: &Inputs, node: &Node) -> u64 {
+fn gpus(inputs: &Inputs, node: &SlimNode) -> u64 {
     let res: Vec<&str> = inputs.spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
     let pn = PoolNode::from_node(node);
     match pn.backend() {
@@ -476,7 +477,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         } as u32;
     }
     let p = plan::plan(&inputs.name, spec, &pool, &inputs.others)?;
-    let by_name: BTreeMap<&str, &Node> =
+    let by_name: BTreeMap<&str, &SlimNode> =
         inputs.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
 
     let mut nodes = Vec::new();
@@ -671,7 +672,7 @@ mod tests {
         from(base)
     }
 
-    fn node(name: &str, gpus: u32, annotations: serde_json::Value) -> Node {
+    fn node(name: &str, gpus: u32, annotations: serde_json::Value) -> SlimNode {
         from(json!({
             "metadata": {"name": name, "labels": {"pool": "a100"}, "annotations": annotations},
             "status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()},

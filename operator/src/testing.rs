@@ -94,7 +94,7 @@ pub fn server_v1_37() -> crate::controller::ServerFacts {
 
 /// A Ready v1.37.2 node with containerd 2.1, labelled `pool: a100`, whose device plugin
 /// advertises 8 `nvidia.com/gpu`; `extra` is merged in (RFC 7386).
-pub fn gpu_node(name: &str, extra: &Value) -> k8s_openapi::api::core::v1::Node {
+pub fn gpu_node(name: &str, extra: &Value) -> crate::node_fields::SlimNode {
     let mut v = serde_json::json!({
         "metadata": {"name": name, "resourceVersion": "7", "labels": {"pool": "a100"}},
         "status": {
@@ -135,7 +135,7 @@ pub fn placed_daemon_set(
 /// DeviceClasses, slices, other migrations or reads.
 pub fn snapshot(
     gpm: &crate::api::v1alpha1::GpuPoolMigration,
-    nodes: Vec<k8s_openapi::api::core::v1::Node>,
+    nodes: Vec<crate::node_fields::SlimNode>,
     now: i64,
 ) -> crate::reconcile::observe::Snapshot<'_> {
     crate::reconcile::observe::Snapshot {

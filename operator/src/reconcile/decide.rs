@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use crate::node_fields::SlimNode;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -362,7 +363,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         selectors: &selectors,
         now,
     };
-    let by_name: HashMap<&str, &Node> =
+    let by_name: HashMap<&str, &SlimNode> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let no_reads = NodeReads::default();
     let mut steps = Vec::new();
@@ -622,13 +623,13 @@ fn on_migration(
 }
 
 /// The devices of the migration's driver on `node`.
-fn node_counts(s: &Snapshot<'_>, node: &Node) -> DeviceCounts {
+fn node_counts(s: &Snapshot<'_>, node: &SlimNode) -> DeviceCounts {
     node.metadata.name.as_deref().and_then(|n| s.dra_counts.get(n)).copied().unwrap_or_default()
 }
 
 /// The node-local slices of the migration's driver for `node`, whole where the reconcile may step
 /// it.
-fn node_slices<'a>(s: &'a Snapshot<'_>, node: &Node) -> &'a [Arc<ResourceSlice>] {
+fn node_slices<'a>(s: &'a Snapshot<'_>, node: &SlimNode) -> &'a [Arc<ResourceSlice>] {
     node.metadata.name.as_deref().and_then(|n| s.slices.get(n)).map_or(&[], Vec::as_slice)
 }
 
@@ -636,7 +637,7 @@ fn node_slices<'a>(s: &'a Snapshot<'_>, node: &Node) -> &'a [Arc<ResourceSlice>]
 /// view.
 pub fn node_step(
     v: &NodeView<'_>,
-    node: &Node,
+    node: &SlimNode,
     slices: &[impl std::borrow::Borrow<ResourceSlice>],
     reads: &NodeReads,
     start: bool,
@@ -758,12 +759,11 @@ pub fn node_step(
         }
         Action::CreateCanary => {
             if let Some(c) = &spec.strategy.verify.canary {
-                let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
                 let target = crate::canary::Target {
                     migration: v.migration,
                     owner: v.owner.clone(),
                     node: &name,
-                    taints: &taints,
+                    taints: &node.taints,
                     namespace: v.canary_namespace,
                     resource: res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE),
                     attempt: &attempt,
@@ -974,7 +974,7 @@ mod tests {
     }
 
     /// A Ready pool node on the device plugin with 8 GPUs, in `state` (cordoned, owned) if given.
-    fn node(name: &str, state: Option<&str>, extra: Value) -> Node {
+    fn node(name: &str, state: Option<&str>, extra: Value) -> SlimNode {
         let mut n = match state {
             Some(s) => json!({
                 "metadata": {"labels": {LABEL_MIGRATION: "pool-a"},
@@ -1024,7 +1024,7 @@ mod tests {
 
     struct World {
         gpm: GpuPoolMigration,
-        nodes: Vec<Node>,
+        nodes: Vec<SlimNode>,
         classes: Option<Vec<DeviceClass>>,
         driver_ds: Option<DaemonSet>,
         plugin_ds: Option<DaemonSet>,

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 
 use futures::StreamExt;
 
+use crate::node_fields::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -89,7 +90,7 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     }
 
     // Steps, up to STEP_CONCURRENCY nodes at a time, their outcomes in the decided order.
-    let by_name: HashMap<&str, &Node> =
+    let by_name: HashMap<&str, &SlimNode> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let mut runs = Vec::with_capacity(d.steps.len());
     for step in &d.steps {
@@ -105,7 +106,7 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     let mut outcomes: Vec<(Option<NodeOutcome>, bool)> =
         super::bounded_in_order(runs, STEP_CONCURRENCY).await;
     observe_part(ctx, "execute_steps", t);
-    let node_events: Vec<(&Node, NodeEvent)> = d
+    let node_events: Vec<(&SlimNode, NodeEvent)> = d
         .steps
         .iter()
         .zip(outcomes.iter_mut())
@@ -251,7 +252,7 @@ pub fn status_write(
 async fn carry_out(
     ctx: &Context,
     s: &Snapshot<'_>,
-    node: &Node,
+    node: &SlimNode,
     step: &NodeStep,
 ) -> (Option<NodeOutcome>, bool) {
     let (gpm, name) = (s.gpm, &step.node);
@@ -419,7 +420,12 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
 }
 
 /// Publishes a step's events (see [`node_step`]).
-pub async fn publish_node_events(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, events: &[NodeEvent]) {
+pub async fn publish_node_events(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    node: &SlimNode,
+    events: &[NodeEvent],
+) {
     for ev in events {
         publish(ctx, gpm, node, ev).await;
     }
@@ -429,8 +435,10 @@ pub async fn publish_node_events(ctx: &Context, gpm: &GpuPoolMigration, node: &N
 /// (see `cache::NodeWrites`).
 pub async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<()> {
     let write = ctx.caches.node_writes.begin(name);
-    let res =
-        Api::<Node>::all(ctx.client.clone()).patch(name, &PatchParams::default(), &Patch::Merge(patch)).await;
+    // The answer is read as the cache reads a node: only its resourceVersion is used.
+    let res = Api::<SlimNode>::all(ctx.client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await;
     write.finish(res.as_ref().ok().and_then(|n| n.metadata.resource_version.as_deref()));
     res.map(|_| ()).map_err(|source| Error::PatchNode { node: name.into(), source })
 }
@@ -438,7 +446,7 @@ pub async fn patch_node(ctx: &Context, name: &str, patch: &NodePatch) -> Result<
 /// Publishes `ev` on the node, with the migration as the related object, and, where
 /// [`NodeEvent::on_migration`] (its Warnings), on the migration with the node as the related
 /// object. A failure to publish is logged: the status and the node carry the same facts.
-async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &Node, ev: &NodeEvent) {
+async fn publish(ctx: &Context, gpm: &GpuPoolMigration, node: &SlimNode, ev: &NodeEvent) {
     let (node_ref, gpm_ref) = (node.object_ref(&()), gpm.object_ref(&()));
     let event = |related| events::Event {
         type_: ev.type_,
@@ -486,7 +494,7 @@ const ARRIVALS_NAMED: usize = 10;
 /// node), told in one event per reason on the migration: a step of 500 nodes is one event there,
 /// not 500. Pure.
 pub fn arrivals(
-    events: &[(&Node, NodeEvent)],
+    events: &[(&SlimNode, NodeEvent)],
     counts: &crate::api::v1alpha1::NodeCounts,
 ) -> Vec<MigrationEvent> {
     let mut out = Vec::new();
@@ -563,12 +571,12 @@ mod tests {
 
     #[test]
     fn arrivals_are_one_event_per_reason_naming_the_nodes() {
-        let node = |n: &str| -> Node {
+        let node = |n: &str| -> SlimNode {
             serde_json::from_value(serde_json::json!({"metadata": {"name": n}})).unwrap()
         };
-        let nodes: Vec<Node> = (0..12).map(|i| node(&format!("gpu-{i:02}"))).collect();
+        let nodes: Vec<SlimNode> = (0..12).map(|i| node(&format!("gpu-{i:02}"))).collect();
         let ev = |reason: &'static str| NodeEvent { type_: EventType::Normal, reason, note: String::new() };
-        let mut events: Vec<(&Node, NodeEvent)> = nodes.iter().map(|n| (n, ev("NodeMigrated"))).collect();
+        let mut events: Vec<(&SlimNode, NodeEvent)> = nodes.iter().map(|n| (n, ev("NodeMigrated"))).collect();
         events.push((&nodes[0], ev("NodeSwitching")));
         let counts = crate::api::v1alpha1::NodeCounts { total: 40, migrated: 30, ..Default::default() };
         let out = arrivals(&events, &counts);

@@ -6,8 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::node_fields::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -36,7 +37,7 @@ pub struct Snapshot<'a> {
     pub gpm: &'a GpuPoolMigration,
     pub now: Timestamp,
     /// The pool's nodes, by name: the cache's own copies, shared, not cloned per reconcile.
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Vec<Arc<SlimNode>>,
     pub facts: ServerFacts,
     pub driver_ds: Option<DaemonSet>,
     pub plugin_ds: Option<DaemonSet>,
@@ -144,7 +145,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     } else {
         HashMap::new()
     };
-    let by_name: HashMap<&str, (&PoolNode, &Node)> =
+    let by_name: HashMap<&str, (&PoolNode, &SlimNode)> =
         pool.iter().zip(&nodes).map(|(p, n)| (p.name.as_str(), (p, n.as_ref()))).collect();
     // Only moving nodes read more: a node that starts is Pending (or Migrated, rolling back),
     // and those states read nothing. Nodes read side by side, a bounded number at a time.
@@ -306,7 +307,7 @@ pub async fn node(
     ctx: &Context,
     spec: &GpuPoolMigrationSpec,
     pn: &PoolNode,
-    node: &Node,
+    node: &SlimNode,
     published: u64,
 ) -> Result<NodeReads> {
     let client = &ctx.client;
@@ -375,19 +376,22 @@ async fn server_facts(ctx: &Context, nodes: &[crate::prerequisites::NodeVersions
 /// after `cache::NODE_WRITE_VISIBLE_TIMEOUT` (the watch is reconnecting or relisting) is read
 /// from the API for this reconcile: a step must never be decided on a copy older than our own
 /// last write of that node. A reconcile with no such node makes no request here.
-async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<Node>>> {
+async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<SlimNode>>> {
     cached_nodes(ctx, &controller::node_selector(spec)?).await
 }
 
 /// The nodes `selector` selects, by name, from the node cache once it shows this operator's
 /// finished node patches; a node it still lags on is read from the API.
-pub(crate) async fn cached_nodes(ctx: &Context, selector: &kube::core::Selector) -> Result<Vec<Arc<Node>>> {
+pub(crate) async fn cached_nodes(
+    ctx: &Context,
+    selector: &kube::core::Selector,
+) -> Result<Vec<Arc<SlimNode>>> {
     cache::synced(&ctx.caches.nodes, "Node").await?;
     let writes = &ctx.caches.node_writes;
     let unseen = writes.settle(cache::NODE_WRITE_VISIBLE_TIMEOUT).await;
     let mut fresh = Vec::new();
     for name in &unseen {
-        let got = Api::<Node>::all(ctx.client.clone())
+        let got = Api::<SlimNode>::all(ctx.client.clone())
             .get_opt(name)
             .await
             .map_err(|source| Error::GetNode { node: name.clone(), source })?;
@@ -409,14 +413,15 @@ pub(crate) async fn cached_nodes(ctx: &Context, selector: &kube::core::Selector)
         warn!(nodes = ?unseen, "the node cache lags this operator's node patches; read them from the API");
     }
     let cached = ctx.caches.nodes.state();
-    let current = cached.iter().filter(|n| !unseen.iter().any(|u| Some(u) == n.metadata.name.as_ref()));
+    let unseen: HashSet<&str> = unseen.iter().map(String::as_str).collect();
+    let current = cached.iter().filter(|n| !unseen.contains(n.name()));
     Ok(cache::select_nodes(current.chain(fresh.iter()), selector))
 }
 
 /// The capacity-reader inventory for this migration, reused for [`INVENTORY_TTL`] unless the spec
 /// changed. A failed read keeps the previous findings (or none) and is logged: the inventory
 /// informs, it never blocks a migration.
-async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Arc<Node>]) -> Vec<Finding> {
+async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Arc<SlimNode>]) -> Vec<Finding> {
     let name = gpm.name_any();
     let generation = gpm.metadata.generation;
     let cached = ctx.inventory.lock().ok().and_then(|g| g.get(&name).cloned());
