@@ -196,13 +196,11 @@ impl CachedSlice {
     pub fn new(mut slice: ResourceSlice) -> Self {
         trim(&mut slice);
         let node_name = slice.spec.node_name.clone();
-        let counts = DeviceCounts::of(
-            std::slice::from_ref(&slice),
-            &slice.spec.driver,
-            node_name.as_deref().unwrap_or_default(),
-        );
-        // A node-less slice (a network-attached pool) counts for no node.
-        let counts = if node_name.is_some() { counts } else { DeviceCounts::default() };
+        let counts = match node_name.as_deref() {
+            Some(node) => DeviceCounts::of(std::slice::from_ref(&slice), &slice.spec.driver, node),
+            // A node-less slice (a network-attached pool) counts for no node.
+            None => DeviceCounts::default(),
+        };
         // A decoded object always serializes.
         let whole = serde_json::to_string(&slice).unwrap_or_default().into_boxed_str();
         let boxed = |s: Option<String>| s.map(String::into_boxed_str);

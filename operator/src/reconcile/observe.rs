@@ -197,21 +197,22 @@ pub fn slices_by_node(
     driver: &str,
     stepped: &HashSet<&str>,
 ) -> (WholeSlices, HashMap<String, DeviceCounts>) {
-    let mut ours: Vec<&cache::CachedSlice> = cached
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|c| c.driver() == driver && c.node_name().is_some())
-        .collect();
-    ours.sort_by(|a, b| a.name().cmp(b.name()));
-    let mut slices = WholeSlices::new();
+    let mut stepped_slices: HashMap<&str, Vec<&cache::CachedSlice>> = HashMap::new();
     let mut counts: HashMap<String, DeviceCounts> = HashMap::new();
-    for c in ours {
+    for c in cached.iter().filter(|c| c.driver() == driver) {
         let Some(node) = c.node_name() else { continue };
         *counts.entry(node.to_owned()).or_default() += c.counts();
         if stepped.contains(node) {
-            slices.entry(node.to_owned()).or_default().push(Arc::new(c.full()));
+            stepped_slices.entry(node).or_default().push(c);
         }
     }
+    let slices = stepped_slices
+        .into_iter()
+        .map(|(node, mut ours)| {
+            ours.sort_by(|a, b| a.name().cmp(b.name()));
+            (node.to_owned(), ours.into_iter().map(|c| Arc::new(c.full())).collect())
+        })
+        .collect();
     (slices, counts)
 }
 
