@@ -17,7 +17,7 @@ use crate::node_fields::SlimNode;
 use kube::ResourceExt;
 
 use crate::overlap;
-use crate::plan::{Backend, PoolNode};
+use crate::plan::{Backend, node_backend};
 use crate::well_known::NVIDIA_GPU_RESOURCE;
 
 /// GFD: how the device plugin shares each GPU (`none`, `time-slicing`, `mps`).
@@ -120,7 +120,7 @@ pub fn sharing(node: &SlimNode) -> Option<SharedNode> {
 pub fn check<'a>(nodes: impl IntoIterator<Item = &'a SlimNode>, mapped: &[&str]) -> Check {
     let mut out = Check::default();
     for node in nodes {
-        if PoolNode::from_node(node).backend() != Backend::DevicePlugin {
+        if node_backend(node) != Backend::DevicePlugin {
             continue;
         }
         let name = node.name_any();

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use crate::node_fields::SlimNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use crate::api::v1alpha1::{Direction, FailurePolicy, GpuPoolMigrationSpec, NodeCounts, NodeState};
@@ -62,6 +63,35 @@ pub fn state_str(s: NodeState) -> String {
     }
 }
 
+/// The backend a node's labels name.
+fn backend_of(labels: &BTreeMap<String, String>) -> Backend {
+    match labels.get(LABEL_GPU_BACKEND).map(String::as_str) {
+        Some(BACKEND_DRA) => Backend::Dra,
+        Some(BACKEND_NONE) => Backend::None,
+        _ => Backend::DevicePlugin,
+    }
+}
+
+/// The state a node's annotations record, or the one its labels imply (see [`PoolNode::state`]).
+fn state_of(labels: &BTreeMap<String, String>, annotations: &BTreeMap<String, String>) -> NodeState {
+    match annotations.get(ANNOTATION_MIGRATION_STATE).and_then(|s| parse_state(s)) {
+        Some(s) => s,
+        None if backend_of(labels) == Backend::Dra => NodeState::Migrated,
+        None => NodeState::Pending,
+    }
+}
+
+/// [`PoolNode::backend`] of a cached node, without making its `PoolNode` (which copies its labels
+/// and annotations): for the checks that look at every node of the pool.
+pub fn node_backend(node: &SlimNode) -> Backend {
+    backend_of(node.labels())
+}
+
+/// [`PoolNode::state`] of a cached node, without making its `PoolNode`.
+pub fn node_state(node: &SlimNode) -> NodeState {
+    state_of(node.labels(), node.annotations())
+}
+
 impl PoolNode {
     pub fn from_node(node: &SlimNode) -> Self {
         let ready = node.is_ready();
@@ -76,21 +106,13 @@ impl PoolNode {
     }
 
     pub fn backend(&self) -> Backend {
-        match self.labels.get(LABEL_GPU_BACKEND).map(String::as_str) {
-            Some(BACKEND_DRA) => Backend::Dra,
-            Some(BACKEND_NONE) => Backend::None,
-            _ => Backend::DevicePlugin,
-        }
+        backend_of(&self.labels)
     }
 
     /// The recorded state; a node without one is Pending, or Migrated when its label already
     /// says DRA (labelled by hand or by an earlier tool).
     pub fn state(&self) -> NodeState {
-        match self.annotations.get(ANNOTATION_MIGRATION_STATE).and_then(|s| parse_state(s)) {
-            Some(s) => s,
-            None if self.backend() == Backend::Dra => NodeState::Migrated,
-            None => NodeState::Pending,
-        }
+        state_of(&self.labels, &self.annotations)
     }
 
     pub fn owner(&self) -> Option<&str> {
@@ -332,6 +354,49 @@ pub fn plan(
 mod tests {
     use super::*;
     use crate::well_known::ANNOTATION_MIGRATION_STATE;
+
+    #[test]
+    fn a_cached_nodes_state_and_backend_read_as_its_pool_nodes_do() {
+        use NodeState::*;
+        let cases = [
+            // Never touched; on DRA by hand; mid-switch with the device plugin gone; recorded states.
+            (serde_json::json!({}), serde_json::json!({}), (Pending, Backend::DevicePlugin)),
+            (
+                serde_json::json!({LABEL_GPU_BACKEND: BACKEND_DRA}),
+                serde_json::json!({}),
+                (Migrated, Backend::Dra),
+            ),
+            (
+                serde_json::json!({LABEL_GPU_BACKEND: BACKEND_NONE}),
+                serde_json::json!({ANNOTATION_MIGRATION_STATE: "Switching"}),
+                (Switching, Backend::None),
+            ),
+            (
+                serde_json::json!({LABEL_GPU_BACKEND: BACKEND_DRA}),
+                serde_json::json!({ANNOTATION_MIGRATION_STATE: "Verifying"}),
+                (Verifying, Backend::Dra),
+            ),
+            (
+                serde_json::json!({}),
+                serde_json::json!({ANNOTATION_MIGRATION_STATE: "Draining"}),
+                (Draining, Backend::DevicePlugin),
+            ),
+            (
+                serde_json::json!({}),
+                serde_json::json!({ANNOTATION_MIGRATION_STATE: "not-a-state"}),
+                (Pending, Backend::DevicePlugin),
+            ),
+        ];
+        for (labels, annotations, want) in cases {
+            let node: SlimNode = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n", "labels": labels, "annotations": annotations}
+            }))
+            .unwrap();
+            let pn = PoolNode::from_node(&node);
+            assert_eq!((node_state(&node), node_backend(&node)), want, "{labels} {annotations}");
+            assert_eq!((pn.state(), pn.backend()), want, "{labels} {annotations}");
+        }
+    }
 
     fn spec(max_unavailable: IntOrString) -> GpuPoolMigrationSpec {
         let mut s: GpuPoolMigrationSpec = serde_json::from_value(serde_json::json!({

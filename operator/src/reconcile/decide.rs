@@ -318,7 +318,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let overlaps: Vec<overlap::Overlap> = s
         .nodes
         .iter()
-        .filter(|n| PoolNode::from_node(n).state() != NodeState::Switching)
+        .filter(|n| plan::node_state(n) != NodeState::Switching)
         .filter_map(|n| overlap::check(n, &res, node_counts(s, n).schedulable))
         .collect();
 
