@@ -772,7 +772,7 @@ pub async fn run(
     // Every watch feeds a store the reconcile reads (see `cache`), besides triggering reconciles.
     // Nodes are cached in part: the reconcile reads labels, annotations, spec.unschedulable,
     // status.allocatable, status.conditions and status.nodeInfo. Read as `SlimNode` (those fields,
-    // the rest skipped by the parser) a node is about a KiB and a half, so thousands of nodes cost
+    // the rest skipped by the parser) a node is about 2 KiB, so thousands of nodes cost
     // megabytes; a metadata-only watch plus a LIST per reconcile was the larger cost.
     let (node_reader, node_writer) = reflector::store::<SlimNode>();
     let (ds_reader, ds_writer) = reflector::store::<DaemonSet>();
