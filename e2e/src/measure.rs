@@ -164,6 +164,11 @@ fn request_kind(e: &serde_json::Value) -> String {
 
 /// Audit events between two instants whose line contains `needle` (a cheap filter before
 /// parsing), counted under the key `key` gives them (`None`: not counted).
+///
+/// The API server may rotate the log while it is read: it renames the current file and starts a
+/// new one, and a count that listed the files before that reads the new, nearly empty file in
+/// place of the renamed one. So a count is kept only if the files and the current file's inode
+/// are the same after it as before; otherwise it is made again.
 fn count_audit(
     log: &std::path::Path,
     needle: &str,
@@ -171,10 +176,33 @@ fn count_audit(
     to: &str,
     key: impl Fn(&serde_json::Value) -> Option<String>,
 ) -> anyhow::Result<BTreeMap<String, u64>> {
+    const ATTEMPTS: usize = 3;
+    let inode = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(p).map(|m| m.ino()).with_context(|| format!("reading {}", p.display()))
+    };
+    for _ in 0..ATTEMPTS {
+        let (files, current) = (audit_files(log, from)?, inode(log)?);
+        let counts = count_files(&files, needle, from, to, &key)?;
+        if audit_files(log, from)? == files && inode(log)? == current {
+            return Ok(counts);
+        }
+    }
+    anyhow::bail!("the audit log {} was rotated during each of {ATTEMPTS} counts", log.display())
+}
+
+/// [`count_audit`] over a fixed list of files.
+fn count_files(
+    files: &[std::path::PathBuf],
+    needle: &str,
+    from: &str,
+    to: &str,
+    key: &impl Fn(&serde_json::Value) -> Option<String>,
+) -> anyhow::Result<BTreeMap<String, u64>> {
     use std::io::BufRead as _;
     let mut counts = BTreeMap::new();
-    for path in audit_files(log, from)? {
-        let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    for path in files {
+        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         for line in std::io::BufReader::new(file).lines() {
             let line = line?;
             if !line.contains(needle) {
@@ -404,6 +432,34 @@ switchyard_reconcile_duration_seconds_bucket{le=\"+Inf\"} 10
         );
         // A window older than the oldest file is an error, not a smaller count.
         assert!(requests_by(&log, "switchyard-operator/", "2026-12-03T06:00:00Z", to).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_count_the_log_was_rotated_under_is_made_again() {
+        let dir = std::env::temp_dir().join(format!("switchyard-audit-rotation-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("audit.log");
+        let op = "switchyard-operator/0.1.0";
+        let line = |at: &str, verb: &str| audit_line(at, "admin", op, verb, "nodes", None);
+        let before =
+            [line("2026-12-03T07:00:00.000000Z", "patch"), line("2026-12-03T07:00:01.000000Z", "get")];
+        std::fs::write(&log, before.join("\n") + "\n").unwrap();
+        // The API server rotates the log while the first count reads it: the file is renamed and
+        // a new one holds the next request.
+        let rotated = std::cell::Cell::new(false);
+        let key = |e: &serde_json::Value| {
+            if !rotated.replace(true) {
+                std::fs::rename(&log, dir.join("audit-2026-12-03T07-00-01.500.log")).unwrap();
+                std::fs::write(&log, line("2026-12-03T07:00:02.000000Z", "list") + "\n").unwrap();
+            }
+            Some(request_kind(e))
+        };
+        let (from, to) = ("2026-12-03T07:00:00.000000Z", "2026-12-03T07:00:05.000000Z");
+        let counts = count_audit(&log, op, from, to, key).unwrap();
+        // The first count read the renamed file to its end and missed the new one.
+        let want = ["get nodes", "list nodes", "patch nodes"].map(|k| (k.to_string(), 1));
+        assert_eq!(counts, BTreeMap::from(want));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

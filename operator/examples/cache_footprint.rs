@@ -14,15 +14,20 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde_json::json;
+use switchyard_operator::alloc;
 use switchyard_operator::cache;
 use switchyard_operator::node_fields::SlimNode;
 
+/// The operator's allocator, which gives freed pages back at once here (no decay), so that each
+/// RSS reading below is the live objects' pages.
+#[global_allocator]
+static ALLOCATOR: alloc::Jemalloc = alloc::Jemalloc;
+
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: alloc::Conf =
+    alloc::Conf(c"background_thread:false,narenas:1,dirty_decay_ms:0,muzzy_decay_ms:0".as_ptr());
+
 fn rss_kib() -> u64 {
-    // SAFETY: malloc_trim only returns free memory to the system.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    unsafe {
-        libc::malloc_trim(0);
-    }
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -31,9 +36,9 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// glibc's bytes in use, as the operator's `switchyard_heap_in_use_bytes` reads them.
+/// jemalloc's bytes in use, as the operator's `switchyard_heap_in_use_bytes` reads them.
 fn heap_kib() -> u64 {
-    switchyard_operator::alloc::heap_in_use().unwrap_or(0) / 1024
+    alloc::heap_in_use().unwrap_or(0) / 1024
 }
 
 fn node_json(i: usize) -> String {

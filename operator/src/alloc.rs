@@ -1,61 +1,64 @@
-//! Keeps the operator's resident memory near its live data under glibc's malloc, which the
-//! operator image uses. glibc gives each thread that allocates concurrently an arena of its own
-//! and keeps what a peak left free there: a migration of 1,000 nodes reads and writes for 100
-//! nodes at once, and without this its RSS ended at three times what its caches hold.
-//! Elsewhere (musl, other platforms) both calls are no-ops.
+//! The operator's allocator: jemalloc, set to give freed pages back to the system within a second.
+//!
+//! glibc's malloc, which the operator used before, kept about a third of the RSS at the end of a
+//! 5,000-node migration as free memory in pages that live objects still shared, and `malloc_trim`
+//! could not return it (docs/benchmarks.md). jemalloc keeps objects of one size class together,
+//! so the pages a peak leaves behind empty out, and its background thread purges them.
+//!
+//! The binary installs [`Jemalloc`] as its global allocator and exports [`CONF`] under the name
+//! jemalloc reads its options from (`operator/src/main.rs`); the library only reads statistics.
 
-use std::time::Duration;
+use std::ffi::c_char;
 
-/// Arenas at most: enough for the runtime's two worker threads without contention that
-/// matters, far below glibc's default of eight per core.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const ARENAS: libc::c_int = 2;
+pub use tikv_jemallocator::Jemalloc;
 
-/// How often freed memory goes back to the system: a reconcile's peak is gone by then, and one
-/// trim costs well under a millisecond.
-pub const TRIM_INTERVAL: Duration = Duration::from_secs(10);
+/// jemalloc's options, read once at its first allocation:
+/// - `background_thread`: a thread of jemalloc's own purges freed pages, so a quiet operator
+///   gives its peak back without an allocation to trigger it;
+/// - `narenas:2`: two arenas for the runtime's two worker threads, not jemalloc's default of four
+///   per core, each with its own half-empty pages;
+/// - `dirty_decay_ms:1000,muzzy_decay_ms:0`: freed pages go back to the system after a second,
+///   at once with `MADV_DONTNEED` rather than in two stages.
+pub const CONF: Conf =
+    Conf(c"background_thread:true,narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr());
 
-/// Bounds the number of arenas. Call before any thread allocates (before the runtime starts).
-pub fn bound_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets a parameter of the allocator; it is called before any other
-    // thread exists, and its result (0 on failure) leaves the defaults in place.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
-    }
-}
+/// A C string for jemalloc's `malloc_conf` symbol: a pointer to static text.
+#[repr(transparent)]
+pub struct Conf(pub *const c_char);
 
-/// Gives free pages back to the system, every [`TRIM_INTERVAL`], forever.
-pub async fn trim_forever() {
-    loop {
-        tokio::time::sleep(TRIM_INTERVAL).await;
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim takes the allocator's own locks; it is safe to call at any time.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-    }
-}
+// SAFETY: the pointer is to a static, immutable C string literal.
+unsafe impl Sync for Conf {}
 
-/// Bytes allocated and not freed: glibc's in-use chunks in every arena plus its mmapped blocks.
-/// `None` where the allocator is not glibc's. It walks the arenas' free lists under their locks,
-/// which takes well under a millisecond: read it per scrape, not per allocation.
+/// Bytes the allocator has handed out and not taken back: jemalloc's `stats.allocated`, after an
+/// epoch refresh. `None` if jemalloc does not answer. Only meaningful in a binary whose global
+/// allocator is [`Jemalloc`] (the operator's). Read it per scrape, not per allocation.
 pub fn heap_in_use() -> Option<u64> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallinfo2 only reads the allocator's statistics under its own locks.
-        let info = unsafe { libc::mallinfo2() };
-        Some((info.uordblks + info.hblkhd) as u64)
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    None
+    tikv_jemalloc_ctl::epoch::advance().ok()?;
+    tikv_jemalloc_ctl::stats::allocated::read().ok().map(|bytes| bytes as u64)
+}
+
+/// The options jemalloc runs with, as it reports them: `None` if it does not answer.
+pub fn options() -> Option<String> {
+    use tikv_jemalloc_ctl::{opt, raw};
+    // SAFETY: both options are `ssize_t` in jemalloc, read into an `isize`.
+    let (dirty, muzzy) = unsafe {
+        (raw::read::<isize>(b"opt.dirty_decay_ms\0").ok()?, raw::read::<isize>(b"opt.muzzy_decay_ms\0").ok()?)
+    };
+    Some(format!(
+        "background_thread={} narenas={} dirty_decay_ms={dirty} muzzy_decay_ms={muzzy}",
+        opt::background_thread::read().ok()?,
+        opt::narenas::read().ok()?,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // The library's own tests run on jemalloc too, so the statistics below are the allocator's.
+    #[global_allocator]
+    static ALLOCATOR: Jemalloc = Jemalloc;
+
     #[test]
     fn heap_in_use_counts_a_live_allocation() {
         let before = heap_in_use().unwrap();

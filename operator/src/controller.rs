@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
@@ -879,7 +879,22 @@ pub async fn run(
         info!("caches synced");
     });
 
-    controller
+    // kube-runtime holds the reconcile runner until the migration store has synced, and a
+    // graceful shutdown waits for that runner. Where the store never syncs (the CRD is not served
+    // yet, or the API server is unreachable), a stop would wait forever, with not one reconcile
+    // to finish: stop at once instead.
+    let shutdown = Box::pin(shutdown).shared();
+    let unsynced = store.clone();
+    let stop_unsynced = shutdown.clone().then(move |()| async move {
+        // One poll: a synced store answers at once. An unsynced one keeps this task's waker in
+        // place of the runner's (see `cache::ready`), which no longer matters: the runner is
+        // dropped right after.
+        if matches!(tokio::time::timeout(Duration::ZERO, unsynced.wait_until_ready()).await, Ok(Ok(()))) {
+            // Synced: the graceful shutdown below finishes the reconciles in flight.
+            std::future::pending::<()>().await;
+        }
+    });
+    let controller = controller
         .watches_stream(node_stream, map_node)
         .watches_stream(ds_stream, map_ds)
         .watches_stream(dc_stream, map_dc)
@@ -891,8 +906,11 @@ pub async fn run(
                 Ok((obj, _)) => tracing::debug!(migration = %obj.name, "reconciled"),
                 Err(e) => tracing::debug!(error = %e, "controller event"),
             }
-        })
-        .await;
+        });
+    tokio::select! {
+        () = controller => {}
+        () = stop_unsynced => info!("stopping before the migrations' cache synced: no reconcile to finish"),
+    }
 }
 
 #[cfg(test)]

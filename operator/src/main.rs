@@ -3,7 +3,15 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
+use switchyard_operator::alloc;
 use switchyard_operator::runtime::{Settings, run};
+
+#[global_allocator]
+static ALLOCATOR: alloc::Jemalloc = alloc::Jemalloc;
+
+/// jemalloc reads its options from this symbol (the crate prefixes jemalloc's names with `_rjem_`).
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: alloc::Conf = alloc::CONF;
 
 #[derive(Parser, Debug)]
 #[command(about = "Moves GPU node pools from the NVIDIA device plugin to a DRA driver")]
@@ -33,7 +41,6 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    switchyard_operator::alloc::bound_arenas();
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(operator())
 }
 
@@ -47,6 +54,7 @@ async fn operator() -> anyhow::Result<()> {
     } else {
         fmt.init();
     }
+    tracing::info!(options = alloc::options().as_deref().unwrap_or("unknown"), "allocator: jemalloc");
     let identity = args
         .identity
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -60,4 +68,19 @@ async fn operator() -> anyhow::Result<()> {
         migration_selector: args.selector,
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jemalloc_runs_with_the_options_the_binary_exports() {
+        // Keeps the symbol referenced in the test binary as in the operator's.
+        assert!(!MALLOC_CONF.0.is_null());
+        assert_eq!(
+            alloc::options().as_deref(),
+            Some("background_thread=true narenas=2 dirty_decay_ms=1000 muzzy_decay_ms=0")
+        );
+    }
 }

@@ -209,7 +209,7 @@ impl Metrics {
         let heap_in_use = Gauge::default();
         registry.register_with_unit(
             "heap_in_use",
-            "Heap memory allocated and not freed (glibc mallinfo2), read at each scrape",
+            "Heap memory allocated and not freed (jemalloc stats.allocated), read at each scrape",
             Unit::Bytes,
             heap_in_use.clone(),
         );

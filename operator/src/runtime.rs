@@ -19,6 +19,11 @@ use crate::controller::{self, Config};
 use crate::leader::{Elector, RENEW_DEADLINE, RENEW_INTERVAL};
 use crate::metrics::Metrics;
 
+/// How long a stop (SIGTERM) waits for the reconciles in flight before it aborts them: under the
+/// packaged pods' `terminationGracePeriodSeconds` of 30, with time left to release the Lease.
+/// What an aborted reconcile left half done is in the API, and the next leader resumes it.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Everything `main` parses from flags and environment.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -112,7 +117,6 @@ pub async fn client() -> anyhow::Result<kube::Client> {
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let client = client().await?;
-    tokio::spawn(crate::alloc::trim_forever());
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -201,7 +205,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         let _ = shutdown_stop.wait_for(|s| *s).await;
     };
     let leader = metrics.leader.clone();
-    let ctrl = tokio::spawn(controller::run(
+    let mut ctrl = tokio::spawn(controller::run(
         client.clone(),
         metrics,
         Config {
@@ -229,7 +233,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     } else {
         info!("stopping: finishing in-flight reconciles");
     }
-    if let Err(e) = ctrl.await
+    let stopped = match tokio::time::timeout(STOP_GRACE, &mut ctrl).await {
+        Ok(stopped) => stopped,
+        Err(_) => {
+            warn!(grace = ?STOP_GRACE, "in-flight reconciles did not finish in time; stopping them");
+            ctrl.abort();
+            ctrl.await
+        }
+    };
+    if let Err(e) = stopped
         && !e.is_cancelled()
     {
         error!(error = %e, "controller task failed");

@@ -384,3 +384,48 @@ async fn pods_of_a_pool_come_from_paged_lists_of_bound_pods_not_one_per_node() {
     assert_eq!(got.get("n2"), Some(&vec!["a-1".to_owned()]));
     assert_eq!(got.len(), 2, "{got:?}");
 }
+
+#[tokio::test]
+async fn a_stop_before_the_migration_crd_is_served_ends_the_controller_at_once() {
+    // The API server answers every request 404, as before the GpuPoolMigration CRD is installed:
+    // the migration cache never syncs, so kube-runtime never starts the reconcile runner that a
+    // graceful shutdown waits for. Before the fix the operator hung after SIGTERM until killed.
+    let (client, handle) = mock_client();
+    let (gpm_listed_tx, gpm_listed) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        let mut gpm_listed_tx = Some(gpm_listed_tx);
+        while let Some((req, send)) = handle.next_request().await {
+            let path = req.uri().path().to_owned();
+            if path.ends_with("/gpupoolmigrations")
+                && let Some(tx) = gpm_listed_tx.take()
+            {
+                let _ = tx.send(());
+            }
+            send.send_response(
+                Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(Body::from(b"404 page not found".to_vec()))
+                    .unwrap(),
+            );
+        }
+    });
+    let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let run = controller::run(
+        client,
+        std::sync::Arc::new(switchyard_operator::metrics::Metrics::new()),
+        controller::Config { canary_namespace: "switchyard-system".into(), migration_selector: None },
+        ready.clone(),
+        async move {
+            // The stop comes once the migration watch has failed at least once.
+            let _ = gpm_listed.await;
+        },
+    );
+    // A bound on a hang, not a measurement: the stop itself takes no time.
+    tokio::time::timeout(std::time::Duration::from_secs(30), run)
+        .await
+        .expect("the controller did not stop while its migration cache had not synced");
+    assert!(!ready.load(std::sync::atomic::Ordering::SeqCst), "never synced, so never ready");
+    // Its spawned readiness task still holds a client, so the mock server runs on: stop it.
+    server.abort();
+}
