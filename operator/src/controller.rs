@@ -645,7 +645,7 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                         selectors: &selectors,
                         now,
                     };
-                    decide::node_step(&view, node, &slices, &reads, false, None)
+                    decide::node_step(&view, node, &slices, published, &reads, false, None)
                 };
                 let out = execute::node_step(ctx, gpm, &step).await?;
                 execute::publish_node_events(ctx, gpm, node, &out.events).await;

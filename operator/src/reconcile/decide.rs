@@ -377,7 +377,8 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
             continue;
         }
         let reads = s.node_reads.get(n).unwrap_or(&no_reads);
-        steps.push(node_step(&view, node, node_slices(s, node), reads, start, last));
+        let published = node_counts(s, node).schedulable;
+        steps.push(node_step(&view, node, node_slices(s, node), published, reads, start, last));
     }
 
     let mut events = Vec::new();
@@ -627,18 +628,19 @@ fn node_counts(s: &Snapshot<'_>, node: &SlimNode) -> DeviceCounts {
     node.metadata.name.as_deref().and_then(|n| s.dra_counts.get(n)).copied().unwrap_or_default()
 }
 
-/// The node-local slices of the migration's driver for `node`, whole where the reconcile may step
-/// it.
+/// The node-local slices of the migration's driver for `node`, with their devices where the
+/// reconcile may switch it.
 fn node_slices<'a>(s: &'a Snapshot<'_>, node: &SlimNode) -> &'a [Arc<ResourceSlice>] {
     node.metadata.name.as_deref().and_then(|n| s.slices.get(n)).map_or(&[], Vec::as_slice)
 }
 
-/// Decides one node's step from the node, its driver's slices for it, its reads and the pool's
-/// view.
+/// Decides one node's step from the node, its driver's slices for it (read only by a switch), the
+/// devices of those the scheduler may allocate, its reads and the pool's view.
 pub fn node_step(
     v: &NodeView<'_>,
     node: &SlimNode,
     slices: &[impl std::borrow::Borrow<ResourceSlice>],
+    published: u64,
     reads: &NodeReads,
     start: bool,
     last_message: Option<&str>,
@@ -715,7 +717,7 @@ pub fn node_step(
         gpus_before: gpus_before(&pn),
         // Only devices the scheduler can allocate count: the agent keeps them tainted until the
         // device plugin's capacity is gone.
-        dra_devices: overlap::schedulable_dra_devices(slices, &spec.driver.name, &name),
+        dra_devices: published,
         dra_selected: selected.counted,
         selection_note: selected.note,
         claim_holders,

@@ -43,9 +43,9 @@ pub struct Snapshot<'a> {
     pub plugin_ds: Option<DaemonSet>,
     /// Every DeviceClass; `None` where resource.k8s.io/v1 does not serve the kind.
     pub device_classes: Option<Vec<DeviceClass>>,
-    /// The node-local ResourceSlices of the migration's driver, whole, for the nodes this
-    /// reconcile may step (those in flight and those that may start), by node: grouped once, so
-    /// no per-node judgement scans every slice.
+    /// The node-local ResourceSlices of the migration's driver, with their devices, for the
+    /// nodes this reconcile may switch, by node: grouped once, so no per-node judgement scans
+    /// every slice.
     pub slices: WholeSlices,
     /// The devices of the migration's driver on every node of the cluster that has any, by node:
     /// the overlap invariant and the GPU counts read these for the whole pool.
@@ -134,9 +134,14 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
     let (slices, dra_counts) = if facts.served.resource_slices {
         cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
-        let stepped: HashSet<&str> =
-            first.in_flight.iter().chain(&first.to_start).map(String::as_str).collect();
-        slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &stepped)
+        // Only a switch compares devices with the selectors; every other step reads the counts.
+        let in_flight: HashSet<&str> = first.in_flight.iter().map(String::as_str).collect();
+        let switching: HashSet<&str> = pool
+            .iter()
+            .filter(|p| in_flight.contains(p.name.as_str()) && p.state() == NodeState::Switching)
+            .map(|p| p.name.as_str())
+            .collect();
+        slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &switching)
     } else {
         Default::default()
     };
@@ -187,22 +192,22 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     })
 }
 
-/// A node's slices, whole, by node.
+/// A node's slices with their devices, by node.
 pub type WholeSlices = HashMap<String, Vec<Arc<ResourceSlice>>>;
 
-/// The node-local slices of `driver`: whole for the nodes in `stepped`, by node and then by name
-/// (their steps compare devices with the selectors), and counted for every node.
+/// The node-local slices of `driver`: with their devices for the nodes in `switching`, by node and
+/// then by name (their switch compares devices with the selectors), and counted for every node.
 pub fn slices_by_node(
     cached: &[Arc<cache::CachedSlice>],
     driver: &str,
-    stepped: &HashSet<&str>,
+    switching: &HashSet<&str>,
 ) -> (WholeSlices, HashMap<String, DeviceCounts>) {
     let mut stepped_slices: HashMap<&str, Vec<&cache::CachedSlice>> = HashMap::new();
     let mut counts: HashMap<String, DeviceCounts> = HashMap::new();
     for c in cached.iter().filter(|c| c.driver() == driver) {
         let Some(node) = c.node_name() else { continue };
         *counts.entry(node.to_owned()).or_default() += c.counts();
-        if stepped.contains(node) {
+        if switching.contains(node) {
             stepped_slices.entry(node).or_default().push(c);
         }
     }
@@ -210,7 +215,7 @@ pub fn slices_by_node(
         .into_iter()
         .map(|(node, mut ours)| {
             ours.sort_by(|a, b| a.name().cmp(b.name()));
-            (node.to_owned(), ours.into_iter().map(|c| Arc::new(c.full())).collect())
+            (node.to_owned(), ours.into_iter().map(|c| Arc::new(c.with_devices())).collect())
         })
         .collect();
     (slices, counts)
