@@ -3,7 +3,8 @@
 //! operator's watches, and prints the resident memory they add. No API server. Nodes and slices
 //! are each stored twice for comparison: as the cache holds them (nodes read as
 //! `node_fields::SlimNode`, slices as `cache::CachedSlice`), and as it held them before (nodes as a
-//! `Node` trimmed to the same fields, slices whole less `managedFields`).
+//! `Node` trimmed to the same fields, slices whole less `managedFields`). Then the nodes again with
+//! the labels a GPU Operator node carries (56), in both forms.
 //!
 //! ```sh
 //! cargo run --release -p switchyard-operator --example cache-footprint -- 5000
@@ -41,7 +42,9 @@ fn heap_kib() -> u64 {
     alloc::heap_in_use().unwrap_or(0) / 1024
 }
 
-fn node_json(i: usize) -> String {
+/// A scale-simulator node; with `gpu_operator`, also the labels GPU Feature Discovery and Node
+/// Feature Discovery put on a real GPU node.
+fn node_json(i: usize, gpu_operator: bool) -> String {
     let name = format!("scale-n{i:05}");
     let now = "2026-12-02T10:00:00Z";
     let res = json!({"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "4"});
@@ -49,13 +52,19 @@ fn node_json(i: usize) -> String {
         json!({"type": t, "status": s, "reason": "R", "message": "simulated",
         "lastHeartbeatTime": now, "lastTransitionTime": now})
     };
+    let mut labels = json!({"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "e2e.switchyard.dev/pool": "scale-12345", "sim.switchyard.dev/instance": "scale-12345",
+        "wave": "wide", "switchyard.dev/gpu-backend": "device-plugin"});
+    if gpu_operator {
+        for (k, v) in gpu_operator_labels(i) {
+            labels[k] = json!(v);
+        }
+    }
     json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "uid": format!("0b6c3c1e-0000-4000-8000-{i:012}"), "resourceVersion": "123456",
             "creationTimestamp": now,
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                       "e2e.switchyard.dev/pool": "scale-12345", "sim.switchyard.dev/instance": "scale-12345",
-                       "wave": "wide", "switchyard.dev/gpu-backend": "device-plugin"},
+            "labels": labels,
             "annotations": {"sim.switchyard.dev/layout": "{\"gpus\":4,\"product\":\"NVIDIA H100 80GB HBM3\",\"mig_gpus\":[]}",
                             "node.alpha.kubernetes.io/ttl": "0"},
             "managedFields": [
@@ -74,6 +83,74 @@ fn node_json(i: usize) -> String {
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}
     })
     .to_string()
+}
+
+/// The labels of an 8-GPU H100 node under the GPU Operator: GPU Feature Discovery's, the
+/// operator's deploy labels, Node Feature Discovery's most common, and the cloud's topology. 56
+/// labels, of which only the hostname, the instance id and the timestamp differ between nodes.
+fn gpu_operator_labels(i: usize) -> Vec<(String, String)> {
+    let mut l: Vec<(String, String)> = [
+        ("nvidia.com/cuda.driver-version.full", "570.124.06"),
+        ("nvidia.com/cuda.driver-version.major", "570"),
+        ("nvidia.com/cuda.driver-version.minor", "124"),
+        ("nvidia.com/cuda.driver-version.revision", "06"),
+        ("nvidia.com/cuda.driver.major", "570"),
+        ("nvidia.com/cuda.driver.minor", "124"),
+        ("nvidia.com/cuda.driver.rev", "06"),
+        ("nvidia.com/cuda.runtime-version.full", "12.8"),
+        ("nvidia.com/cuda.runtime-version.major", "12"),
+        ("nvidia.com/cuda.runtime-version.minor", "8"),
+        ("nvidia.com/cuda.runtime.major", "12"),
+        ("nvidia.com/cuda.runtime.minor", "8"),
+        ("nvidia.com/gpu.compute.major", "9"),
+        ("nvidia.com/gpu.compute.minor", "0"),
+        ("nvidia.com/gpu.count", "8"),
+        ("nvidia.com/gpu.family", "hopper"),
+        ("nvidia.com/gpu.machine", "p5.48xlarge"),
+        ("nvidia.com/gpu.memory", "81559"),
+        ("nvidia.com/gpu.mode", "compute"),
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.replicas", "1"),
+        ("nvidia.com/gpu.sharing-strategy", "none"),
+        ("nvidia.com/mig.capable", "true"),
+        ("nvidia.com/mig.strategy", "single"),
+        ("nvidia.com/mps.capable", "false"),
+        ("nvidia.com/vgpu.present", "false"),
+        ("nvidia.com/gpu.deploy.container-toolkit", "true"),
+        ("nvidia.com/gpu.deploy.dcgm", "true"),
+        ("nvidia.com/gpu.deploy.dcgm-exporter", "true"),
+        ("nvidia.com/gpu.deploy.device-plugin", "true"),
+        ("nvidia.com/gpu.deploy.driver", "true"),
+        ("nvidia.com/gpu.deploy.gpu-feature-discovery", "true"),
+        ("nvidia.com/gpu.deploy.mig-manager", "true"),
+        ("nvidia.com/gpu.deploy.node-status-exporter", "true"),
+        ("nvidia.com/gpu.deploy.operator-validator", "true"),
+        ("nvidia.com/gpu-driver-upgrade-state", "upgrade-done"),
+        ("feature.node.kubernetes.io/cpu-cpuid.AVX512F", "true"),
+        ("feature.node.kubernetes.io/cpu-cpuid.AMXTILE", "true"),
+        ("feature.node.kubernetes.io/cpu-hardware_multithreading", "true"),
+        ("feature.node.kubernetes.io/cpu-model.family", "6"),
+        ("feature.node.kubernetes.io/cpu-model.id", "143"),
+        ("feature.node.kubernetes.io/cpu-model.vendor_id", "Intel"),
+        ("feature.node.kubernetes.io/kernel-version.full", "6.1.0-28-cloud-amd64"),
+        ("feature.node.kubernetes.io/kernel-version.major", "6"),
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ("feature.node.kubernetes.io/system-os_release.ID", "ubuntu"),
+        ("feature.node.kubernetes.io/system-os_release.VERSION_ID", "22.04"),
+        ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+        ("topology.kubernetes.io/region", "us-east-1"),
+        ("topology.kubernetes.io/zone", "us-east-1a"),
+        ("karpenter.sh/nodepool", "gpu-h100"),
+        ("karpenter.sh/capacity-type", "on-demand"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    l.push(("nvidia.com/gfd.timestamp".into(), format!("{}", 1_764_669_600 + i)));
+    l.push(("node.kubernetes.io/instance-id".into(), format!("i-0{i:016x}")));
+    l.push(("alpha.eksctl.io/nodegroup-name".into(), "gpu-h100".into()));
+    l
 }
 
 /// `node` with only what a `SlimNode` keeps, still a `Node`: how the cache held nodes before.
@@ -141,7 +218,7 @@ fn main() {
     let (nodes, mut writer) = reflector::store::<SlimNode>();
     writer.apply_watcher_event(&Event::Init);
     for i in 0..n {
-        let node: SlimNode = serde_json::from_str(&node_json(i)).expect("node");
+        let node: SlimNode = serde_json::from_str(&node_json(i, false)).expect("node");
         writer.apply_watcher_event(&Event::InitApply(node));
     }
     writer.apply_watcher_event(&Event::InitDone);
@@ -150,7 +227,7 @@ fn main() {
     let (whole_nodes, mut nwriter) = reflector::store::<Node>();
     nwriter.apply_watcher_event(&Event::Init);
     for i in 0..n {
-        let node: Node = serde_json::from_str(&node_json(i)).expect("node");
+        let node: Node = serde_json::from_str(&node_json(i, false)).expect("node");
         nwriter.apply_watcher_event(&Event::InitApply(trimmed(node)));
     }
     nwriter.apply_watcher_event(&Event::InitDone);
@@ -201,5 +278,37 @@ fn main() {
         whole.state().len(),
         heap(heap_whole - heap_slices)
     );
+    // The same nodes with a GPU Operator node's labels, in both forms.
+    let (before_rss, before_heap) = (rss_kib(), heap_kib());
+    let (labelled, mut lwriter) = reflector::store::<SlimNode>();
+    lwriter.apply_watcher_event(&Event::Init);
+    for i in 0..n {
+        let node: SlimNode = serde_json::from_str(&node_json(i, true)).expect("node");
+        lwriter.apply_watcher_event(&Event::InitApply(node));
+    }
+    lwriter.apply_watcher_event(&Event::InitDone);
+    let (after_labelled, heap_labelled) = (rss_kib(), heap_kib());
+    let (labelled_whole, mut lwwriter) = reflector::store::<Node>();
+    lwwriter.apply_watcher_event(&Event::Init);
+    for i in 0..n {
+        let node: Node = serde_json::from_str(&node_json(i, true)).expect("node");
+        lwwriter.apply_watcher_event(&Event::InitApply(trimmed(node)));
+    }
+    lwwriter.apply_watcher_event(&Event::InitDone);
+    let (after_labelled_whole, heap_labelled_whole) = (rss_kib(), heap_kib());
+    let labels = labelled.state().first().map_or(0, |n| n.labels().len());
+    let (mib, b) = per(after_labelled - before_rss);
+    println!(
+        "{n} nodes with {labels} labels as cached ({}): {mib:.1} MiB, {b:.0} B a node (heap in use {:.0} B)",
+        labelled.state().len(),
+        heap(heap_labelled - before_heap)
+    );
+    let (mib, b) = per(after_labelled_whole - after_labelled);
+    println!(
+        "{n} nodes with {labels} labels as a trimmed Node ({}): {mib:.1} MiB, {b:.0} B a node (heap in use {:.0} B)",
+        labelled_whole.state().len(),
+        heap(heap_labelled_whole - heap_labelled)
+    );
+    println!("strings interned: {}", switchyard_operator::str_map::interned());
     println!("process at start: {:.1} MiB", start as f64 / 1024.0);
 }

@@ -44,7 +44,7 @@ use std::time::Duration;
 use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 use kube::runtime::reflector::{self, Lookup, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -52,6 +52,7 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 use crate::node_fields::SlimNode;
+use crate::str_map::LabelQuery;
 
 /// How long a reconcile waits for a cache's first LIST before it fails and retries with backoff:
 /// long enough to list every node of a large cluster, short enough that a watch which cannot list
@@ -138,8 +139,8 @@ pub fn select_nodes<'a, N: std::borrow::Borrow<SlimNode> + Clone + 'a>(
     nodes: impl IntoIterator<Item = &'a N>,
     selector: &Selector,
 ) -> Vec<N> {
-    let mut out: Vec<N> =
-        nodes.into_iter().filter(|n| selector.matches(n.borrow().labels())).cloned().collect();
+    let query = LabelQuery::from(selector);
+    let mut out: Vec<N> = nodes.into_iter().filter(|n| query.matches(n.borrow().labels())).cloned().collect();
     out.sort_by(|a, b| a.borrow().metadata.name.cmp(&b.borrow().metadata.name));
     out
 }

@@ -15,7 +15,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 use kube::runtime::controller::{Action as Requeue, Controller};
 
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -36,6 +36,7 @@ use crate::plan::{self, Backend, Failure, PoolNode};
 use crate::pod_list;
 use crate::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
 use crate::reconcile::{decide, execute, observe};
+use crate::str_map::{LabelQuery, StrMap};
 use crate::watch;
 use crate::well_known::*;
 
@@ -483,13 +484,12 @@ impl NodePatch {
     /// so the GPU Operator deploys its device plugin there again. `forget` drops the record.
     fn gpu_operator_restore(&mut self, node: &PoolNode, placement: PlacementMode, forget: bool) {
         let recorded = node.annotations.get(ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE);
-        match recorded.map(|v| serde_json::from_str::<Option<String>>(v)) {
+        match recorded.map(serde_json::from_str::<Option<String>>) {
             Some(Ok(before)) => self.label(LABEL_GPU_OPERATOR_DEVICE_PLUGIN, before),
             // Unreadable (edited by hand): leave the label to the admin, as with no record.
             Some(Err(_)) => {}
             None if placement == PlacementMode::GpuOperator
-                && node.labels.get(LABEL_GPU_OPERATOR_DEVICE_PLUGIN).map(String::as_str)
-                    == Some(GPU_OPERATOR_DEPLOY_OFF) =>
+                && node.labels.get(LABEL_GPU_OPERATOR_DEVICE_PLUGIN) == Some(GPU_OPERATOR_DEPLOY_OFF) =>
             {
                 self.label(LABEL_GPU_OPERATOR_DEVICE_PLUGIN, None)
             }
@@ -708,14 +708,15 @@ pub fn release_patch(pn: &PoolNode) -> NodePatch {
 
 fn migrations_for_labels(
     store: &Store<GpuPoolMigration>,
-    labels: &BTreeMap<String, String>,
+    labels: &StrMap,
 ) -> Vec<ObjectRef<GpuPoolMigration>> {
     store
         .state()
         .iter()
         .filter(|g| {
-            labels.get(LABEL_MIGRATION).is_some_and(|o| *o == g.name_any())
-                || Selector::try_from(g.spec.node_selector.clone()).is_ok_and(|s| s.matches(labels))
+            labels.get(LABEL_MIGRATION).is_some_and(|o| o == g.name_any())
+                || Selector::try_from(g.spec.node_selector.clone())
+                    .is_ok_and(|s| LabelQuery::from(&s).matches(labels))
         })
         .map(|g| ObjectRef::from_obj(g.as_ref()))
         .collect()

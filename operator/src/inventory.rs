@@ -16,6 +16,7 @@
 //! - Kueue counts what pods request; the extended resource name is the quota key that counts a
 //!   GPU once whichever backend serves it. A DRA key beside it counts the generated claim again.
 
+use crate::str_map::StrMap;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -84,7 +85,7 @@ pub struct Target {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolNodeLabels {
     pub name: String,
-    pub labels: BTreeMap<String, String>,
+    pub labels: StrMap,
 }
 
 /// What the inventory looks at. `None` for a kind means it was not read (its API is not served,
@@ -453,8 +454,11 @@ fn kueue_findings(o: &Observed) -> Vec<Finding> {
         if labels.is_empty() {
             continue;
         }
-        let covered =
-            o.pool_nodes.iter().filter(|n| labels.iter().all(|(k, v)| n.labels.get(k) == Some(v))).count();
+        let covered = o
+            .pool_nodes
+            .iter()
+            .filter(|n| labels.iter().all(|(k, v)| n.labels.get(k) == Some(v.as_str())))
+            .count();
         if covered > 0 {
             out.push(finding(
                 Severity::Info,
@@ -500,7 +504,7 @@ fn ca_handles_dra(image: &str, args: &[String]) -> Option<bool> {
 fn pool_node_groups(o: &Observed) -> BTreeSet<String> {
     o.pool_nodes
         .iter()
-        .flat_map(|n| NODE_GROUP_LABELS.iter().filter_map(|l| n.labels.get(*l).map(|v| format!("{l}={v}"))))
+        .flat_map(|n| NODE_GROUP_LABELS.iter().filter_map(|l| n.labels.get(l).map(|v| format!("{l}={v}"))))
         .collect()
 }
 
@@ -560,8 +564,11 @@ fn karpenter_findings(o: &Observed) -> Vec<Finding> {
     let selector = o.node_selector.clone().and_then(|s| Selector::try_from(s).ok());
     for np in o.karpenter_node_pools.iter().flatten() {
         let name = np.name_any();
-        let launched =
-            o.pool_nodes.iter().filter(|n| n.labels.get(KARPENTER_NODEPOOL_LABEL) == Some(&name)).count();
+        let launched = o
+            .pool_nodes
+            .iter()
+            .filter(|n| n.labels.get(KARPENTER_NODEPOOL_LABEL) == Some(name.as_str()))
+            .count();
         let template_labels: BTreeMap<String, String> = np
             .data
             .get("spec")
@@ -675,10 +682,7 @@ mod tests {
     }
 
     fn pool_node(name: &str, labels: &[(&str, &str)]) -> PoolNodeLabels {
-        PoolNodeLabels {
-            name: name.into(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        }
+        PoolNodeLabels { name: name.into(), labels: labels.iter().copied().collect() }
     }
 
     fn only(o: &Observed) -> Finding {

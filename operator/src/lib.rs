@@ -28,6 +28,7 @@ pub mod preview;
 pub mod reconcile;
 pub mod runtime;
 pub mod selectors;
+pub mod str_map;
 #[doc(hidden)]
 pub mod testing;
 pub mod watch;

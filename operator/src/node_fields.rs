@@ -14,15 +14,14 @@
 //! nodes; a [`SlimNode`] keeps the same facts in flat fields.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::cache::SWITCHYARD_PREFIX;
+use crate::str_map::StrMap;
 
 /// Extended resources and their quantities, sorted by name.
 type Resources = Box<[(Box<str>, Quantity)]>;
@@ -34,8 +33,13 @@ type Resources = Box<[(Box<str>, Quantity)]>;
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "Fields")]
 pub struct SlimNode {
-    /// Without `managedFields`, and with only Switchyard's annotations.
+    /// Without `managedFields`, and without labels and annotations: those are [`SlimNode::labels`]
+    /// and [`SlimNode::annotations`].
     pub metadata: ObjectMeta,
+    /// `metadata.labels`, interned.
+    labels: StrMap,
+    /// `metadata.annotations`, only Switchyard's, interned.
+    annotations: StrMap,
     /// `spec.unschedulable`.
     pub unschedulable: bool,
     /// `spec.taints`.
@@ -56,6 +60,21 @@ pub struct SlimNode {
 }
 
 impl SlimNode {
+    /// `metadata.labels`. (Not `ResourceExt::labels`: `metadata` holds none.)
+    pub fn labels(&self) -> &StrMap {
+        &self.labels
+    }
+
+    /// To set a label on a node built by hand (a test's).
+    pub fn labels_mut(&mut self) -> &mut StrMap {
+        &mut self.labels
+    }
+
+    /// Switchyard's annotations of `metadata.annotations`, the only ones kept.
+    pub fn annotations(&self) -> &StrMap {
+        &self.annotations
+    }
+
     /// `metadata.name`; empty when unset.
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
@@ -116,13 +135,20 @@ impl From<Node> for SlimNode {
     fn from(node: Node) -> Self {
         let mut metadata = node.metadata;
         metadata.managed_fields = None;
-        if let Some(a) = metadata.annotations.as_mut() {
-            a.retain(|k, _| k.starts_with(SWITCHYARD_PREFIX));
-        }
+        let labels = metadata.labels.take().map(StrMap::from).unwrap_or_default();
+        let annotations = metadata
+            .annotations
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| switchyard_annotation(k))
+            .collect();
         let (spec, status) = (node.spec.unwrap_or_default(), node.status.unwrap_or_default());
         let info = status.node_info.unwrap_or_default();
         assemble(
             metadata,
+            labels,
+            annotations,
             Spec { unschedulable: spec.unschedulable, taints: spec.taints },
             Status {
                 capacity: status.capacity,
@@ -159,9 +185,10 @@ struct Meta {
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
     deletion_grace_period_seconds: Option<i64>,
-    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    labels: StrMap,
     #[serde(default, deserialize_with = "switchyard_annotations")]
-    annotations: Option<BTreeMap<String, String>>,
+    annotations: StrMap,
     owner_references: Option<Vec<OwnerReference>>,
     finalizers: Option<Vec<String>>,
 }
@@ -207,8 +234,8 @@ impl From<Fields> for SlimNode {
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-            labels: m.labels,
-            annotations: m.annotations,
+            labels: None,
+            annotations: None,
             owner_references: m.owner_references,
             finalizers: m.finalizers,
             managed_fields: None,
@@ -220,18 +247,27 @@ impl From<Fields> for SlimNode {
             conditions: None,
             node_info: None,
         });
-        assemble(metadata, spec, status)
+        assemble(metadata, m.labels, m.annotations, spec, status)
     }
 }
 
-/// The slim node of `metadata` (already slim) and what was read of the spec and the status.
-fn assemble(metadata: ObjectMeta, spec: Spec, status: Status) -> SlimNode {
+/// The slim node of `metadata` (already slim, without labels and annotations), the labels and
+/// annotations, and what was read of the spec and the status.
+fn assemble(
+    metadata: ObjectMeta,
+    labels: StrMap,
+    annotations: StrMap,
+    spec: Spec,
+    status: Status,
+) -> SlimNode {
     let allocatable = extended(status.allocatable);
     let capacity = Some(extended(status.capacity)).filter(|c| *c != allocatable);
     let ready = status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "Ready");
     let info = status.node_info.unwrap_or_default();
     SlimNode {
         metadata,
+        labels,
+        annotations,
         unschedulable: spec.unschedulable.unwrap_or(false),
         taints: spec.taints.unwrap_or_default().into(),
         allocatable,
@@ -242,39 +278,15 @@ fn assemble(metadata: ObjectMeta, spec: Spec, status: Status) -> SlimNode {
     }
 }
 
+/// Whether the cache keeps a node annotation: only Switchyard's.
+fn switchyard_annotation(key: &str) -> bool {
+    key.starts_with(SWITCHYARD_PREFIX)
+}
+
 /// A node's annotations, only those under Switchyard's prefix kept; the values of the others are
 /// skipped unread.
-fn switchyard_annotations<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    struct Own;
-    impl<'de> Visitor<'de> for Own {
-        type Value = Option<BTreeMap<String, String>>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a map of annotations or null")
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_map(self)
-        }
-        fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<Self::Value, M::Error> {
-            let mut kept = BTreeMap::new();
-            while let Some(k) = m.next_key::<String>()? {
-                if k.starts_with(SWITCHYARD_PREFIX) {
-                    kept.insert(k, m.next_value::<String>()?);
-                } else {
-                    m.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(Some(kept))
-        }
-    }
-    d.deserialize_option(Own)
+fn switchyard_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<StrMap, D::Error> {
+    StrMap::deserialize_filtered(d, switchyard_annotation)
 }
 
 #[cfg(test)]
@@ -319,20 +331,21 @@ mod tests {
         assert_eq!(n.name(), "gpu-1");
         assert!(n.metadata.managed_fields.is_none());
         assert_eq!(
-            n.metadata.labels,
-            Some(BTreeMap::from([
+            n.labels().to_btree(),
+            BTreeMap::from([
                 ("pool".to_string(), "a100".to_string()),
                 ("nvidia.com/gpu.count".to_string(), "8".to_string())
-            ])),
+            ]),
             "any label may be in a selector"
         );
         assert_eq!(
-            n.metadata.annotations,
-            Some(BTreeMap::from([
+            n.annotations().to_btree(),
+            BTreeMap::from([
                 ("switchyard.dev/migration-state".to_string(), "Draining".to_string()),
                 ("switchyard.dev/since".to_string(), "2026-12-02T10:00:00.5Z".to_string())
-            ]))
+            ])
         );
+        assert!(n.metadata.labels.is_none() && n.metadata.annotations.is_none(), "kept once, interned");
         assert_eq!(
             (n.metadata.uid.as_deref(), n.metadata.resource_version.as_deref(), n.metadata.generation),
             (Some("u-1"), Some("42"), Some(3))
@@ -440,8 +453,8 @@ mod tests {
         let names: Vec<_> = list.items.iter().map(SlimNode::name).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            list.items[0].metadata.annotations,
-            Some(BTreeMap::from([("switchyard.dev/migration".to_string(), "m".to_string())]))
+            list.items[0].annotations().to_btree(),
+            BTreeMap::from([("switchyard.dev/migration".to_string(), "m".to_string())])
         );
         let ev: kube::core::WatchEvent<SlimNode> = serde_json::from_value(json!({
             "type": "MODIFIED", "object": {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"},

@@ -2,13 +2,11 @@
 //! flight, and which may start now without exceeding `maxUnavailable`. Pure: it reads node
 //! labels, annotations and conditions; the durable per-node record is on the nodes themselves.
 
-use std::collections::BTreeMap;
-
 use crate::node_fields::SlimNode;
+use crate::str_map::{LabelQuery, Labels, StrMap};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::ResourceExt;
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 
 use crate::api::v1alpha1::{Direction, FailurePolicy, GpuPoolMigrationSpec, NodeCounts, NodeState};
 use crate::well_known::{
@@ -42,8 +40,10 @@ impl Backend {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolNode {
     pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
+    /// The node's, shared with the cached node.
+    pub labels: StrMap,
+    /// The node's (Switchyard's only), shared with the cached node.
+    pub annotations: StrMap,
     pub unschedulable: bool,
     pub ready: bool,
     /// Pods on the node that consume a pool resource; only used to order candidates.
@@ -64,8 +64,8 @@ pub fn state_str(s: NodeState) -> String {
 }
 
 /// The backend a node's labels name.
-fn backend_of(labels: &BTreeMap<String, String>) -> Backend {
-    match labels.get(LABEL_GPU_BACKEND).map(String::as_str) {
+fn backend_of(labels: &impl Labels) -> Backend {
+    match labels.label(LABEL_GPU_BACKEND) {
         Some(BACKEND_DRA) => Backend::Dra,
         Some(BACKEND_NONE) => Backend::None,
         _ => Backend::DevicePlugin,
@@ -73,16 +73,16 @@ fn backend_of(labels: &BTreeMap<String, String>) -> Backend {
 }
 
 /// The state a node's annotations record, or the one its labels imply (see [`PoolNode::state`]).
-fn state_of(labels: &BTreeMap<String, String>, annotations: &BTreeMap<String, String>) -> NodeState {
-    match annotations.get(ANNOTATION_MIGRATION_STATE).and_then(|s| parse_state(s)) {
+fn state_of(labels: &impl Labels, annotations: &impl Labels) -> NodeState {
+    match annotations.label(ANNOTATION_MIGRATION_STATE).and_then(parse_state) {
         Some(s) => s,
         None if backend_of(labels) == Backend::Dra => NodeState::Migrated,
         None => NodeState::Pending,
     }
 }
 
-/// [`PoolNode::backend`] of a cached node, without making its `PoolNode` (which copies its labels
-/// and annotations): for the checks that look at every node of the pool.
+/// [`PoolNode::backend`] of a cached node, without making its `PoolNode`: for the checks that look
+/// at every node of the pool.
 pub fn node_backend(node: &SlimNode) -> Backend {
     backend_of(node.labels())
 }
@@ -97,8 +97,8 @@ impl PoolNode {
         let ready = node.is_ready();
         Self {
             name: node.metadata.name.clone().unwrap_or_default(),
-            labels: node.metadata.labels.clone().unwrap_or_default(),
-            annotations: node.metadata.annotations.clone().unwrap_or_default(),
+            labels: node.labels().clone(),
+            annotations: node.annotations().clone(),
             unschedulable: node.unschedulable,
             ready,
             consuming_pods: 0,
@@ -116,7 +116,7 @@ impl PoolNode {
     }
 
     pub fn owner(&self) -> Option<&str> {
-        self.labels.get(LABEL_MIGRATION).map(String::as_str)
+        self.labels.get(LABEL_MIGRATION)
     }
 
     /// The recorded failure, if the node failed (or failed and was rolled back).
@@ -248,8 +248,9 @@ fn standing(node: &PoolNode, direction: Direction, on_failure: FailurePolicy) ->
     }
 }
 
-fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
+/// The query of another migration's selector; `None` when it does not parse (it selects nothing).
+fn query(selector: &LabelSelector) -> Option<LabelQuery> {
+    Selector::try_from(selector.clone()).ok().map(|s| LabelQuery::from(&s))
 }
 
 /// Plans one reconcile of `migration`. `nodes` are the nodes its selector selects.
@@ -261,6 +262,11 @@ pub fn plan(
 ) -> Result<Plan, String> {
     let mut p = Plan::default();
     let mut owned: Vec<&PoolNode> = Vec::new();
+    let others: Vec<(&str, Option<LabelQuery>)> = others
+        .iter()
+        .filter(|o| o.name != migration)
+        .map(|o| (o.name.as_str(), query(&o.selector)))
+        .collect();
     for n in nodes {
         match n.owner() {
             Some(o) if o != migration => p.refused.push(Refusal {
@@ -271,8 +277,8 @@ pub fn plan(
             None => {
                 let also: Vec<&str> = others
                     .iter()
-                    .filter(|o| o.name != migration && selects(&o.selector, &n.labels))
-                    .map(|o| o.name.as_str())
+                    .filter(|(_, q)| q.as_ref().is_some_and(|q| q.matches(&n.labels)))
+                    .map(|(name, _)| *name)
                     .collect();
                 if also.is_empty() {
                     owned.push(n);
@@ -354,6 +360,7 @@ pub fn plan(
 mod tests {
     use super::*;
     use crate::well_known::ANNOTATION_MIGRATION_STATE;
+    use std::collections::BTreeMap;
 
     #[test]
     fn a_cached_nodes_state_and_backend_read_as_its_pool_nodes_do() {
@@ -462,8 +469,8 @@ mod tests {
             }
             PoolNode {
                 name: self.name.into(),
-                labels,
-                annotations,
+                labels: labels.into(),
+                annotations: annotations.into(),
                 unschedulable: self.unschedulable,
                 ready: self.ready,
                 consuming_pods: self.pods,
