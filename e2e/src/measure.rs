@@ -168,7 +168,9 @@ fn request_kind(e: &serde_json::Value) -> String {
 /// The API server may rotate the log while it is read: it renames the current file and starts a
 /// new one, and a count that listed the files before that reads the new, nearly empty file in
 /// place of the renamed one. So a count is kept only if the files and the current file's inode
-/// are the same after it as before; otherwise it is made again.
+/// are the same after it as before; otherwise it is made again. Between the rename and the new
+/// file there is no current file: a count that finds none, or cannot open a file it listed, is
+/// made again too.
 fn count_audit(
     log: &std::path::Path,
     needle: &str,
@@ -179,13 +181,16 @@ fn count_audit(
     const ATTEMPTS: usize = 3;
     let inode = |p: &std::path::Path| {
         use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(p).map(|m| m.ino()).with_context(|| format!("reading {}", p.display()))
+        std::fs::metadata(p).map(|m| m.ino()).ok()
     };
-    for _ in 0..ATTEMPTS {
-        let (files, current) = (audit_files(log, from)?, inode(log)?);
-        let counts = count_files(&files, needle, from, to, &key)?;
-        if audit_files(log, from)? == files && inode(log)? == current {
-            return Ok(counts);
+    for attempt in 0..ATTEMPTS {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let (files, current) = (audit_files(log, from)?, inode(log));
+        let counts = count_files(&files, needle, from, to, &key);
+        if current.is_some() && audit_files(log, from)? == files && inode(log) == current {
+            return counts;
         }
     }
     anyhow::bail!("the audit log {} was rotated during each of {ATTEMPTS} counts", log.display())
@@ -460,6 +465,37 @@ switchyard_reconcile_duration_seconds_bucket{le=\"+Inf\"} 10
         // The first count read the renamed file to its end and missed the new one.
         let want = ["get nodes", "list nodes", "patch nodes"].map(|k| (k.to_string(), 1));
         assert_eq!(counts, BTreeMap::from(want));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_count_made_between_the_rename_and_the_new_file_is_made_again() {
+        let dir = std::env::temp_dir().join(format!("switchyard-audit-gap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("audit.log");
+        let op = "switchyard-operator/0.1.0";
+        let line = |at: &str, verb: &str| audit_line(at, "admin", op, verb, "nodes", None);
+        std::fs::write(&log, line("2026-12-03T07:00:00.000000Z", "patch") + "\n").unwrap();
+        // The first count reads the file; the API server renames it meanwhile, and has not
+        // started the new one when the count ends. The second count finds the new file.
+        let calls = std::cell::Cell::new(0);
+        let key = |e: &serde_json::Value| {
+            match calls.replace(calls.get() + 1) {
+                0 => std::fs::rename(&log, dir.join("audit-2026-12-03T07-00-00.500.log")).unwrap(),
+                1 => std::fs::write(&log, line("2026-12-03T07:00:02.000000Z", "list") + "\n").unwrap(),
+                _ => {}
+            }
+            Some(request_kind(e))
+        };
+        let (from, to) = ("2026-12-03T07:00:00.000000Z", "2026-12-03T07:00:05.000000Z");
+        let counts = count_audit(&log, op, from, to, key).unwrap();
+        let want = ["list nodes", "patch nodes"].map(|k| (k.to_string(), 1));
+        assert_eq!(counts, BTreeMap::from(want));
+        // No log at all is an error that names it.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = count_audit(&log, op, from, to, |e| Some(request_kind(e))).unwrap_err();
+        assert!(format!("{err:#}").contains("audit.log"), "{err:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

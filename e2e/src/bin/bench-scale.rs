@@ -155,7 +155,9 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
             "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
             "unregister_delay_ms": args.unregister_delay_ms,
             "rss_synced_kib": memory.synced, "rss_end_kib": memory.end, "rss_peak_kib": memory.peak,
+            "rss_settled_kib": memory.settled,
             "heap_synced_bytes": memory.heap[0], "heap_end_bytes": memory.heap[1],
+            "heap_settled_bytes": memory.heap[2],
             "partial": memory.partial,
             "status_bytes": memory.status_bytes,
             "plan_s": memory.plan.as_ref().map(|p| p.wall.as_secs_f64()),
@@ -324,15 +326,22 @@ async fn one_at_a_time(
     Ok(())
 }
 
+/// How long after the end the operator's memory is read again: the last reconciles' requeues are
+/// seconds apart, and jemalloc gives freed pages back after 1 s.
+const SETTLE: Duration = Duration::from_secs(5);
+
 /// Operator memory in the wide pool: after its caches synced, at the end, and the peak (KiB); and
 /// what the CLI cost there.
 struct Memory {
     synced: u64,
     end: u64,
+    /// [`SETTLE`] after `end`: the last reconciles have run, and the allocator has given back
+    /// what they freed.
+    settled: u64,
     peak: u64,
-    /// The operator's heap in use (bytes, its `switchyard_heap_in_use_bytes`) at `synced` and
-    /// `end`: the live data inside the RSS.
-    heap: [Option<f64>; 2],
+    /// The operator's heap in use (bytes, its `switchyard_heap_in_use_bytes`) at `synced`, `end`
+    /// and `settled`: the live data inside the RSS.
+    heap: [Option<f64>; 3],
     plan: Option<CliCost>,
     status: Option<Following>,
     /// The largest `.status` of the wide migration seen by a watch, in JSON bytes.
@@ -534,11 +543,14 @@ async fn at_a_percentage(
         operator: Some(cost),
     });
     let end = proc_status(pid, "VmRSS")?;
+    let heap_end = heap_in_use(&metrics_url).await;
+    tokio::time::sleep(SETTLE).await;
     let memory = Memory {
         synced,
         end,
+        settled: proc_status(pid, "VmRSS")?,
         peak: proc_status(pid, "VmHWM")?,
-        heap: [heap_synced, heap_in_use(&metrics_url).await],
+        heap: [heap_synced, heap_end, heap_in_use(&metrics_url).await],
         plan,
         status,
         status_bytes: status_bytes.load(std::sync::atomic::Ordering::Relaxed),
@@ -577,21 +589,25 @@ async fn all_on_dra(pool: &Pool) -> anyhow::Result<()> {
 fn report(args: &Args, results: &[Measured], memory: &Memory) {
     println!();
     println!(
-        "SCALE={} ({} pods, {} ms unregister delay): operator RSS {:.1} MiB synced, {:.1} MiB {}, peak {:.1} MiB",
+        "SCALE={} ({} pods, {} ms unregister delay): operator RSS {:.1} MiB synced, {:.1} MiB {} ({:.1} MiB {} s later), peak {:.1} MiB",
         args.nodes,
         args.nodes * args.pods_per_node,
         args.unregister_delay_ms,
         memory.synced as f64 / 1024.0,
         memory.end as f64 / 1024.0,
         if memory.partial { "mid-migration (at the deadline)" } else { "at the end" },
+        memory.settled as f64 / 1024.0,
+        SETTLE.as_secs(),
         memory.peak as f64 / 1024.0
     );
     let mib = |b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.1} MiB", b / 1048576.0));
     println!(
-        "operator heap in use (switchyard_heap_in_use_bytes): {} synced, {} {}",
+        "operator heap in use (switchyard_heap_in_use_bytes): {} synced, {} {} ({} {} s later)",
         mib(memory.heap[0]),
         mib(memory.heap[1]),
-        if memory.partial { "mid-migration" } else { "at the end" }
+        if memory.partial { "mid-migration" } else { "at the end" },
+        mib(memory.heap[2]),
+        SETTLE.as_secs()
     );
     println!(
         "| migration | nodes | wall | intrinsic | wall / intrinsic | overhead per node | CPU s per node | reconcile p50 / p99 | requests per node |"
