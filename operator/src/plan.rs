@@ -693,6 +693,21 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_node_shares_the_cached_nodes_labels_and_annotations() {
+        let node = crate::testing::gpu_node(
+            "n",
+            &serde_json::json!({"metadata": {"labels": {LABEL_MIGRATION: "pool-a"},
+                "annotations": {ANNOTATION_MIGRATION_STATE: "Draining", "other.example.com/x": "y"}}}),
+        );
+        let pn = PoolNode::from_node(&node);
+        assert!(pn.labels.is_shared_with(node.labels()) && pn.annotations.is_shared_with(node.annotations()));
+        assert_eq!((pn.owner(), pn.state()), (Some("pool-a"), NodeState::Draining));
+        assert_eq!(pn.annotations.len(), 1, "only Switchyard's annotations are kept: {:?}", pn.annotations);
+        let rebuilt: StrMap = pn.labels.iter().collect();
+        assert!(rebuilt == pn.labels && !rebuilt.is_shared_with(&pn.labels), "equal is not shared");
+    }
+
+    #[test]
     fn dra_label_without_state_is_migrated() {
         let mut node = n("a", 0).build();
         node.labels.insert(LABEL_GPU_BACKEND.into(), BACKEND_DRA.into());

@@ -127,6 +127,15 @@ impl StrMap {
         *self = StrMap::sorted(pairs);
     }
 
+    /// Whether `self` and `other` are the same map in memory, not only equal: a clone is.
+    pub fn is_shared_with(&self, other: &StrMap) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
     /// The map as a `BTreeMap`, for what takes one.
     pub fn to_btree(&self) -> BTreeMap<String, String> {
         self.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
