@@ -3,11 +3,14 @@
 
 Usage: e2e/hack/plot-scale.py RESULTS.jsonl OUT.svg
 
-Four panels share the x axis (pool size, log scale), one point per run of the wide migration
+Five panels share the x axis (pool size, log scale), one point per run of the wide migration
 (Switchyard at maxUnavailable 10%): CPU seconds per migrated node, operator API requests per
-migrated node, reconcile duration p50 and p99, and the operator's RSS once its caches synced
-and at the end. Flat lines are what the scale goal asks for in the first two; the last two show
-how time and memory grow with the pool. A partial run (`--wide-deadline-s`) is marked with a star.
+migrated node, reconcile duration p50 and p99, the same divided by the nodes in flight
+(`maxUnavailable`: one reconcile steps all of them), and the operator's RSS once its caches
+synced and at the end. Flat lines are what the scale goal asks for in the first two and the
+fourth; the third and the last show how time and memory grow with the pool. A partial run
+(`--wide-deadline-s`) is marked with a star. Runs from before the bench recorded `in_flight`
+are taken at its default of 10% of the pool.
 Standard library only.
 """
 import json
@@ -24,12 +27,15 @@ def load(path):
                 continue
             run = json.loads(line)
             wide = [m for m in run["migrations"] if m.get("cpu_s") is not None][-1]
+            in_flight = wide.get("in_flight") or max(1, run["nodes"] // 10)
             runs.append({
                 "nodes": run["nodes"],
                 "cpu": wide["cpu_s"] / wide["nodes"],
                 "requests": wide["requests"] / wide["nodes"],
                 "p50": (wide["reconcile_p50_s"] or 0) * 1000,
                 "p99": (wide["reconcile_p99_s"] or 0) * 1000,
+                "p50_per": (wide["reconcile_p50_s"] or 0) * 1000 / in_flight,
+                "p99_per": (wide["reconcile_p99_s"] or 0) * 1000 / in_flight,
                 "rss_synced": run["rss_synced_kib"] / 1024,
                 "rss_end": run["rss_end_kib"] / 1024,
                 "partial": bool(run.get("partial")),
@@ -80,9 +86,11 @@ def main():
     body += panel(60 + w + 80, 40, w, h, runs, [("requests", "#d62728")], "API requests per migrated node", "requests")
     body += panel(60 + 2 * (w + 80), 40, w, h, runs, [("p50", "#2ca02c"), ("p99", "#ff7f0e")],
                   "reconcile p50 (green), p99 (orange)", "ms")
-    body += panel(60 + 3 * (w + 80), 40, w, h, runs, [("rss_synced", "#9467bd"), ("rss_end", "#8c564b")],
+    body += panel(60 + 3 * (w + 80), 40, w, h, runs, [("p50_per", "#2ca02c"), ("p99_per", "#ff7f0e")],
+                  "the same per node in flight", "ms")
+    body += panel(60 + 4 * (w + 80), 40, w, h, runs, [("rss_synced", "#9467bd"), ("rss_end", "#8c564b")],
                   "operator RSS synced (purple), end (brown)", "MiB")
-    width = 60 + 4 * (w + 80)
+    width = 60 + 5 * (w + 80)
     if any(r["partial"] for r in runs):
         body.append(f'<text x="60" y="{h + 84}" font-size="10">* partial run (--wide-deadline-s): per node migrated '
                     'by the deadline; "end" RSS is mid-migration</text>')

@@ -28,6 +28,73 @@ pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second() as f64))
 }
 
+/// The whole machine's CPU time from `/proc/stat`, summed over its CPUs: busy is everything but
+/// idle and iowait.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MachineCpu {
+    pub busy: Duration,
+    pub total: Duration,
+    pub cpus: u32,
+}
+
+impl MachineCpu {
+    /// The machine's CPU time now.
+    pub fn now() -> anyhow::Result<Self> {
+        parse_proc_stat(&std::fs::read_to_string("/proc/stat")?, clock_ticks_per_second())
+    }
+
+    /// What was spent between `earlier` and `self`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            busy: self.busy.saturating_sub(earlier.busy),
+            total: self.total.saturating_sub(earlier.total),
+            cpus: self.cpus,
+        }
+    }
+}
+
+/// The `cpu` line of `/proc/stat` (user nice system idle iowait irq softirq steal; guest time is
+/// already in user), and the number of `cpuN` lines.
+fn parse_proc_stat(text: &str, hz: u64) -> anyhow::Result<MachineCpu> {
+    let all = text.lines().find(|l| l.starts_with("cpu ")).context("no cpu line in /proc/stat")?;
+    let ticks: Vec<u64> = all.split_whitespace().skip(1).take(8).map(str::parse).collect::<Result<_, _>>()?;
+    anyhow::ensure!(ticks.len() >= 5, "short cpu line in /proc/stat: {all}");
+    let total: u64 = ticks.iter().sum();
+    let busy = total - ticks[3] - ticks[4];
+    let cpus = text.lines().filter(|l| l.starts_with("cpu") && !l.starts_with("cpu ")).count();
+    let secs = |t: u64| Duration::from_secs_f64(t as f64 / hz as f64);
+    Ok(MachineCpu { busy: secs(busy), total: secs(total), cpus: cpus as u32 })
+}
+
+/// The CPU time of every live process whose command name (`/proc/<pid>/comm`, 15 bytes at most) is
+/// one of `names`, by pid.
+pub fn processes_cpu(names: &[&str]) -> BTreeMap<u32, (String, Duration)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return BTreeMap::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let comm = comm.trim_end();
+            let name = names.iter().find(|n| comm == &n[..n.len().min(15)])?;
+            // A process that exits between the two reads is left out, as one that exited before.
+            Some((pid, (name.to_string(), cpu_time(pid).ok()?)))
+        })
+        .collect()
+}
+
+/// The CPU time each name's processes spent between two [`processes_cpu`] readings. A process
+/// that started in between counts whole; one that ended in between is not seen.
+pub fn cpu_by_name(
+    before: &BTreeMap<u32, (String, Duration)>,
+    after: &BTreeMap<u32, (String, Duration)>,
+) -> BTreeMap<String, Duration> {
+    let mut out: BTreeMap<String, Duration> = BTreeMap::new();
+    for (pid, (name, t)) in after {
+        let earlier = before.get(pid).filter(|(n, _)| n == name).map_or(Duration::ZERO, |(_, t)| *t);
+        *out.entry(name.clone()).or_default() += t.saturating_sub(earlier);
+    }
+    out
+}
+
 /// `CLK_TCK`, the unit of the stat times (100 on every Linux this runs on; asked anyway).
 fn clock_ticks_per_second() -> u64 {
     std::process::Command::new("getconf")
@@ -329,6 +396,48 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_machines_cpu_time_is_read_from_the_cpu_line() {
+        let stat = "cpu  100 5 50 800 20 3 2 0 40 0\ncpu0 50 2 25 400 10 1 1 0 20 0\ncpu1 50 3 25 400 10 2 1 0 20 0\nintr 1 2 3\nctxt 9\n";
+        let m = parse_proc_stat(stat, 100).unwrap();
+        // Guest time (40) is inside user already; idle and iowait are not busy.
+        assert_eq!(m.total, Duration::from_secs_f64(9.80));
+        assert_eq!(m.busy, Duration::from_secs_f64(1.60));
+        assert_eq!(m.cpus, 2);
+        let later = MachineCpu { busy: Duration::from_secs(3), total: Duration::from_secs(12), cpus: 2 };
+        assert_eq!(later.since(&m).busy, Duration::from_secs_f64(1.40));
+        assert!(parse_proc_stat("intr 1\n", 100).is_err());
+    }
+
+    #[test]
+    fn the_live_machine_and_this_process_have_cpu_time() {
+        let m = MachineCpu::now().unwrap();
+        assert!(m.cpus >= 1 && m.busy <= m.total && m.total > Duration::ZERO, "{m:?}");
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        let me = std::process::id();
+        // Burn a little CPU so that the second reading is later than the first.
+        let before = processes_cpu(&[comm.trim_end()]);
+        assert!(before.contains_key(&me), "{before:?}");
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let after = processes_cpu(&[comm.trim_end()]);
+        let spent = cpu_by_name(&before, &after);
+        assert!(spent[comm.trim_end()] > Duration::ZERO, "{spent:?}");
+    }
+
+    #[test]
+    fn a_process_started_in_the_window_counts_whole_and_a_reused_pid_is_not_subtracted() {
+        let s = |n: &str, ms: u64| (n.to_string(), Duration::from_millis(ms));
+        let before = BTreeMap::from([(1, s("etcd", 100)), (2, s("kubectl", 50))]);
+        let after = BTreeMap::from([(1, s("etcd", 300)), (2, s("etcd", 70)), (3, s("kubectl", 40))]);
+        let spent = cpu_by_name(&before, &after);
+        assert_eq!(spent["etcd"], Duration::from_millis(270));
+        assert_eq!(spent["kubectl"], Duration::from_millis(40));
+    }
 
     const SCRAPE: &str = "# TYPE switchyard_reconcile_duration_seconds histogram
 switchyard_reconcile_duration_seconds_sum 1.5

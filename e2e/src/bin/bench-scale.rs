@@ -38,7 +38,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::cluster;
-use switchyard_e2e::measure::{self, cpu_time, histogram, histogram_quantile, now, proc_status, requests_by};
+use switchyard_e2e::measure::{
+    self, MachineCpu, cpu_by_name, cpu_time, histogram, histogram_quantile, now, proc_status, processes_cpu,
+    requests_by,
+};
 use switchyard_e2e::pool::Pool;
 use switchyard_operator::api::v1alpha1::Phase;
 use switchyard_operator::well_known::{LABEL_GPU_BACKEND, NVIDIA_GPU_RESOURCE};
@@ -86,6 +89,8 @@ struct Measured {
     nodes: u32,
     wall: Duration,
     intrinsic: Duration,
+    /// The most nodes in flight at once: `maxUnavailable`.
+    in_flight: u32,
     /// Operator CPU time over the window, and requests (`None` for the runbook).
     operator: Option<OperatorCost>,
 }
@@ -95,12 +100,30 @@ struct OperatorCost {
     requests: BTreeMap<String, u64>,
     p50: Option<f64>,
     p99: Option<f64>,
+    /// The mean reconcile duration, from the histogram's sum and count.
+    mean: Option<f64>,
     reconciles: f64,
     /// Per part of the reconcile (observe, decide, execute and execute's parts): p50 and p99.
     phases: Vec<(&'static str, Option<f64>, Option<f64>)>,
     /// The control plane's pod writes in the window (`measure::control_plane_writes`).
     control_plane: BTreeMap<String, u64>,
+    /// The machine's CPU time in the window, and the part of it each of [`CPU_USERS`] spent.
+    machine: MachineCpu,
+    by_process: BTreeMap<String, Duration>,
 }
+
+/// The processes whose CPU time the bench reports (by command name): the control plane, this
+/// process (which runs the node simulator) and the operator. All share the machine's cores; what
+/// they leave of the busy time is everything else: the CLI and kubectl (which exit inside the
+/// window, so their time is not read per process), the kernel's own threads.
+const CPU_USERS: [&str; 6] = [
+    "kube-apiserver",
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "bench-scale",
+    "switchyard-operator",
+];
 
 const PHASE_HISTOGRAM: &str = "switchyard_reconcile_phase_duration_seconds";
 
@@ -162,6 +185,7 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
             "status_bytes": memory.status_bytes,
             "plan_s": memory.plan.as_ref().map(|p| p.wall.as_secs_f64()),
             "plan_requests": memory.plan.as_ref().map(|p| p.requests.values().sum::<u64>()),
+            "plan_machine_cpu": memory.plan.as_ref().map(|p| machine_json(&p.machine, &p.by_process)),
             "status_cli_cpu_s": memory.status.as_ref().map(|f| f.cpu.as_secs_f64()),
             "migrations": results.iter().map(|r| json!({
                 "what": r.what, "nodes": r.nodes, "wall_s": r.wall.as_secs_f64(),
@@ -169,18 +193,28 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
                 "cpu_s": r.operator.as_ref().map(|o| o.cpu.as_secs_f64()),
                 "reconcile_p50_s": r.operator.as_ref().and_then(|o| o.p50),
                 "reconcile_p99_s": r.operator.as_ref().and_then(|o| o.p99),
+                "reconcile_mean_s": r.operator.as_ref().and_then(|o| o.mean),
+                "in_flight": r.in_flight,
                 "reconciles": r.operator.as_ref().map(|o| o.reconciles),
                 "requests": r.operator.as_ref().map(|o| o.requests.values().sum::<u64>()),
                 "phases": r.operator.as_ref().map(|o| o.phases.iter().map(|(p, a, b)| json!({
                     "phase": p, "p50_s": a, "p99_s": b,
                 })).collect::<Vec<_>>()),
                 "control_plane_writes": r.operator.as_ref().map(|o| &o.control_plane),
+                "machine_cpu": r.operator.as_ref().map(|o| machine_json(&o.machine, &o.by_process)),
             })).collect::<Vec<_>>(),
         });
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
         writeln!(f, "{line}")?;
     }
     Ok(())
+}
+
+fn machine_json(m: &MachineCpu, by_process: &BTreeMap<String, Duration>) -> serde_json::Value {
+    json!({
+        "busy_s": m.busy.as_secs_f64(), "total_s": m.total.as_secs_f64(), "cpus": m.cpus,
+        "by_process_s": by_process.iter().map(|(k, v)| (k.clone(), v.as_secs_f64())).collect::<BTreeMap<_, _>>(),
+    })
 }
 
 /// Cleans the pool up whatever the outcome.
@@ -296,6 +330,7 @@ async fn one_at_a_time(
         nodes: args.serial_nodes,
         wall,
         intrinsic: delay * args.serial_nodes,
+        in_flight: 1,
         operator: Some(cost),
     });
 
@@ -320,6 +355,7 @@ async fn one_at_a_time(
         nodes: args.serial_nodes,
         wall: t.elapsed(),
         intrinsic: delay * args.serial_nodes,
+        in_flight: 1,
         operator: None,
     });
     all_on_dra(pool).await?;
@@ -355,6 +391,9 @@ struct CliCost {
     wall: Duration,
     exit: i32,
     requests: BTreeMap<String, u64>,
+    /// The machine's CPU time while it ran, and the part of it each of [`CPU_USERS`] spent.
+    machine: MachineCpu,
+    by_process: BTreeMap<String, Duration>,
 }
 
 /// `switchyard status --view lines` following the wide migration.
@@ -373,6 +412,7 @@ async fn plan_cost(
 ) -> anyhow::Result<CliCost> {
     use tokio::io::AsyncWriteExt as _;
     let manifest = serde_yaml::to_string(gpm)?;
+    let (machine0, procs0) = (MachineCpu::now()?, processes_cpu(&CPU_USERS));
     let (from, t) = (now(), Instant::now());
     let mut child = tokio::process::Command::new(cluster::cli_bin())
         .args(["plan", "-f", "-", "-o", "json"])
@@ -387,6 +427,8 @@ async fn plan_cost(
     let out = child.wait_with_output().await?;
     let wall = t.elapsed();
     let to = now();
+    let machine = MachineCpu::now()?.since(&machine0);
+    let by_process = cpu_by_name(&procs0, &processes_cpu(&CPU_USERS));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let exit = out.status.code().unwrap_or(-1);
     anyhow::ensure!(
@@ -394,7 +436,8 @@ async fn plan_cost(
         "switchyard plan failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(CliCost { wall, exit, requests: requests_by(audit, "switchyard-cli/", &from, &to)? })
+    let requests = requests_by(audit, "switchyard-cli/", &from, &to)?;
+    Ok(CliCost { wall, exit, requests, machine, by_process })
 }
 
 /// Starts `switchyard status <name> --view lines` and samples it until it exits.
@@ -540,6 +583,7 @@ async fn at_a_percentage(
         wall,
         // What the migrated nodes needed at best: their waves, back to back.
         intrinsic: delay * migrated.div_ceil(k),
+        in_flight: k,
         operator: Some(cost),
     });
     let end = proc_status(pid, "VmRSS")?;
@@ -665,6 +709,23 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
             let phases: Vec<String> =
                 o.phases.iter().map(|(p, a, b)| format!("{p} {} / {} ms", ms(*a), ms(*b))).collect();
             println!("reconcile parts, p50 / p99, {}: {}", r.what, phases.join(", "));
+            let per = |v: Option<f64>| ms(v.map(|v| v / f64::from(r.in_flight)));
+            println!(
+                "reconcile mean {} ms; per node in flight ({}): mean {} / p50 {} / p99 {} ms",
+                ms(o.mean),
+                r.in_flight,
+                per(o.mean),
+                per(o.p50),
+                per(o.p99)
+            );
+        }
+    }
+    if let Some(p) = &memory.plan {
+        println!("machine CPU while switchyard plan ran: {}", machine_line(&p.machine, &p.by_process));
+    }
+    for r in results {
+        if let Some(o) = &r.operator {
+            println!("machine CPU in the window, {}: {}", r.what, machine_line(&o.machine, &o.by_process));
         }
     }
     let limits = control_plane_limits();
@@ -701,6 +762,24 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
     }
 }
 
+/// `busy 251.4 of 258.5 CPU s (97% of 2 CPUs); by process, CPU s: kube-apiserver 120.7, …, other 1.3`.
+fn machine_line(m: &MachineCpu, by_process: &BTreeMap<String, Duration>) -> String {
+    let named: Duration = by_process.values().sum();
+    let parts: Vec<String> = CPU_USERS
+        .iter()
+        .map(|n| format!("{n} {:.1}", by_process.get(*n).copied().unwrap_or_default().as_secs_f64()))
+        .chain([format!("other {:.1}", m.busy.saturating_sub(named).as_secs_f64())])
+        .collect();
+    format!(
+        "busy {:.1} of {:.1} CPU s ({:.0}% of {} CPUs); by process, CPU s: {}",
+        m.busy.as_secs_f64(),
+        m.total.as_secs_f64(),
+        100.0 * m.busy.as_secs_f64() / m.total.as_secs_f64().max(f64::EPSILON),
+        m.cpus,
+        parts.join(", ")
+    )
+}
+
 /// The controller manager's and the scheduler's client limits (requests a second, burst) as
 /// `cluster-up.sh` set them, where it wrote them.
 fn control_plane_limits() -> Option<[u64; 4]> {
@@ -726,10 +805,13 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     let (_, before) = measure::http("GET", metrics_url, None).await?;
+    let (machine0, procs0) = (MachineCpu::now()?, processes_cpu(&CPU_USERS));
     let (cpu0, from, t) = (cpu_time(pid)?, now(), Instant::now());
     what().await?;
     let wall = t.elapsed();
     let (cpu1, to) = (cpu_time(pid)?, now());
+    let machine = MachineCpu::now()?.since(&machine0);
+    let by_process = cpu_by_name(&procs0, &processes_cpu(&CPU_USERS));
     let (_, after) = measure::http("GET", metrics_url, None).await?;
     // The audit log is written asynchronously; give it a moment.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -738,6 +820,11 @@ where
     let (b, _) = histogram(&before, RECONCILE_HISTOGRAM);
     let (a, total) = histogram(&after, RECONCILE_HISTOGRAM);
     let reconciles = total - b.last().map_or(0.0, |x| x.1);
+    let sum = |text: &str| measure::sample(text, &format!("{RECONCILE_HISTOGRAM}_sum"));
+    let mean = match (sum(&before), sum(&after)) {
+        (Some(s0), Some(s1)) if reconciles > 0.0 => Some((s1 - s0) / reconciles),
+        _ => None,
+    };
     let phases = ["observe", "decide", "execute", "execute_steps", "execute_status"]
         .into_iter()
         .map(|phase| {
@@ -759,9 +846,12 @@ where
             requests,
             p50: histogram_quantile(&b, &a, 0.5),
             p99: histogram_quantile(&b, &a, 0.99),
+            mean,
             reconciles,
             phases,
             control_plane,
+            machine,
+            by_process,
         },
     ))
 }
