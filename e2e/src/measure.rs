@@ -96,15 +96,19 @@ pub fn cpu_by_name(
 }
 
 /// `CLK_TCK`, the unit of the stat times (100 on every Linux this runs on; asked anyway).
+/// Asked once a process: every CPU reading of a window (the machine's and each process's) needs it.
 fn clock_ticks_per_second() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(100)
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(100)
+    })
 }
 
 /// One HTTP/1.1 request over plain TCP (`Connection: close`); returns the status code and body.
