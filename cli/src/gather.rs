@@ -11,14 +11,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
-use switchyard_operator::node_fields::SlimNode;
+use switchyard_operator::node::slim::SlimNode;
 
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
 use switchyard_operator::controller;
-use switchyard_operator::inventory::{self, Target};
-use switchyard_operator::inventory_source::{self, Scope};
-use switchyard_operator::plan::OtherMigration;
-use switchyard_operator::preview::Inputs;
+use switchyard_operator::pool::preview::Inputs;
+use switchyard_operator::pool::readers::{self, Target};
+use switchyard_operator::pool::rollout::OtherMigration;
+use switchyard_operator::reads::reader_objects::{self, Scope};
 use switchyard_operator::well_known::NVIDIA_GPU_RESOURCE;
 
 /// Field manager of the CLI's dry-run applies; nothing is persisted under it.
@@ -128,11 +128,11 @@ pub async fn plan_inputs(
         .filter(|o| o.name_any() != name)
         .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
         .collect();
-    let observed = inventory_source::observe(
+    let observed = reader_objects::observe(
         client,
-        inventory_source::targets(spec),
+        reader_objects::targets(spec),
         Some(spec.node_selector.clone()),
-        inventory_source::pool_nodes(&nodes),
+        reader_objects::pool_nodes(&nodes),
         Scope { device_classes: Some(device_classes.clone()), ..scope },
     )
     .await
@@ -151,7 +151,7 @@ pub async fn plan_inputs(
         device_plugin_daemonset: plugin_ds,
         others,
         slices,
-        findings: inventory::find(&observed),
+        findings: readers::find(&observed),
         skipped: observed.skipped,
         now: Timestamp::now(),
     })
@@ -165,7 +165,7 @@ pub async fn inventory_observed(
     resources: &[String],
     device_class: &str,
     scope: Scope,
-) -> anyhow::Result<inventory::Observed> {
+) -> anyhow::Result<readers::Observed> {
     let api: Api<GpuPoolMigration> = Api::all(client.clone());
     let migrations = match migration {
         Some(m) => vec![api.get(m).await.with_context(|| format!("reading GpuPoolMigration {m}"))?],
@@ -177,7 +177,7 @@ pub async fn inventory_observed(
     let mut targets: Vec<Target> = Vec::new();
     let mut nodes: BTreeMap<String, SlimNode> = BTreeMap::new();
     for m in &migrations {
-        for t in inventory_source::targets(&m.spec) {
+        for t in reader_objects::targets(&m.spec) {
             if !targets.contains(&t) {
                 targets.push(t);
             }
@@ -213,7 +213,7 @@ pub async fn inventory_observed(
         }
     }
     let nodes: Vec<SlimNode> = nodes.into_values().collect();
-    inventory_source::observe(client, targets, node_selector, inventory_source::pool_nodes(&nodes), scope)
+    reader_objects::observe(client, targets, node_selector, reader_objects::pool_nodes(&nodes), scope)
         .await
         .context("reading the inventory")
 }

@@ -6,8 +6,8 @@ use kube::Client;
 use serde::Serialize;
 
 use super::{EXIT_FINDINGS, InventoryArgs, Output};
-use switchyard_operator::inventory::{self, Finding, Severity, Target};
-use switchyard_operator::inventory_source::Scope;
+use switchyard_operator::pool::readers::{self, Finding, Severity, Target};
+use switchyard_operator::reads::reader_objects::Scope;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -29,11 +29,11 @@ pub async fn run(client: Client, args: &InventoryArgs) -> anyhow::Result<u8> {
         Scope { config_maps: args.scan_config_maps, ..Default::default() },
     )
     .await?;
-    let findings = inventory::find(&observed);
+    let findings = readers::find(&observed);
     let report = Report {
         resources: observed.targets.iter().map(describe_target).collect(),
         pool_nodes: observed.pool_nodes.len(),
-        summary: inventory::summary(&findings),
+        summary: readers::summary(&findings),
         findings: &findings,
         skipped: &observed.skipped,
     };
@@ -90,7 +90,7 @@ mod tests {
         let text = render(&Report {
             resources: vec!["nvidia.com/gpu (DeviceClass gpu.switchyard.dev)".into()],
             pool_nodes: 6,
-            summary: inventory::summary(&findings),
+            summary: readers::summary(&findings),
             findings: &findings,
             skipped: &skipped,
         });

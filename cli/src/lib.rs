@@ -2,7 +2,7 @@
 //! `plan` shows what a migration would do without changing anything, `inventory` lists what in the
 //! cluster still reads GPU capacity the device-plugin way, `status` follows a migration live.
 //!
-//! Decisions live in the pure modules (`switchyard_operator::preview`, `switchyard_operator::inventory`, `switchyard_operator::plan`, ...);
+//! Decisions live in the pure modules (`switchyard_operator::pool::preview`, `switchyard_operator::pool::readers`, `switchyard_operator::pool::rollout`, ...);
 //! this module gathers from the API, renders and sets the exit code.
 
 use std::path::PathBuf;

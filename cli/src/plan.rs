@@ -8,11 +8,11 @@ use kube::api::Api;
 
 use super::{EXIT_FINDINGS, Output, PlanArgs};
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
-use switchyard_operator::inventory_source::Scope;
-use switchyard_operator::plan::state_str;
-use switchyard_operator::preview::{
+use switchyard_operator::pool::preview::{
     self, ClassAction, NodeAction, PlacementAction, PodFlag, Report, SelectorBasis,
 };
+use switchyard_operator::pool::rollout::state_str;
+use switchyard_operator::reads::reader_objects::Scope;
 
 /// Prints the plan; exits [`EXIT_FINDINGS`] when something would block the migration.
 pub async fn run(client: Client, args: &PlanArgs) -> anyhow::Result<u8> {

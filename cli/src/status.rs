@@ -20,8 +20,8 @@ use kube::{Api, Client, ResourceExt};
 
 use super::{EXIT_FINDINGS, StatusArgs, View};
 use switchyard_operator::api::v1alpha1::{Direction, GpuPoolMigration, NodeCounts, NodeState, Phase};
-use switchyard_operator::conditions::ConditionType;
-use switchyard_operator::plan::state_str;
+use switchyard_operator::pool::rollout::state_str;
+use switchyard_operator::report::conditions::ConditionType;
 
 /// Time in state is shown to the second; redrawing once a second keeps it counting up without
 /// flicker, and a watch event redraws at once anyway.

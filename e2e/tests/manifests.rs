@@ -356,7 +356,7 @@ fn agent_admission_policy_confines_slices_to_the_agents_node() {
 async fn operator_admission_policy_lets_it_change_only_the_backend_node_affinity() -> anyhow::Result<()> {
     use k8s_openapi::api::apps::v1::DaemonSet;
     use kube::api::{Api, Patch, PatchParams, PostParams};
-    use switchyard_operator::placement::{self, Role};
+    use switchyard_operator::pool::placement::{self, Role};
     use switchyard_operator::well_known::OPERATOR_FIELD_MANAGER;
 
     let objs = kustomize("config/");

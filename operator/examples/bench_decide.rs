@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use serde_json::json;
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
-use switchyard_operator::device_classes;
-use switchyard_operator::placement::Role;
+use switchyard_operator::pool::device_classes;
+use switchyard_operator::pool::placement::Role;
 use switchyard_operator::reconcile::{decide, observe};
 use switchyard_operator::testing;
 
@@ -57,7 +57,7 @@ fn slice(node: &str) -> ResourceSlice {
 /// The pool: per node its name and state (None: pending), slices for the nodes on DRA.
 fn pool(
     n: usize,
-) -> (Vec<switchyard_operator::node_fields::SlimNode>, HashMap<String, Vec<Arc<ResourceSlice>>>) {
+) -> (Vec<switchyard_operator::node::slim::SlimNode>, HashMap<String, Vec<Arc<ResourceSlice>>>) {
     let moving = ["Draining", "Switching", "Switching", "Draining"];
     let mut nodes = Vec::with_capacity(n);
     let mut slices = HashMap::new();

@@ -15,9 +15,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde_json::json;
-use switchyard_operator::alloc;
 use switchyard_operator::cache;
-use switchyard_operator::node_fields::SlimNode;
+use switchyard_operator::node::slim::SlimNode;
+use switchyard_operator::runtime::alloc;
 
 /// The operator's allocator, which gives freed pages back at once here (no decay), so that each
 /// RSS reading below is the live objects' pages.
@@ -309,6 +309,6 @@ fn main() {
         labelled_whole.state().len(),
         heap(heap_labelled_whole - heap_labelled)
     );
-    println!("strings interned: {}", switchyard_operator::str_map::interned());
+    println!("strings interned: {}", switchyard_operator::cache::str_map::interned());
     println!("process at start: {:.1} MiB", start as f64 / 1024.0);
 }

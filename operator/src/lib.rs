@@ -1,37 +1,32 @@
 //! Switchyard operator: moves GPU node pools from the NVIDIA device plugin to a DRA driver, node
 //! by node, and back.
+//!
+//! The folders follow the picture in the README, top to bottom; a module imports only what
+//! stands below it:
+//!
+//! - [`controller`]: the watches, the context every reconcile shares (wiring only);
+//! - [`reconcile`]: one reconcile: observe, decide (pure), execute; cleanup beside apply;
+//! - [`node`]: one node: its slim cached shape, its record, its patches, its state machine,
+//!   drain and canary;
+//! - [`pool`]: the pool's judgements: the rollout, prerequisites, capacity, overlap, placement,
+//!   DeviceClasses, selectors, the capacity readers, and the preview `switchyard plan` shows;
+//! - [`reads`] and [`cache`]: API reads and the caches the watches feed;
+//! - [`report`]: conditions, events and metrics;
+//! - [`runtime`]: the process: leader election, the allocator, the HTTP endpoints.
 
-pub mod alloc;
 pub mod api;
 pub mod cache;
-pub mod canary;
-pub mod capacity;
-pub mod conditions;
 pub mod controller;
 pub mod crd;
-pub mod device_classes;
-pub mod drain;
 pub mod error;
-pub mod events;
-pub mod inventory;
-pub mod inventory_source;
-pub mod leader;
-pub mod metrics;
-pub mod node_fields;
-pub mod node_state;
-pub mod overlap;
-pub mod placement;
-pub mod plan;
-pub mod pod_list;
-pub mod prerequisites;
-pub mod preview;
+pub mod node;
+pub mod pool;
+pub mod reads;
 pub mod reconcile;
+pub mod report;
 pub mod runtime;
-pub mod selectors;
-pub mod str_map;
 #[doc(hidden)]
 pub mod testing;
-pub mod watch;
 pub use switchyard_api::well_known;
 
 pub use error::{Error, Result};

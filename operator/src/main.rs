@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use switchyard_operator::alloc;
+use switchyard_operator::runtime::alloc;
 use switchyard_operator::runtime::{Settings, run};
 
 #[global_allocator]

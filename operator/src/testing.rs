@@ -79,7 +79,7 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// What discovery says about a v1.37.2 API server that serves every resource.k8s.io/v1 kind.
 pub fn server_v1_37() -> crate::controller::ServerFacts {
-    use crate::prerequisites::{ExtendedResourceProbe, ServedApis};
+    use crate::pool::prerequisites::{ExtendedResourceProbe, ServedApis};
     crate::controller::ServerFacts {
         git_version: "v1.37.2".into(),
         served: ServedApis {
@@ -94,7 +94,7 @@ pub fn server_v1_37() -> crate::controller::ServerFacts {
 
 /// A Ready v1.37.2 node with containerd 2.1, labelled `pool: a100`, whose device plugin
 /// advertises 8 `nvidia.com/gpu`; `extra` is merged in (RFC 7386).
-pub fn gpu_node(name: &str, extra: &Value) -> crate::node_fields::SlimNode {
+pub fn gpu_node(name: &str, extra: &Value) -> crate::node::slim::SlimNode {
     let mut v = serde_json::json!({
         "metadata": {"name": name, "resourceVersion": "7", "labels": {"pool": "a100"}},
         "status": {
@@ -114,7 +114,7 @@ pub fn gpu_node(name: &str, extra: &Value) -> crate::node_fields::SlimNode {
 pub fn placed_daemon_set(
     namespace: &str,
     name: &str,
-    role: crate::placement::Role,
+    role: crate::pool::placement::Role,
 ) -> k8s_openapi::api::apps::v1::DaemonSet {
     let mut ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(serde_json::json!({
         "metadata": {"namespace": namespace, "name": name},
@@ -122,7 +122,7 @@ pub fn placed_daemon_set(
     }))
     .expect("a valid DaemonSet");
     // Placed for either switch: off `dra` and `none` nodes.
-    let terms = crate::placement::merged_terms(&ds, role, true);
+    let terms = crate::pool::placement::merged_terms(&ds, role, true);
     if let Some(pod) = ds.spec.template.spec.as_mut() {
         pod.affinity = serde_json::from_value(serde_json::json!({"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}))
@@ -135,7 +135,7 @@ pub fn placed_daemon_set(
 /// DeviceClasses, slices, other migrations or reads.
 pub fn snapshot(
     gpm: &crate::api::v1alpha1::GpuPoolMigration,
-    nodes: Vec<crate::node_fields::SlimNode>,
+    nodes: Vec<crate::node::slim::SlimNode>,
     now: i64,
 ) -> crate::reconcile::observe::Snapshot<'_> {
     crate::reconcile::observe::Snapshot {

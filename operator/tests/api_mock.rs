@@ -8,8 +8,8 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 use switchyard_operator::api::v1alpha1::GpuPoolMigrationSpec;
-use switchyard_operator::drain::{self, Evicted, PodRef};
-use switchyard_operator::{controller, device_classes};
+use switchyard_operator::node::drain::{self, Evicted, PodRef};
+use switchyard_operator::{controller, pool::device_classes};
 use tower_test::mock::{self, Handle};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
@@ -212,8 +212,8 @@ mod execute {
     use switchyard_operator::api::v1alpha1::GpuPoolMigration;
     use switchyard_operator::cache::{Caches, NodeWrites};
     use switchyard_operator::controller::{Config, Context};
-    use switchyard_operator::metrics::Metrics;
     use switchyard_operator::reconcile::{decide, execute, observe};
+    use switchyard_operator::report::metrics::Metrics;
     use switchyard_operator::testing;
 
     type Seen = Arc<Mutex<Vec<(Method, String, Value)>>>;
@@ -292,7 +292,7 @@ mod execute {
                 Timestamp::from_second(1).unwrap(),
             ));
         }
-        use switchyard_operator::placement::Role;
+        use switchyard_operator::pool::placement::Role;
         let (dn, dp) = (&gpm.spec.driver.daemon_set, &gpm.spec.device_plugin.daemon_set);
         let nodes = vec![testing::gpu_node("n1", &json!({})), testing::gpu_node("n2", &json!({}))];
         let snapshot = observe::Snapshot {
@@ -413,7 +413,7 @@ async fn a_stop_before_the_migration_crd_is_served_ends_the_controller_at_once()
     let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let run = controller::run(
         client,
-        std::sync::Arc::new(switchyard_operator::metrics::Metrics::new()),
+        std::sync::Arc::new(switchyard_operator::report::metrics::Metrics::new()),
         controller::Config { canary_namespace: "switchyard-system".into(), migration_selector: None },
         ready.clone(),
         async move {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use crate::node_fields::SlimNode;
+use crate::node::slim::SlimNode;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
@@ -19,21 +19,21 @@ use crate::api::v1alpha1::{
     Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
 };
 use crate::cache::DeviceCounts;
-use crate::capacity::Block;
-use crate::conditions::{self, ConditionType, Desired, Progress};
 use crate::controller::{
     NodePatch, node_patch, node_versions, owner_ref, pool_verdict, resources, taint_rule,
 };
-use crate::device_classes::{self, Readiness};
-use crate::drain::{self, PodRef};
 use crate::error::{Error, Result};
-use crate::inventory::{self, Finding, Severity};
-use crate::node_state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
-use crate::overlap;
-use crate::placement::{self, PlacementApply, Role};
-use crate::plan::{self, Backend, Failure, Halt, PoolNode};
-use crate::prerequisites;
-use crate::selectors::{Selected, Selectors};
+use crate::node::drain::{self, PodRef};
+use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
+use crate::pool::capacity::Block;
+use crate::pool::device_classes::{self, Readiness};
+use crate::pool::overlap;
+use crate::pool::placement::{self, PlacementApply, Role};
+use crate::pool::prerequisites;
+use crate::pool::readers::{self, Finding, Severity};
+use crate::pool::rollout::{self, Backend, Failure, Halt, PoolNode};
+use crate::pool::selectors::{Selected, Selectors};
+use crate::report::conditions::{self, ConditionType, Desired, Progress};
 use crate::well_known::*;
 
 /// How many findings the InventoryFindings message lists before pointing at the CLI.
@@ -318,7 +318,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let overlaps: Vec<overlap::Overlap> = s
         .nodes
         .iter()
-        .filter(|n| plan::node_state(n) != NodeState::Switching)
+        .filter(|n| rollout::node_state(n) != NodeState::Switching)
         .filter_map(|n| overlap::check(n, &res, node_counts(s, n).schedulable))
         .collect();
 
@@ -330,7 +330,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         }
     }
     let mut p =
-        plan::plan(&name, spec, &pool, &s.others).map_err(|message| Error::InvalidSpec { message })?;
+        rollout::plan(&name, spec, &pool, &s.others).map_err(|message| Error::InvalidSpec { message })?;
     let gate_open = verdict.met && dc_readiness.ready() && placement_ready && overlaps.is_empty();
     if !gate_open {
         let held: Vec<String> = std::mem::take(&mut p.to_start);
@@ -595,7 +595,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let mut per_state: BTreeMap<String, (NodeState, i64)> = BTreeMap::new();
     for n in pool.iter().filter(|n| owned.contains(n.name.as_str())) {
         let st = n.state();
-        per_state.entry(plan::state_str(st)).or_insert((st, 0)).1 += 1;
+        per_state.entry(rollout::state_str(st)).or_insert((st, 0)).1 += 1;
     }
     let mut metrics = PoolMetrics {
         per_state: per_state.into_values().collect(),
@@ -677,7 +677,7 @@ pub fn node_step(
         (Some(_), NodeState::Verifying) => match &reads.canary {
             // Already going: wait for it to be gone before the new one.
             Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
-            p => crate::canary::outcome(p.as_ref(), &attempt),
+            p => crate::node::canary::outcome(p.as_ref(), &attempt),
         },
         (Some(_), _) => Canary::Absent,
         (None, _) => Canary::NotConfigured,
@@ -693,7 +693,7 @@ pub fn node_step(
         _ => Selected::default(),
     };
     // What DRA must publish for the node to count as switched: a shared GPU counts once.
-    let dp_gpus = crate::capacity::gpus_to_publish(node, &res);
+    let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res);
     let observed = Observed {
         state,
         since: parse_since(&pn),
@@ -726,7 +726,7 @@ pub fn node_step(
         drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
         verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
     };
-    let action = node_state::next_step(&observed);
+    let action = state::next_step(&observed);
     let mut step = NodeStep {
         action: action.clone(),
         message: String::new(),
@@ -761,7 +761,7 @@ pub fn node_step(
         }
         Action::CreateCanary => {
             if let Some(c) = &spec.strategy.verify.canary {
-                let target = crate::canary::Target {
+                let target = crate::node::canary::Target {
                     migration: v.migration,
                     owner: v.owner.clone(),
                     node: &name,
@@ -770,7 +770,7 @@ pub fn node_step(
                     resource: res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE),
                     attempt: &attempt,
                 };
-                step.create_canary = Some(crate::canary::pod(&target, c));
+                step.create_canary = Some(crate::node::canary::pod(&target, c));
                 step.message = "canary created".into();
             }
         }
@@ -882,7 +882,7 @@ fn transition_reason(to: NodeState) -> &'static str {
 /// The InventoryFindings condition message: the summary, the most severe findings, and where to
 /// see the rest.
 pub fn inventory_message(migration: &str, findings: &[Finding], other: &[String]) -> String {
-    let mut lines = vec![inventory::summary(findings)];
+    let mut lines = vec![readers::summary(findings)];
     lines.extend(findings.iter().take(FINDINGS_IN_CONDITION).map(Finding::headline));
     if findings.len() > FINDINGS_IN_CONDITION {
         lines.push(format!("and {} more", findings.len() - FINDINGS_IN_CONDITION));
@@ -896,7 +896,7 @@ pub fn inventory_message(migration: &str, findings: &[Finding], other: &[String]
 
 /// Why queued nodes do not start, when nothing else says so: the budget is used by nodes the
 /// migration did not make unavailable (NotReady, failed), or the queued nodes are NotReady.
-pub fn queued_message(p: &plan::Plan, gate_open: bool, moving: usize) -> Option<String> {
+pub fn queued_message(p: &rollout::Plan, gate_open: bool, moving: usize) -> Option<String> {
     if p.queued.is_empty() || p.halt.is_some() || !gate_open || moving > 0 {
         return None;
     }
@@ -925,7 +925,7 @@ pub fn queued_message(p: &plan::Plan, gate_open: bool, moving: usize) -> Option<
 }
 
 /// The phase from the plan.
-pub fn phase(spec: &GpuPoolMigrationSpec, p: &plan::Plan, gate_open: bool) -> Phase {
+pub fn phase(spec: &GpuPoolMigrationSpec, p: &rollout::Plan, gate_open: bool) -> Phase {
     let moving = !p.in_flight.is_empty() || !p.to_start.is_empty();
     if p.halt.is_some() {
         return Phase::Paused;
@@ -946,7 +946,7 @@ pub fn phase(spec: &GpuPoolMigrationSpec, p: &plan::Plan, gate_open: bool) -> Ph
 mod tests {
     use super::*;
     use crate::api::v1alpha1::{GpuPoolMigration, PlacementMode};
-    use crate::plan::OtherMigration;
+    use crate::pool::rollout::OtherMigration;
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -1571,7 +1571,7 @@ mod tests {
     #[test]
     fn queued_message_names_what_holds_the_budget() {
         let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let held = plan::Plan {
+        let held = rollout::Plan {
             queued: v(&["b", "c"]),
             max_unavailable: 1,
             unavailable: 1,
@@ -1582,7 +1582,8 @@ mod tests {
         assert!(m.contains("maxUnavailable is 1") && m.contains("(a)"), "{m}");
         assert_eq!(queued_message(&held, true, 1), None, "nodes moving say it themselves");
         assert_eq!(queued_message(&held, false, 0), None, "a closed gate has its own condition");
-        let not_ready = plan::Plan { queued: v(&["b"]), max_unavailable: 2, unavailable: 1, ..held.clone() };
+        let not_ready =
+            rollout::Plan { queued: v(&["b"]), max_unavailable: 2, unavailable: 1, ..held.clone() };
         let m = queued_message(&not_ready, true, 0).expect("a message");
         assert!(m.contains("NotReady (b)"), "{m}");
     }
@@ -1622,7 +1623,7 @@ mod tests {
         }))
         .unwrap();
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let p = |in_flight: &[&str], queued: &[&str], failed: &[&str], halt: Option<Halt>| plan::Plan {
+        let p = |in_flight: &[&str], queued: &[&str], failed: &[&str], halt: Option<Halt>| rollout::Plan {
             in_flight: s(in_flight),
             queued: s(queued),
             failed: s(failed),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use futures::StreamExt;
 
-use crate::node_fields::SlimNode;
+use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
@@ -22,15 +22,15 @@ use tracing::{debug, info, warn};
 use super::decide::{Decision, MigrationEvent, NodeEvent, NodeStep, STATUS_LIST_MAX, parse_since};
 use super::observe::Snapshot;
 use crate::api::v1alpha1::{GpuPoolMigration, GpuPoolMigrationStatus, NodeProgress, NodeState};
-use crate::conditions::ConditionType;
 use crate::controller::{
     Context, NodePatch, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE, apply_device_class,
 };
-use crate::drain;
 use crate::error::{Error, Result};
-use crate::events;
-use crate::metrics::{ErrorLabels, EvictionLabels, MigrationLabels, PhaseLabels};
-use crate::plan::PoolNode;
+use crate::node::drain;
+use crate::pool::rollout::PoolNode;
+use crate::report::conditions::ConditionType;
+use crate::report::events;
+use crate::report::metrics::{ErrorLabels, EvictionLabels, MigrationLabels, PhaseLabels};
 use crate::well_known::OPERATOR_FIELD_MANAGER;
 
 /// How many nodes' steps run at once: a 10% budget of a large pool moves hundreds of nodes, each
@@ -323,7 +323,7 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
     let client = &ctx.client;
     let name = &step.node;
     let canaries: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
-    let canary_name = crate::canary::pod_name(name);
+    let canary_name = crate::node::canary::pod_name(name);
     let rules: Api<DeviceTaintRule> = Api::all(client.clone());
     let mut message = step.message.clone();
     let mut events = step.events.clone();
@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn long_notes_are_cut_on_a_char_boundary() {
-        use crate::events::{NOTE_MAX, cut_note};
+        use crate::report::events::{NOTE_MAX, cut_note};
         let short = "node gpu-1: Pending → Cordoned";
         assert_eq!(cut_note(short), short);
         let long = "é".repeat(NOTE_MAX);

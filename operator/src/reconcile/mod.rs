@@ -20,7 +20,7 @@ use kube::runtime::controller::Action as Requeue;
 use crate::api::v1alpha1::GpuPoolMigration;
 use crate::controller::Context;
 use crate::error::Result;
-use crate::metrics::PhaseLabels;
+use crate::report::metrics::PhaseLabels;
 
 /// Observes the pool, decides, and carries the decision out.
 pub async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::node_fields::SlimNode;
+use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
@@ -22,11 +22,11 @@ use crate::controller::{
     self, Context, INVENTORY_TTL, POD_COUNT_TTL, ServerFacts, pods_on_node, pods_on_nodes, resources,
     taint_rule_name,
 };
-use crate::drain;
 use crate::error::{Error, Result};
-use crate::inventory::{self, Finding};
-use crate::inventory_source;
-use crate::plan::{self, Backend, OtherMigration, PoolNode};
+use crate::node::drain;
+use crate::pool::readers::{self, Finding};
+use crate::pool::rollout::{self, Backend, OtherMigration, PoolNode};
+use crate::reads::reader_objects;
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -131,7 +131,8 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // Which nodes need more than the node: a first plan (pure) says which are moving and which
     // may start. An invalid spec fails here, with the message the decision would give.
     let pool: Vec<PoolNode> = nodes.iter().map(|n| PoolNode::from_node(n)).collect();
-    let first = plan::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
+    let first =
+        rollout::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
     let (slices, dra_counts) = if facts.served.resource_slices {
         cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
         // Only a switch compares devices with the selectors; every other step reads the counts.
@@ -319,7 +320,7 @@ pub async fn node(
     let client = &ctx.client;
     let state = pn.state();
     let mut reads = NodeReads::default();
-    let plugin_gone = || crate::overlap::allocatable_total(node, &resources(spec)) == 0;
+    let plugin_gone = || crate::pool::overlap::allocatable_total(node, &resources(spec)) == 0;
     if matches!(state, NodeState::Draining | NodeState::RollingBack)
         || (state == NodeState::Switching
             && switch_reads_pods(pn.backend(), plugin_gone(), published, super::decide::gpus_before(pn)))
@@ -342,7 +343,7 @@ pub async fn node(
     }
     if spec.strategy.verify.canary.is_some() && state == NodeState::Verifying {
         reads.canary = Api::<Pod>::namespaced(client.clone(), &ctx.config.canary_namespace)
-            .get_opt(&crate::canary::pod_name(&pn.name))
+            .get_opt(&crate::node::canary::pod_name(&pn.name))
             .await
             .map_err(|source| Error::CreateCanary { node: pn.name.clone(), source })?;
     }
@@ -363,7 +364,10 @@ pub fn switch_reads_pods(backend: Backend, plugin_gone: bool, published: u64, be
     }
 }
 
-async fn server_facts(ctx: &Context, nodes: &[crate::prerequisites::NodeVersions]) -> Result<ServerFacts> {
+async fn server_facts(
+    ctx: &Context,
+    nodes: &[crate::pool::prerequisites::NodeVersions],
+) -> Result<ServerFacts> {
     if let Ok(guard) = ctx.facts.lock()
         && let Some((at, f)) = guard.as_ref()
         && at.elapsed() < controller::FACTS_TTL
@@ -437,12 +441,12 @@ async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Arc<SlimN
     {
         return findings.clone();
     }
-    let observed = inventory_source::observe(
+    let observed = reader_objects::observe(
         &ctx.client,
-        inventory_source::targets(&gpm.spec),
+        reader_objects::targets(&gpm.spec),
         Some(gpm.spec.node_selector.clone()),
-        inventory_source::pool_nodes(nodes),
-        inventory_source::Scope {
+        reader_objects::pool_nodes(nodes),
+        reader_objects::Scope {
             config_maps: false,
             // The watch's cache; empty where the kind is not served, which is also the truth.
             device_classes: Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect()),
@@ -451,7 +455,7 @@ async fn inventory_for(ctx: &Context, gpm: &GpuPoolMigration, nodes: &[Arc<SlimN
     .await;
     match observed {
         Ok(o) => {
-            let findings = inventory::find(&o);
+            let findings = readers::find(&o);
             if let Ok(mut g) = ctx.inventory.lock() {
                 g.insert(name, (Instant::now(), generation, findings.clone()));
             }

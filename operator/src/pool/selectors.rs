@@ -13,7 +13,7 @@ use kube::core::cel::KubeCelExt;
 use kube::core::cel::cel::{Context, Program, Value};
 
 use crate::api::v1alpha1::GpuPoolMigrationSpec;
-use crate::device_classes::selector_expression;
+use crate::pool::device_classes::selector_expression;
 use crate::well_known::DEFAULT_DRIVER_NAME;
 
 /// The domain of the standard attributes every driver may publish (`resource.kubernetes.io/...`).
@@ -80,7 +80,7 @@ pub struct ClassMatch {
     pub uncompiled: Option<String>,
 }
 
-/// What a switching node's DRA devices give the pool, for [`crate::node_state::Observed`].
+/// What a switching node's DRA devices give the pool, for [`crate::node::state::Observed`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selected {
     /// Per resource, the devices its class selects, capped at what the resource had before the

@@ -8,7 +8,7 @@
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
-use crate::node_fields::SlimNode;
+use crate::node::slim::SlimNode;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 

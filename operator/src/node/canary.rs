@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::api::v1alpha1::CanarySpec;
-use crate::node_state::Canary;
+use crate::node::state::Canary;
 use crate::well_known::{
     LABEL_CANARY_ATTEMPT, LABEL_CANARY_NODE, LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER,
 };

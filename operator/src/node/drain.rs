@@ -12,7 +12,7 @@ use kube::api::{Api, PostParams};
 
 use crate::api::v1alpha1::{DrainSpec, PodSelection};
 use crate::error::{Error, Result};
-use crate::node_state::DrainCounts;
+use crate::node::state::DrainCounts;
 
 /// Annotation the kubelet puts on mirror pods of static pods; the API cannot evict those.
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";

@@ -3,6 +3,9 @@
 //! `/livez`, and a graceful stop on SIGTERM (stop being ready, finish in-flight reconciles, give
 //! the lease back, return).
 
+pub mod alloc;
+pub mod leader;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +19,8 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::controller::{self, Config};
-use crate::leader::{Elector, RENEW_DEADLINE, RENEW_INTERVAL};
-use crate::metrics::Metrics;
+use crate::report::metrics::Metrics;
+use crate::runtime::leader::{Elector, RENEW_DEADLINE, RENEW_INTERVAL};
 
 /// How long a stop (SIGTERM) waits for the reconciles in flight before it aborts them: under the
 /// packaged pods' `terminationGracePeriodSeconds` of 30, with time left to release the Lease.

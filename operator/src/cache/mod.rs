@@ -37,6 +37,8 @@
 //!   would conclude "no nodes selected" or "DaemonSet missing" and flap PrerequisitesMet, so every
 //!   read first waits for its store's first sync ([`synced`]).
 
+pub mod str_map;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -50,9 +52,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Notify;
 
+use crate::cache::str_map::LabelQuery;
 use crate::error::{Error, Result};
-use crate::node_fields::SlimNode;
-use crate::str_map::LabelQuery;
+use crate::node::slim::SlimNode;
 
 /// How long a reconcile waits for a cache's first LIST before it fails and retries with backoff:
 /// long enough to list every node of a large cluster, short enough that a watch which cannot list
@@ -147,7 +149,7 @@ pub fn select_nodes<'a, N: std::borrow::Borrow<SlimNode> + Clone + 'a>(
 
 /// What a reconcile reads of a node's DRA devices for every node of the pool, not only the nodes
 /// it steps: the devices a node's slices publish (the pool's GPU count), and those the scheduler
-/// may allocate now (the backend-overlap invariant; see [`crate::overlap`]).
+/// may allocate now (the backend-overlap invariant; see [`crate::pool::overlap`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounts {
     /// Devices, tainted or not.
@@ -160,8 +162,8 @@ impl DeviceCounts {
     /// The counts of `driver`'s devices for `node` in `slices`.
     pub fn of(slices: &[impl std::borrow::Borrow<ResourceSlice>], driver: &str, node: &str) -> Self {
         DeviceCounts {
-            devices: crate::overlap::dra_devices(slices, driver, node),
-            schedulable: crate::overlap::schedulable_dra_devices(slices, driver, node),
+            devices: crate::pool::overlap::dra_devices(slices, driver, node),
+            schedulable: crate::pool::overlap::schedulable_dra_devices(slices, driver, node),
         }
     }
 }
@@ -598,7 +600,7 @@ mod tests {
             (Some("s-1"), "gpu.switchyard.dev", Some("gpu-1"))
         );
         assert_eq!(
-            crate::overlap::schedulable(&[&back], "gpu.switchyard.dev", "gpu-1").count() as u64,
+            crate::pool::overlap::schedulable(&[&back], "gpu.switchyard.dev", "gpu-1").count() as u64,
             cached.counts().schedulable
         );
         // The reflector keys by name alone.

@@ -379,10 +379,10 @@ mod tests {
     /// of a ReplicaSet with init and two app containers, GPU limits, a claim, an emptyDir and a
     /// ConfigMap volume, its extended-resource claim status, deleted behind a finalizer; and a
     /// mirror pod.
-    const LIST_PB: &[u8] = include_bytes!("../../testdata/pod-list.pb");
-    const LIST_JSON: &str = include_str!("../../testdata/pod-list.json");
+    const LIST_PB: &[u8] = include_bytes!("../../../testdata/pod-list.pb");
+    const LIST_JSON: &str = include_str!("../../../testdata/pod-list.json");
     /// The API server's answer to a LIST with a field selector it does not support.
-    const BAD_REQUEST_PB: &[u8] = include_bytes!("../../testdata/status-bad-request.pb");
+    const BAD_REQUEST_PB: &[u8] = include_bytes!("../../../testdata/status-bad-request.pb");
 
     #[test]
     fn a_protobuf_page_reads_as_the_same_pods_as_its_json() {
@@ -417,7 +417,7 @@ mod tests {
             Some("trainer-0-extended-resources-x7k2p")
         );
         let mirror = from_pb.items.iter().find(|p| p.metadata.name.as_deref() != Some("trainer-0")).unwrap();
-        assert!(crate::drain::is_mirror_pod(&mirror.clone().into_pod()));
+        assert!(crate::node::drain::is_mirror_pod(&mirror.clone().into_pod()));
     }
 
     #[test]

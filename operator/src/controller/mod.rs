@@ -2,6 +2,8 @@
 //! due, applies DeviceClasses and placement, writes status and events. Every decision is made in
 //! `plan`, `node_state`, `drain`, `placement`, `device_classes`, `prerequisites` and `overlap`.
 
+pub mod watch;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,18 +28,17 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState, PlacementMode};
+use crate::cache::str_map::{LabelQuery, StrMap};
 use crate::cache::{self, Caches};
 use crate::error::{Error, Result};
-use crate::inventory::Finding;
-use crate::metrics::Metrics;
-use crate::node_fields::SlimNode;
-use crate::node_state::{self, Action};
-use crate::plan::{self, Backend, Failure, PoolNode};
-use crate::pod_list;
-use crate::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
+use crate::node::slim::SlimNode;
+use crate::node::state::{self, Action};
+use crate::pool::prerequisites::{self, ClusterFacts, ExtendedResourceProbe, NodeVersions, ServedApis};
+use crate::pool::readers::Finding;
+use crate::pool::rollout::{self, Backend, Failure, PoolNode};
+use crate::reads::pod_list;
 use crate::reconcile::{decide, execute, observe};
-use crate::str_map::{LabelQuery, StrMap};
-use crate::watch;
+use crate::report::metrics::Metrics;
 use crate::well_known::*;
 
 /// Requeue while nodes move: short, because allocatable and slices change without a label event.
@@ -96,7 +97,7 @@ pub struct Config {
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
-    pub events: crate::events::Publisher,
+    pub events: crate::report::events::Publisher,
     pub metrics: Arc<Metrics>,
     pub config: Config,
     /// The controller's GpuPoolMigration cache, to find nodes selected by two migrations.
@@ -123,7 +124,7 @@ impl Context {
         caches: Caches,
     ) -> Self {
         Self {
-            events: crate::events::Publisher::new(
+            events: crate::report::events::Publisher::new(
                 client.clone(),
                 OPERATOR_FIELD_MANAGER,
                 std::env::var("POD_NAME").ok(),
@@ -182,7 +183,7 @@ pub fn error_policy(gpm: Arc<GpuPoolMigration>, err: &Error, ctx: Arc<Context>) 
     }
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::metrics::ErrorLabels { category: err.category() })
+        .get_or_create(&crate::report::metrics::ErrorLabels { category: err.category() })
         .inc();
     warn!(migration = %gpm.name_any(), category = err.category(), error = %err, "reconcile failed");
     if !err.is_transient() {
@@ -260,9 +261,11 @@ pub fn pool_verdict(
         device_plugin_daemonset_exists,
     ));
     let check = match spec.direction {
-        Direction::Forward => crate::capacity::check(nodes.iter().map(|n| n.borrow()), &resources(spec)),
+        Direction::Forward => {
+            crate::pool::capacity::check(nodes.iter().map(|n| n.borrow()), &resources(spec))
+        }
         // Rollback returns nodes to the device plugin, which serves whatever it served before.
-        Direction::Rollback => crate::capacity::Check::default(),
+        Direction::Rollback => crate::pool::capacity::Check::default(),
     };
     prerequisites::with_capacity(verdict, &check, spec.acknowledge.gpu_sharing_loss)
 }
@@ -453,7 +456,7 @@ impl NodePatch {
         self.metadata.labels.insert(k.to_string(), v);
     }
     fn state(&mut self, s: NodeState, now: Timestamp) {
-        self.annotate(ANNOTATION_MIGRATION_STATE, Some(plan::state_str(s)));
+        self.annotate(ANNOTATION_MIGRATION_STATE, Some(rollout::state_str(s)));
         self.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string()));
     }
     fn cordon(&mut self, node: &PoolNode) {
@@ -632,16 +635,16 @@ async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
                         })?
                         .items;
                 let published =
-                    crate::overlap::schedulable_dra_devices(&slices, &gpm.spec.driver.name, &pn.name);
+                    crate::pool::overlap::schedulable_dra_devices(&slices, &gpm.spec.driver.name, &pn.name);
                 let reads = observe::node(ctx, &gpm.spec, &pn, node, published).await?;
                 let step = {
-                    let selectors = crate::selectors::Selectors::new(&gpm.spec);
+                    let selectors = crate::pool::selectors::Selectors::new(&gpm.spec);
                     let view = decide::NodeView {
                         spec: &gpm.spec,
                         migration: &name,
                         owner: owner_ref(gpm),
                         canary_namespace: &ctx.config.canary_namespace,
-                        hold: Some(node_state::Hold::Deleting),
+                        hold: Some(state::Hold::Deleting),
                         selectors: &selectors,
                         now,
                     };
@@ -1169,8 +1172,7 @@ mod tests {
         );
         // A switch that fails before the driver started returns the node to the device plugin
         // (and the GPU Operator's label to what it was), keeping the failure and the cordon.
-        let fail =
-            Action::Fail { reason: node_state::FailReason::SwitchTimeout, message: "plugin stayed".into() };
+        let fail = Action::Fail { reason: state::FailReason::SwitchTimeout, message: "plugin stayed".into() };
         let v = patch_json_in(PlacementMode::GpuOperator, &fail, &in_none);
         assert_eq!(v["metadata"]["labels"]["switchyard.dev/gpu-backend"], "device-plugin", "{v}");
         assert_eq!(v["metadata"]["labels"][L], "true", "{v}");
@@ -1187,7 +1189,7 @@ mod tests {
     fn failure_is_recorded_with_the_state_it_happened_in() {
         let node = pn(&[(ANNOTATION_MIGRATION_STATE, "Draining")], true);
         let v = patch_json(
-            &Action::Fail { reason: node_state::FailReason::DrainTimeout, message: "2 pods left".into() },
+            &Action::Fail { reason: state::FailReason::DrainTimeout, message: "2 pods left".into() },
             &node,
         );
         let f: Failure =

@@ -3,7 +3,7 @@
 //! into `Pod`, every field of every pod is allocated (a few KiB a pod) and freed again; read
 //! into [`PodFields`], the parser skips the rest of each pod without allocating it.
 //!
-//! What is kept is what [`crate::drain`] and [`crate::preview`] read: the pod's namespace, name,
+//! What is kept is what [`crate::node::drain`] and [`crate::pool::preview`] read: the pod's namespace, name,
 //! uid, labels (PodDisruptionBudget selectors), the mirror-pod annotation, owner references,
 //! deletion timestamp; its node, termination grace period, its containers' and init containers'
 //! names and resources, its volumes' names and emptyDir, its resource claims; its phase and
@@ -24,7 +24,7 @@ use kube::api::ListParams;
 use kube::core::Request;
 use serde::Deserialize;
 
-use crate::drain::MIRROR_POD_ANNOTATION;
+use crate::node::drain::MIRROR_POD_ANNOTATION;
 
 mod proto;
 
@@ -286,7 +286,7 @@ mod tests {
     /// the whole pod.
     #[test]
     fn drain_judges_the_fields_as_it_judges_the_whole_pod() {
-        use crate::drain;
+        use crate::node::drain;
         let variants = [
             served_pod(),
             json!({"metadata": {"name": "bare", "namespace": "ml"}, "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
@@ -344,7 +344,7 @@ mod tests {
             other => panic!("not an API error: {other}"),
         };
         let bad = http::StatusCode::BAD_REQUEST;
-        let pb = read_page(bad, true, include_bytes!("../testdata/status-bad-request.pb")).err().unwrap();
+        let pb = read_page(bad, true, include_bytes!("../../testdata/status-bad-request.pb")).err().unwrap();
         let (c, reason, message) = code(pb);
         assert_eq!((c, reason.as_str()), (400, "BadRequest"));
         assert!(message.contains("spec.bogus"), "{message}");

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use serde::{Deserialize, Deserializer};
 
 use crate::cache::SWITCHYARD_PREFIX;
-use crate::str_map::StrMap;
+use crate::cache::str_map::StrMap;
 
 /// Extended resources and their quantities, sorted by name.
 type Resources = Box<[(Box<str>, Quantity)]>;
@@ -434,10 +434,10 @@ mod tests {
         for (status, dp, alloc, unmapped) in cases {
             let n: SlimNode =
                 serde_json::from_value(json!({"metadata": {"name": "n"}, "status": status})).unwrap();
-            let got = crate::overlap::device_plugin_gpus(&n, &res);
+            let got = crate::pool::overlap::device_plugin_gpus(&n, &res);
             assert_eq!([got[res[0]], got[res[1]]], dp, "{status}");
-            assert_eq!(crate::overlap::allocatable_total(&n, &res), alloc, "{status}");
-            let check = crate::capacity::check([&n], &res[..1]);
+            assert_eq!(crate::pool::overlap::allocatable_total(&n, &res), alloc, "{status}");
+            let check = crate::pool::capacity::check([&n], &res[..1]);
             assert_eq!(check.unmapped.keys().map(String::as_str).collect::<Vec<_>>(), unmapped, "{status}");
         }
     }

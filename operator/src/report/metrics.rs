@@ -93,7 +93,7 @@ pub struct Metrics {
     /// otherwise. See [`Metrics::set_stalled`].
     pub migration_stalled: Family<StalledLabels, Gauge>,
     /// Bytes the allocator has handed out and not had back, read at each scrape
-    /// ([`crate::alloc::heap_in_use`]): beside the process's RSS it tells live data from what the
+    /// ([`crate::runtime::alloc::heap_in_use`]): beside the process's RSS it tells live data from what the
     /// allocator holds free.
     pub heap_in_use: Gauge,
     stalled_reasons: Mutex<HashMap<String, String>>,
@@ -281,7 +281,7 @@ impl Metrics {
 
     /// The OpenMetrics text for `/metrics`.
     pub fn encode(&self) -> String {
-        if let Some(bytes) = crate::alloc::heap_in_use() {
+        if let Some(bytes) = crate::runtime::alloc::heap_in_use() {
             self.heap_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
         let mut out = String::new();

@@ -285,19 +285,20 @@ pub fn check(f: &ClusterFacts) -> Verdict {
 /// Marks the warning [`with_capacity`] leaves for an acknowledged capacity change.
 pub const SHARING_ACKNOWLEDGED: &str = "acknowledged by spec.acknowledge.gpuSharingLoss";
 
-/// `v` (the cluster's verdict), then what the pool's nodes advertise ([`crate::capacity`]): the
+/// `v` (the cluster's verdict), then what the pool's nodes advertise ([`crate::pool::capacity`]): the
 /// one judgement of "may this pool start" that the operator's gate and `switchyard plan` share.
 /// An acknowledged capacity change stays visible as a warning (InventoryFindings).
-pub fn with_capacity(v: Verdict, c: &crate::capacity::Check, sharing_acknowledged: bool) -> Verdict {
+pub fn with_capacity(v: Verdict, c: &crate::pool::capacity::Check, sharing_acknowledged: bool) -> Verdict {
     if !v.met {
         return v;
     }
-    if let Some((block, message)) = crate::capacity::blocker(c, sharing_acknowledged) {
+    if let Some((block, message)) = crate::pool::capacity::blocker(c, sharing_acknowledged) {
         return Verdict { met: false, reason: block.reason(), message, warnings: v.warnings };
     }
     let mut v = v;
     if !c.shared.is_empty() {
-        v.warnings.push(format!("{} ({SHARING_ACKNOWLEDGED})", crate::capacity::sharing_summary(&c.shared)));
+        v.warnings
+            .push(format!("{} ({SHARING_ACKNOWLEDGED})", crate::pool::capacity::sharing_summary(&c.shared)));
     }
     v
 }
@@ -341,7 +342,7 @@ mod tests {
 
     #[test]
     fn capacity_blocks_only_a_cluster_that_is_otherwise_ready() {
-        use crate::capacity::{Check, SharedNode};
+        use crate::pool::capacity::{Check, SharedNode};
         let shared = Check {
             shared: vec![SharedNode {
                 node: "g".into(),

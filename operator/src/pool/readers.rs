@@ -1,7 +1,7 @@
 //! The capacity-reader inventory: who in the cluster still counts GPUs the device-plugin way, and
 //! what happens to them when nodes move to DRA. Step 2 of the migration runbook.
 //!
-//! Pure: [`Observed`] holds what was read from the API (see `crate::inventory_source`), [`find`]
+//! Pure: [`Observed`] holds what was read from the API (see `crate::reads::reader_objects`), [`find`]
 //! turns it into [`Finding`]s, each with a severity and one line of advice. The CLI prints them;
 //! the operator summarises them in the `InventoryFindings` condition.
 //!
@@ -16,7 +16,7 @@
 //! - Kueue counts what pods request; the extended resource name is the quota key that counts a
 //!   GPU once whichever backend serves it. A DRA key beside it counts the generated claim again.
 
-use crate::str_map::StrMap;
+use crate::cache::str_map::StrMap;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -29,7 +29,7 @@ use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
 use serde::Serialize;
 
-use crate::device_classes::{self, ClassInfo};
+use crate::pool::device_classes::{self, ClassInfo};
 
 /// How much a finding matters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::node_fields::SlimNode;
+use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -19,14 +19,14 @@ use kube::core::{Selector, SelectorExt};
 use serde::Serialize;
 
 use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode};
-use crate::device_classes::{self, ClassInfo};
-use crate::drain;
-use crate::inventory::{self, Finding, Severity};
-use crate::overlap;
-use crate::placement::{self, Need, Role};
-use crate::plan::{self, Backend, OtherMigration, PoolNode};
-use crate::prerequisites::Verdict;
-use crate::selectors;
+use crate::node::drain;
+use crate::pool::device_classes::{self, ClassInfo};
+use crate::pool::overlap;
+use crate::pool::placement::{self, Need, Role};
+use crate::pool::prerequisites::Verdict;
+use crate::pool::readers::{self, Finding, Severity};
+use crate::pool::rollout::{self, Backend, OtherMigration, PoolNode};
+use crate::pool::selectors;
 use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
 
 /// Everything the preview reads.
@@ -476,7 +476,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             Direction::Rollback => pods.iter().filter(|p| drain::holds_dra_claim(p)).count(),
         } as u32;
     }
-    let p = plan::plan(&inputs.name, spec, &pool, &inputs.others)?;
+    let p = rollout::plan(&inputs.name, spec, &pool, &inputs.others)?;
     let by_name: BTreeMap<&str, &SlimNode> =
         inputs.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
 
@@ -519,7 +519,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         let note = if !pn.ready {
             "NotReady: waits until its kubelet reports Ready".to_string()
         } else if in_flight {
-            format!("in flight ({}); the operator continues it first", plan::state_str(pn.state()))
+            format!("in flight ({}); the operator continues it first", rollout::state_str(pn.state()))
         } else {
             String::new()
         };
@@ -637,7 +637,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         device_classes,
         placement,
         inventory: InventoryReport {
-            summary: inventory::summary(&inputs.findings),
+            summary: readers::summary(&inputs.findings),
             findings: inputs.findings.clone(),
             skipped: inputs.skipped.clone(),
         },

@@ -15,7 +15,7 @@ use tracing::warn;
 
 pub use switchyard_api::watch::{WATCH_BACKOFF_MAX, WATCH_BACKOFF_MIN, WatchBackoff, backed_off};
 
-use crate::metrics::Metrics;
+use crate::report::metrics::Metrics;
 
 /// Drops the errors of a watch-derived stream after logging and counting them under `kind`: the
 /// watch underneath retries by itself ([`backed_off`]), and an error passed on would put the
@@ -34,7 +34,7 @@ where
             Ok(obj) => Some(Ok(obj)),
             Err(e) => {
                 warn!(watch = kind, error = %e, "watch failed; it retries on its own within {}s", WATCH_BACKOFF_MAX.as_secs());
-                metrics.watch_errors.get_or_create(&crate::metrics::WatchLabels { kind }).inc();
+                metrics.watch_errors.get_or_create(&crate::report::metrics::WatchLabels { kind }).inc();
                 None
             }
         })
@@ -68,7 +68,8 @@ mod tests {
         // 250+500+1000+2000+4000 and 15 × 5000 ms for the outage, then 250 ms after the reset.
         let slept = start.elapsed();
         assert_eq!(slept, Duration::from_millis(7750 + 15 * 5000 + 250), "{slept:?}");
-        let counted = metrics.watch_errors.get_or_create(&crate::metrics::WatchLabels { kind: "Node" }).get();
+        let counted =
+            metrics.watch_errors.get_or_create(&crate::report::metrics::WatchLabels { kind: "Node" }).get();
         assert_eq!(counted, 21);
     }
 

@@ -1,9 +1,9 @@
-//! Reads what [`crate::inventory`] judges. Read-only: every call is a LIST (paged) or discovery.
+//! Reads what [`crate::pool::readers`] judges. Read-only: every call is a LIST (paged) or discovery.
 //! Optional kinds (Kueue, Karpenter, Prometheus Operator) are looked up by API group; a group that
 //! is not served, or a kind the caller may not list, is recorded in `Observed::skipped` instead of
 //! failing the whole inventory.
 
-use crate::node_fields::SlimNode;
+use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, ResourceQuota};
@@ -14,7 +14,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::api::v1alpha1::GpuPoolMigrationSpec;
-use crate::inventory::{Observed, PoolNodeLabels, Target};
+use crate::pool::readers::{Observed, PoolNodeLabels, Target};
 
 /// Items per LIST page.
 const PAGE: u32 = 500;

@@ -2,8 +2,8 @@
 //! flight, and which may start now without exceeding `maxUnavailable`. Pure: it reads node
 //! labels, annotations and conditions; the durable per-node record is on the nodes themselves.
 
-use crate::node_fields::SlimNode;
-use crate::str_map::{LabelQuery, Labels, StrMap};
+use crate::cache::str_map::{LabelQuery, Labels, StrMap};
+use crate::node::slim::SlimNode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::Selector;

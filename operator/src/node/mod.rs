@@ -1,0 +1,8 @@
+//! One node of a pool: the fields the operator caches of it ([`slim`]), its state machine
+//! ([`state`]), which of its pods a drain moves ([`drain`]) and the canary that verifies a switch
+//! ([`canary`]).
+
+pub mod canary;
+pub mod drain;
+pub mod slim;
+pub mod state;

@@ -1,0 +1,5 @@
+//! Reads from the API that no cache holds: paged pod LISTs ([`pod_list`]) and the objects the
+//! capacity-reader audit judges ([`reader_objects`]).
+
+pub mod pod_list;
+pub mod reader_objects;

@@ -1,0 +1,6 @@
+//! What the operator tells people and tools: kstatus conditions ([`conditions`]), Kubernetes
+//! events ([`events`]) and Prometheus metrics ([`metrics`]).
+
+pub mod conditions;
+pub mod events;
+pub mod metrics;
