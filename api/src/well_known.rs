@@ -2,6 +2,10 @@
 //! annotations, field managers, finalizers and taint keys. Both binaries read them from here, so a
 //! rename cannot split them.
 
+/// The prefix of every Switchyard label and annotation; a reconcile reads only the node
+/// annotations that carry it.
+pub const SWITCHYARD_PREFIX: &str = "switchyard.dev/";
+
 /// Node label that says which backend serves the node's GPUs: [`BACKEND_DEVICE_PLUGIN`] or
 /// [`BACKEND_DRA`] ([`BACKEND_NONE`] for the moment of a sequential switch). Absent means the
 /// device plugin. Both DaemonSets select on it, so flipping it is

@@ -14,7 +14,6 @@ use serde::Deserialize;
 use switchyard_operator::node::slim::SlimNode;
 
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
-use switchyard_operator::controller;
 use switchyard_operator::pool::preview::Inputs;
 use switchyard_operator::pool::readers::{self, Target};
 use switchyard_operator::pool::rollout::OtherMigration;
@@ -81,21 +80,32 @@ pub async fn plan_inputs(
 ) -> anyhow::Result<Inputs> {
     let name = gpm.name_any();
     let spec = &gpm.spec;
-    let nodes = controller::list_pool_nodes(client, spec).await?;
-    let versions = nodes.iter().map(controller::node_versions).collect::<Vec<_>>();
-    let facts = controller::discover_server(client, &versions).await?;
+    let nodes = switchyard_operator::reads::nodes::list_pool_nodes(client, spec).await?;
+    let versions = nodes.iter().map(switchyard_operator::pool::gate::node_versions).collect::<Vec<_>>();
+    let facts = switchyard_operator::reads::server::discover_server(client, &versions).await?;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
-    let driver_ds = controller::get_daemonset(client, &dn.namespace, &dn.name).await?;
-    let plugin_ds = controller::get_daemonset(client, &dp.namespace, &dp.name).await?;
-    let verdict =
-        controller::pool_verdict(spec, &facts, versions, &nodes, driver_ds.is_some(), plugin_ds.is_some());
+    let driver_ds =
+        switchyard_operator::reads::server::get_daemonset(client, &dn.namespace, &dn.name).await?;
+    let plugin_ds =
+        switchyard_operator::reads::server::get_daemonset(client, &dp.namespace, &dp.name).await?;
+    let verdict = switchyard_operator::pool::gate::pool_verdict(
+        spec,
+        &facts,
+        versions,
+        &nodes,
+        driver_ds.is_some(),
+        plugin_ds.is_some(),
+    );
 
     // One paged LIST of the cluster's bound pods, not one per node: a 5,000-node pool costs
     // (cluster pods / 500) requests. Only the pool's pods are kept, each with the few fields a
     // drain reads.
     let node_names: HashSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
     let pods: BTreeMap<String, Vec<Pod>> =
-        controller::pods_on_nodes(client, &node_names, false, Some).await?.into_iter().collect();
+        switchyard_operator::reads::pods::pods_on_nodes(client, &node_names, false, Some)
+            .await?
+            .into_iter()
+            .collect();
     let pdbs = Api::<PodDisruptionBudget>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -182,7 +192,7 @@ pub async fn inventory_observed(
                 targets.push(t);
             }
         }
-        for n in controller::list_pool_nodes(client, &m.spec).await? {
+        for n in switchyard_operator::reads::nodes::list_pool_nodes(client, &m.spec).await? {
             nodes.insert(n.name_any(), n);
         }
     }

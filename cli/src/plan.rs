@@ -8,10 +8,10 @@ use kube::api::Api;
 
 use super::{EXIT_FINDINGS, Output, PlanArgs};
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
+use switchyard_operator::node::record::state_str;
 use switchyard_operator::pool::preview::{
     self, ClassAction, NodeAction, PlacementAction, PodFlag, Report, SelectorBasis,
 };
-use switchyard_operator::pool::rollout::state_str;
 use switchyard_operator::reads::reader_objects::Scope;
 
 /// Prints the plan; exits [`EXIT_FINDINGS`] when something would block the migration.

@@ -20,7 +20,7 @@ use kube::{Api, Client, ResourceExt};
 
 use super::{EXIT_FINDINGS, StatusArgs, View};
 use switchyard_operator::api::v1alpha1::{Direction, GpuPoolMigration, NodeCounts, NodeState, Phase};
-use switchyard_operator::pool::rollout::state_str;
+use switchyard_operator::node::record::state_str;
 use switchyard_operator::report::conditions::ConditionType;
 
 /// Time in state is shown to the second; redrawing once a second keeps it counting up without

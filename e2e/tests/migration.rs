@@ -251,7 +251,7 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
                 "{node}: the device plugin serves it again"
             );
             assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{node} is left cordoned");
-            let leftover = switchyard_operator::controller::taint_rule_name(&node);
+            let leftover = switchyard_operator::node::patch::taint_rule_name(&node);
             assert!(rules.get_opt(&leftover).await?.is_none(), "DeviceTaintRule {leftover} was not deleted");
         }
         // The claim holders were evicted through the DeviceTaintRule while the driver still ran,

@@ -309,6 +309,6 @@ fn main() {
         labelled_whole.state().len(),
         heap(heap_labelled_whole - heap_labelled)
     );
-    println!("strings interned: {}", switchyard_operator::cache::str_map::interned());
+    println!("strings interned: {}", switchyard_operator::node::str_map::interned());
     println!("process at start: {:.1} MiB", start as f64 / 1024.0);
 }

@@ -1,18 +1,21 @@
 //! Switchyard operator: moves GPU node pools from the NVIDIA device plugin to a DRA driver, node
 //! by node, and back.
 //!
-//! The folders follow the picture in the README, top to bottom; a module imports only what
-//! stands below it:
+//! The folders, from the process down; each imports only folders below it, and `report`, which
+//! imports none:
 //!
-//! - [`controller`]: the watches, the context every reconcile shares (wiring only);
-//! - [`reconcile`]: one reconcile: observe, decide (pure), execute; cleanup beside apply;
-//! - [`node`]: one node: its slim cached shape, its record, its patches, its state machine,
-//!   drain and canary;
-//! - [`pool`]: the pool's judgements: the rollout, prerequisites, capacity, overlap, placement,
-//!   DeviceClasses, selectors, the capacity readers, and the preview `switchyard plan` shows;
-//! - [`reads`] and [`cache`]: API reads and the caches the watches feed;
-//! - [`report`]: conditions, events and metrics;
-//! - [`runtime`]: the process: leader election, the allocator, the HTTP endpoints.
+//! - [`runtime`]: the process: leader election, the allocator, `/metrics`, `/readyz`, the stop;
+//! - [`controller`]: the watches that feed the caches and trigger reconciles (wiring only);
+//! - [`reconcile`]: one reconcile: observe, decide (pure), execute; cleanup beside apply; the
+//!   context every reconcile shares;
+//! - [`reads`]: API reads no cache holds (discovery, paged pod LISTs, the capacity readers);
+//! - [`cache`]: the stores the watches feed, and read-your-writes for patched nodes;
+//! - [`pool`]: the pool's judgements, pure: the gate, the rollout, prerequisites, capacity,
+//!   overlap, placement, DeviceClasses and their selectors, the capacity readers, and the
+//!   preview `switchyard plan` shows;
+//! - [`node`]: one node, pure: its slim cached shape, its record, its patches, its state
+//!   machine, drain and canary;
+//! - [`report`]: conditions, events and metrics.
 
 pub mod api;
 pub mod cache;

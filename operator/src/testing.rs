@@ -78,9 +78,9 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 /// What discovery says about a v1.37.2 API server that serves every resource.k8s.io/v1 kind.
-pub fn server_v1_37() -> crate::controller::ServerFacts {
+pub fn server_v1_37() -> crate::pool::prerequisites::ServerFacts {
     use crate::pool::prerequisites::{ExtendedResourceProbe, ServedApis};
-    crate::controller::ServerFacts {
+    crate::pool::prerequisites::ServerFacts {
         git_version: "v1.37.2".into(),
         served: ServedApis {
             device_classes: true,

@@ -138,7 +138,7 @@ async fn device_class_is_server_side_applied_with_our_field_manager() {
     let mut echoed = serde_json::to_value(&dc).unwrap();
     echoed["metadata"]["creationTimestamp"] = json!("2026-09-01T00:00:00Z");
     let server = tokio::spawn(answer_one(handle, StatusCode::OK, echoed));
-    let applied = controller::apply_device_class(&client, &dc).await.unwrap();
+    let applied = switchyard_operator::reconcile::execute::apply_device_class(&client, &dc).await.unwrap();
     assert_eq!(applied.metadata.name.as_deref(), Some("gpu.switchyard.dev"));
     let (method, uri, content_type, sent) = server.await.unwrap();
     assert_eq!(method, Method::PATCH);
@@ -166,7 +166,7 @@ async fn device_class_conflict_surfaces_as_apply_error() {
         StatusCode::FORBIDDEN,
         json!({"kind": "Status", "code": 403, "status": "Failure", "message": "forbidden"}),
     ));
-    let err = controller::apply_device_class(&client, &dc).await.unwrap_err();
+    let err = switchyard_operator::reconcile::execute::apply_device_class(&client, &dc).await.unwrap_err();
     server.await.unwrap();
     assert_eq!(err.category(), "ApplyDeviceClass");
     assert!(!err.is_transient());
@@ -183,7 +183,7 @@ async fn served_apis_reads_the_resource_group_and_a_missing_group_serves_nothing
         ]
     });
     let server = tokio::spawn(answer_one(handle, StatusCode::OK, list));
-    let served = controller::served_apis(&client).await.unwrap();
+    let served = switchyard_operator::reads::server::served_apis(&client).await.unwrap();
     let (method, uri, _, _) = server.await.unwrap();
     assert_eq!((method, uri.as_str()), (Method::GET, "/apis/resource.k8s.io/v1"));
     assert!(served.device_classes && served.resource_slices);
@@ -195,7 +195,7 @@ async fn served_apis_reads_the_resource_group_and_a_missing_group_serves_nothing
         StatusCode::NOT_FOUND,
         json!({"kind": "Status", "code": 404, "status": "Failure", "reason": "NotFound", "message": "the server could not find the requested resource"}),
     ));
-    let served = controller::served_apis(&client).await.unwrap();
+    let served = switchyard_operator::reads::server::served_apis(&client).await.unwrap();
     server.await.unwrap();
     assert!(!served.device_classes && !served.resource_slices);
 }
@@ -211,7 +211,7 @@ mod execute {
     use kube::runtime::reflector;
     use switchyard_operator::api::v1alpha1::GpuPoolMigration;
     use switchyard_operator::cache::{Caches, NodeWrites};
-    use switchyard_operator::controller::{Config, Context};
+    use switchyard_operator::reconcile::context::{Config, Context};
     use switchyard_operator::reconcile::{decide, execute, observe};
     use switchyard_operator::report::metrics::Metrics;
     use switchyard_operator::testing;
@@ -371,7 +371,9 @@ async fn pods_of_a_pool_come_from_paged_lists_of_bound_pods_not_one_per_node() {
         uris
     });
     let nodes = std::collections::HashSet::from(["n1", "n2", "n3"]);
-    let got = controller::pods_on_nodes(&client, &nodes, true, |p| p.metadata.name).await.unwrap();
+    let got = switchyard_operator::reads::pods::pods_on_nodes(&client, &nodes, true, |p| p.metadata.name)
+        .await
+        .unwrap();
     let uris = server.await.unwrap();
     // Two requests for three nodes; the server filters out unbound and finished pods.
     assert_eq!(uris.len(), 2, "{uris:?}");
@@ -414,7 +416,10 @@ async fn a_stop_before_the_migration_crd_is_served_ends_the_controller_at_once()
     let run = controller::run(
         client,
         std::sync::Arc::new(switchyard_operator::report::metrics::Metrics::new()),
-        controller::Config { canary_namespace: "switchyard-system".into(), migration_selector: None },
+        switchyard_operator::reconcile::context::Config {
+            canary_namespace: "switchyard-system".into(),
+            migration_selector: None,
+        },
         ready.clone(),
         async move {
             // The stop comes once the migration watch has failed at least once.

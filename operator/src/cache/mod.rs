@@ -37,8 +37,6 @@
 //!   would conclude "no nodes selected" or "DaemonSet missing" and flap PrerequisitesMet, so every
 //!   read first waits for its store's first sync ([`synced`]).
 
-pub mod str_map;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -52,9 +50,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Notify;
 
-use crate::cache::str_map::LabelQuery;
 use crate::error::{Error, Result};
 use crate::node::slim::SlimNode;
+use crate::node::str_map::LabelQuery;
 
 /// How long a reconcile waits for a cache's first LIST before it fails and retries with backoff:
 /// long enough to list every node of a large cluster, short enough that a watch which cannot list
@@ -131,9 +129,6 @@ pub fn node_reflector(
 pub fn trim<K: Resource>(obj: &mut K) {
     obj.managed_fields_mut().clear();
 }
-
-/// The prefix of Switchyard's node annotations, the only ones a reconcile reads.
-pub(crate) const SWITCHYARD_PREFIX: &str = "switchyard.dev/";
 
 /// The nodes `selector` selects, by name (the order a LIST returns them in, so status messages
 /// that name "the first" node stay stable between reconciles). Pure.

@@ -4,5 +4,8 @@
 
 pub mod canary;
 pub mod drain;
+pub mod patch;
+pub mod record;
 pub mod slim;
 pub mod state;
+pub mod str_map;

@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer};
 
-use crate::cache::SWITCHYARD_PREFIX;
-use crate::cache::str_map::StrMap;
+use crate::node::str_map::StrMap;
+use crate::well_known::SWITCHYARD_PREFIX;
 
 /// Extended resources and their quantities, sorted by name.
 type Resources = Box<[(Box<str>, Quantity)]>;

@@ -20,7 +20,7 @@
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::v1alpha1::{Direction, FailurePolicy, NodeState};
-use crate::pool::rollout::Backend;
+use crate::node::record::Backend;
 
 /// What the drain selection found on the node (see `drain::select`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

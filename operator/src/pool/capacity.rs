@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::node::slim::SlimNode;
 use kube::ResourceExt;
 
+use crate::node::record::{Backend, node_backend};
 use crate::pool::overlap;
-use crate::pool::rollout::{Backend, node_backend};
 use crate::well_known::NVIDIA_GPU_RESOURCE;
 
 /// GFD: how the device plugin shares each GPU (`none`, `time-slicing`, `mps`).

@@ -6,6 +6,7 @@
 
 pub mod capacity;
 pub mod device_classes;
+pub mod gate;
 pub mod overlap;
 pub mod placement;
 pub mod prerequisites;

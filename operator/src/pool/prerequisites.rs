@@ -309,6 +309,14 @@ pub fn probe_needed(server_git_version: &str, nodes: &[NodeVersions]) -> bool {
     is_beta(server_git_version) || nodes.iter().any(|n| is_beta(&n.kubelet_version))
 }
 
+/// What discovery says about the API server; cached for a while by the operator (`reconcile::context::FACTS_TTL`).
+#[derive(Clone, Debug, Default)]
+pub struct ServerFacts {
+    pub git_version: String,
+    pub served: ServedApis,
+    pub probe: ExtendedResourceProbe,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,12 +20,13 @@ use serde::Serialize;
 
 use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode};
 use crate::node::drain;
+use crate::node::record::{self, Backend, PoolNode};
 use crate::pool::device_classes::{self, ClassInfo};
 use crate::pool::overlap;
 use crate::pool::placement::{self, Need, Role};
 use crate::pool::prerequisites::Verdict;
 use crate::pool::readers::{self, Finding, Severity};
-use crate::pool::rollout::{self, Backend, OtherMigration, PoolNode};
+use crate::pool::rollout::{self, OtherMigration};
 use crate::pool::selectors;
 use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
 
@@ -519,7 +520,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         let note = if !pn.ready {
             "NotReady: waits until its kubelet reports Ready".to_string()
         } else if in_flight {
-            format!("in flight ({}); the operator continues it first", rollout::state_str(pn.state()))
+            format!("in flight ({}); the operator continues it first", record::state_str(pn.state()))
         } else {
             String::new()
         };

@@ -16,7 +16,7 @@
 //! - Kueue counts what pods request; the extended resource name is the quota key that counts a
 //!   GPU once whichever backend serves it. A DRA key beside it counts the generated claim again.
 
-use crate::cache::str_map::StrMap;
+use crate::node::str_map::StrMap;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;

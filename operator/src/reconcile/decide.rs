@@ -19,19 +19,19 @@ use crate::api::v1alpha1::{
     Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
 };
 use crate::cache::DeviceCounts;
-use crate::controller::{
-    NodePatch, node_patch, node_versions, owner_ref, pool_verdict, resources, taint_rule,
-};
 use crate::error::{Error, Result};
 use crate::node::drain::{self, PodRef};
+use crate::node::patch::{NodePatch, node_patch, owner_ref, taint_rule};
+use crate::node::record::{self, Backend, Failure, PoolNode};
 use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
 use crate::pool::capacity::Block;
 use crate::pool::device_classes::{self, Readiness};
+use crate::pool::gate::{node_versions, pool_verdict, resources};
 use crate::pool::overlap;
 use crate::pool::placement::{self, PlacementApply, Role};
 use crate::pool::prerequisites;
 use crate::pool::readers::{self, Finding, Severity};
-use crate::pool::rollout::{self, Backend, Failure, Halt, PoolNode};
+use crate::pool::rollout::{self, Halt};
 use crate::pool::selectors::{Selected, Selectors};
 use crate::report::conditions::{self, ConditionType, Desired, Progress};
 use crate::well_known::*;
@@ -318,7 +318,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let overlaps: Vec<overlap::Overlap> = s
         .nodes
         .iter()
-        .filter(|n| rollout::node_state(n) != NodeState::Switching)
+        .filter(|n| record::node_state(n) != NodeState::Switching)
         .filter_map(|n| overlap::check(n, &res, node_counts(s, n).schedulable))
         .collect();
 
@@ -595,7 +595,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let mut per_state: BTreeMap<String, (NodeState, i64)> = BTreeMap::new();
     for n in pool.iter().filter(|n| owned.contains(n.name.as_str())) {
         let st = n.state();
-        per_state.entry(rollout::state_str(st)).or_insert((st, 0)).1 += 1;
+        per_state.entry(record::state_str(st)).or_insert((st, 0)).1 += 1;
     }
     let mut metrics = PoolMetrics {
         per_state: per_state.into_values().collect(),

@@ -9,25 +9,24 @@ use futures::StreamExt;
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::api::resource::v1::DeviceTaintRule;
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use super::decide::{Decision, MigrationEvent, NodeEvent, NodeStep, STATUS_LIST_MAX, parse_since};
 use super::observe::Snapshot;
 use crate::api::v1alpha1::{GpuPoolMigration, GpuPoolMigrationStatus, NodeProgress, NodeState};
-use crate::controller::{
-    Context, NodePatch, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE, apply_device_class,
-};
 use crate::error::{Error, Result};
 use crate::node::drain;
-use crate::pool::rollout::PoolNode;
+use crate::node::patch::NodePatch;
+use crate::node::record::PoolNode;
+use crate::reconcile::context::{Context, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE};
 use crate::report::conditions::ConditionType;
 use crate::report::events;
 use crate::report::metrics::{ErrorLabels, EvictionLabels, MigrationLabels, PhaseLabels};
@@ -388,7 +387,7 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
             Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
         }
     }
-    let rule_name = crate::controller::taint_rule_name(name);
+    let rule_name = crate::node::patch::taint_rule_name(name);
     if let Some(rule) = &step.create_taint_rule {
         match rules.create(&PostParams::default(), rule).await {
             Ok(_) => {}
@@ -550,6 +549,15 @@ async fn write_status(ctx: &Context, name: &str, status: &GpuPoolMigrationStatus
         .await
         .map(|_| ())
         .map_err(|source| Error::PatchStatus { name: name.into(), source })
+}
+
+/// SSA of one managed DeviceClass.
+pub async fn apply_device_class(client: &Client, dc: &DeviceClass) -> Result<DeviceClass> {
+    let name = dc.metadata.name.clone().unwrap_or_default();
+    Api::<DeviceClass>::all(client.clone())
+        .patch(&name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(dc))
+        .await
+        .map_err(|source| Error::ApplyDeviceClass { name, source })
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //!   Table-tested;
 //! - [`execute`]: carries the decision out, each node's error its own, and writes the status.
 
+pub mod cleanup;
+pub mod context;
 pub mod decide;
 pub mod execute;
 pub mod observe;
@@ -18,8 +20,8 @@ use futures::stream::FuturesUnordered;
 use kube::runtime::controller::Action as Requeue;
 
 use crate::api::v1alpha1::GpuPoolMigration;
-use crate::controller::Context;
 use crate::error::Result;
+use crate::reconcile::context::Context;
 use crate::report::metrics::PhaseLabels;
 
 /// Observes the pool, decides, and carries the decision out.

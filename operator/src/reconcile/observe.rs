@@ -18,15 +18,17 @@ use tracing::warn;
 
 use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
 use crate::cache::{self, DeviceCounts};
-use crate::controller::{
-    self, Context, INVENTORY_TTL, POD_COUNT_TTL, ServerFacts, pods_on_node, pods_on_nodes, resources,
-    taint_rule_name,
-};
 use crate::error::{Error, Result};
 use crate::node::drain;
+use crate::node::patch::taint_rule_name;
+use crate::node::record::{Backend, PoolNode};
+use crate::pool::gate::resources;
+use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding};
-use crate::pool::rollout::{self, Backend, OtherMigration, PoolNode};
+use crate::pool::rollout::{self, OtherMigration};
+use crate::reads::pods::{pods_on_node, pods_on_nodes};
 use crate::reads::reader_objects;
+use crate::reconcile::context::{Context, INVENTORY_TTL, POD_COUNT_TTL};
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -106,7 +108,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let now = Timestamp::now();
 
     let nodes = cached_pool_nodes(ctx, spec).await?;
-    let versions: Vec<_> = nodes.iter().map(|n| controller::node_versions(n)).collect();
+    let versions: Vec<_> = nodes.iter().map(|n| crate::pool::gate::node_versions(n)).collect();
     let facts = server_facts(ctx, &versions).await?;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     cache::synced(&ctx.caches.daemon_sets, "DaemonSet").await?;
@@ -370,11 +372,11 @@ async fn server_facts(
 ) -> Result<ServerFacts> {
     if let Ok(guard) = ctx.facts.lock()
         && let Some((at, f)) = guard.as_ref()
-        && at.elapsed() < controller::FACTS_TTL
+        && at.elapsed() < crate::reconcile::context::FACTS_TTL
     {
         return Ok(f.clone());
     }
-    let facts = controller::discover_server(&ctx.client, nodes).await?;
+    let facts = crate::reads::server::discover_server(&ctx.client, nodes).await?;
     if let Ok(mut guard) = ctx.facts.lock() {
         *guard = Some((Instant::now(), facts.clone()));
     }
@@ -387,7 +389,7 @@ async fn server_facts(
 /// from the API for this reconcile: a step must never be decided on a copy older than our own
 /// last write of that node. A reconcile with no such node makes no request here.
 async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<SlimNode>>> {
-    cached_nodes(ctx, &controller::node_selector(spec)?).await
+    cached_nodes(ctx, &crate::reads::nodes::node_selector(spec)?).await
 }
 
 /// The nodes `selector` selects, by name, from the node cache once it shows this operator's

@@ -93,7 +93,7 @@ pub struct Metrics {
     /// otherwise. See [`Metrics::set_stalled`].
     pub migration_stalled: Family<StalledLabels, Gauge>,
     /// Bytes the allocator has handed out and not had back, read at each scrape
-    /// ([`crate::runtime::alloc::heap_in_use`]): beside the process's RSS it tells live data from what the
+    /// (`runtime::alloc::heap_in_use`, set by the process at each scrape): beside the process's RSS it tells live data from what the
     /// allocator holds free.
     pub heap_in_use: Gauge,
     stalled_reasons: Mutex<HashMap<String, String>>,
@@ -279,11 +279,14 @@ impl Metrics {
         self.set_stalled(pool, None);
     }
 
+    /// Records the allocator's heap in use, read by the process at each scrape (the allocator is
+    /// the process's, not this module's).
+    pub fn set_heap_in_use(&self, bytes: u64) {
+        self.heap_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
     /// The OpenMetrics text for `/metrics`.
     pub fn encode(&self) -> String {
-        if let Some(bytes) = crate::runtime::alloc::heap_in_use() {
-            self.heap_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

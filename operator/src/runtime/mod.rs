@@ -18,7 +18,8 @@ use axum::routing::get;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::controller::{self, Config};
+use crate::controller;
+use crate::reconcile::context::Config;
 use crate::report::metrics::Metrics;
 use crate::runtime::leader::{Elector, RENEW_DEADLINE, RENEW_INTERVAL};
 
@@ -47,6 +48,9 @@ struct Health {
 }
 
 async fn metrics_handler(State(h): State<Health>) -> impl IntoResponse {
+    if let Some(bytes) = alloc::heap_in_use() {
+        h.metrics.set_heap_in_use(bytes);
+    }
     (
         [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
         h.metrics.encode(),

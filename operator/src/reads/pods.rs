@@ -1,0 +1,55 @@
+//! The pods bound to one node, or to any node of a set, read through the paged pod LISTs of
+//! [`super::pod_list`] into the fields a drain judges.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::ListParams;
+
+use crate::error::{Error, Result};
+use crate::reads::pod_list;
+
+/// Page size of the cluster-wide pod LISTs: bounds the memory one page takes (a few MiB).
+pub const POD_PAGE: u32 = 500;
+
+/// Every pod bound to `node`, with the fields a drain reads ([`pod_list::PodFields`]).
+pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
+    pod_list::list_node(client, node).await.map_err(|source| Error::ListPods { node: node.into(), source })
+}
+
+/// The pods bound to any node in `nodes`, by node, from paged LISTs of every bound pod in the
+/// cluster ([`POD_PAGE`] a page), each pod passed through `keep` as its page arrives: a pool of
+/// thousands of nodes costs (cluster pods / page) requests, not one per node, and only what `keep`
+/// returns is held. `unfinished` leaves out Succeeded and Failed pods on the server. Each pod has
+/// only the fields a drain reads ([`pod_list::PodFields`]).
+pub async fn pods_on_nodes<T>(
+    client: &Client,
+    nodes: &HashSet<&str>,
+    unfinished: bool,
+    mut keep: impl FnMut(Pod) -> Option<T>,
+) -> Result<HashMap<String, Vec<T>>> {
+    let fields = if unfinished {
+        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    } else {
+        "spec.nodeName!="
+    };
+    let mut out: HashMap<String, Vec<T>> = HashMap::new();
+    let mut lp = ListParams::default().fields(fields).limit(POD_PAGE);
+    loop {
+        let page =
+            pod_list::list_page(client, &lp).await.map_err(|source| Error::ListBoundPods { source })?;
+        for pod in page.items {
+            let Some(node) = pod.node_name().filter(|n| nodes.contains(n)).map(str::to_owned) else {
+                continue;
+            };
+            if let Some(t) = keep(pod.into_pod()) {
+                out.entry(node).or_default().push(t);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => lp = lp.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}

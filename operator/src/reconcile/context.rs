@@ -1,0 +1,110 @@
+//! What every reconcile shares: the client, the caches, the event publisher and metrics, and
+//! the memo tables that keep a reconcile from reading the same slow thing again (discovery, the
+//! capacity-reader audit, the candidates' pod counts), with how long each is reused.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::runtime::reflector::Store;
+
+use crate::api::v1alpha1::GpuPoolMigration;
+use crate::cache::Caches;
+use crate::pool::prerequisites::ServerFacts;
+use crate::pool::readers::Finding;
+use crate::report::metrics::Metrics;
+use crate::well_known::*;
+
+/// Requeue while nodes move: short, because allocatable and slices change without a label event.
+pub(crate) const REQUEUE_ACTIVE: Duration = Duration::from_secs(10);
+/// Requeue when idle: a safety net; watches trigger real work.
+pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(300);
+/// When a node's step failed: sooner than the backoff of a failed reconcile, since only that
+/// node waits.
+pub(crate) const REQUEUE_ERROR: Duration = Duration::from_secs(5);
+/// How often a deletion re-checks the nodes it waits for.
+/// How long discovery results are reused: versions and served kinds change only on upgrades.
+pub(crate) const FACTS_TTL: Duration = Duration::from_secs(300);
+/// How long an inventory is reused: it LISTs quotas, LimitRanges, HPAs and Deployments
+/// cluster-wide, too much for every reconcile. A spec change refreshes it at once.
+pub(crate) const INVENTORY_TTL: Duration = Duration::from_secs(300);
+/// How long the candidates' GPU-pod counts are reused. They only order the pool ("fewest GPU pods
+/// first"), and counting reads every bound pod of the cluster in pages, so a migration of a large
+/// pool pays for it a few times a minute, not on every reconcile.
+pub(crate) const POD_COUNT_TTL: Duration = Duration::from_secs(30);
+
+/// An inventory result: when it was read, for which generation, and its findings.
+type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
+/// GPU-pod counts of a migration's candidates: when they were read, for which generation and
+/// direction, and the count per node.
+pub(crate) type CachedPodCounts = (Instant, Option<i64>, HashMap<String, u32>);
+
+/// The candidate pod counts of every migration, and the migrations whose count is being
+/// refreshed in the background now.
+#[derive(Default)]
+pub(crate) struct PodCounts {
+    pub(crate) counts: HashMap<String, CachedPodCounts>,
+    pub(crate) refreshing: HashSet<String>,
+}
+
+/// What does not change between reconciles.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Namespace for canary pods (the operator's own).
+    pub canary_namespace: String,
+    /// Label selector on GpuPoolMigrations: this operator manages only the matching ones
+    /// (`None`: all). Lets several operators split a cluster, or a new version be tried on one
+    /// migration.
+    pub migration_selector: Option<String>,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub events: crate::report::events::Publisher,
+    pub metrics: Arc<Metrics>,
+    pub config: Config,
+    /// The controller's GpuPoolMigration cache, to find nodes selected by two migrations.
+    pub migrations: Store<GpuPoolMigration>,
+    /// Nodes, DaemonSets, DeviceClasses and ResourceSlices, fed by the controller's watches: a
+    /// reconcile reads these instead of the API (see `cache` for how fresh they are).
+    pub caches: Caches,
+    pub(crate) facts: Mutex<Option<(Instant, ServerFacts)>>,
+    /// Consecutive failed reconciles per migration, for the error policy's backoff.
+    pub(crate) failures: Mutex<HashMap<String, u32>>,
+    /// The last inventory per migration: when, for which generation, and its findings.
+    pub(crate) inventory: Mutex<HashMap<String, CachedInventory>>,
+    /// The last candidate pod counts per migration (see [`POD_COUNT_TTL`]).
+    pub(crate) pod_counts: Arc<Mutex<PodCounts>>,
+    /// When each migration's status was last written (see `execute::STATUS_COALESCE`).
+    pub(crate) status_writes: Mutex<HashMap<String, Instant>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        config: Config,
+        migrations: Store<GpuPoolMigration>,
+        caches: Caches,
+    ) -> Self {
+        Self {
+            events: crate::report::events::Publisher::new(
+                client.clone(),
+                OPERATOR_FIELD_MANAGER,
+                std::env::var("POD_NAME").ok(),
+            ),
+            client,
+            metrics,
+            config,
+            migrations,
+            caches,
+            facts: Mutex::new(None),
+            failures: Mutex::new(HashMap::new()),
+            inventory: Mutex::new(HashMap::new()),
+            pod_counts: Arc::new(Mutex::new(PodCounts::default())),
+            status_writes: Mutex::new(HashMap::new()),
+        }
+    }
+}
