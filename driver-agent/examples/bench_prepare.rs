@@ -26,8 +26,8 @@ use clap::Parser;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use switchyard_driver_agent::inventory::Inventory;
-use switchyard_driver_agent::inventory::simulated::SimulatedInventory;
+use switchyard_driver_agent::discovery::Discovery;
+use switchyard_driver_agent::discovery::simulated::SimulatedDiscovery;
 use switchyard_driver_agent::metrics::Metrics;
 use switchyard_driver_agent::plugin::dra::{ClaimSource, DraService};
 use switchyard_driver_agent::plugin::pb::dra::dra_plugin_client::DraPluginClient;
@@ -145,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
 
-    let inventory = SimulatedInventory::load(&args.inventory)
+    let inventory = SimulatedDiscovery::load(&args.inventory)
         .await
         .with_context(|| format!("loading {}", args.inventory.display()))?;
     let devices: Vec<String> =

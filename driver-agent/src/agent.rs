@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::coexistence::Guard;
+use crate::discovery::{Discovery, EventSource, NamedDevice, NodeGpus};
 use crate::error::Error;
 use crate::health::{Applied, Effect, HealthEvent, HealthPolicy, HealthState};
-use crate::inventory::{Inventory, NamedDevice, NodeInventory};
 use crate::metrics::Metrics;
 use crate::node_events::NodeEvents;
 use crate::publish::{Backoff, Publisher, SliceWatch};
@@ -26,13 +26,6 @@ pub const REDISCOVER_INTERVAL: Duration = Duration::from_secs(60);
 /// How long the agent keeps trying to publish the driver-unavailable taint on SIGTERM; below the
 /// default 30 s termination grace period so the pod exits on its own.
 pub const SHUTDOWN_PUBLISH_DEADLINE: Duration = Duration::from_secs(20);
-
-/// Hooks an inventory may offer beyond discovery.
-pub trait EventSource: Send + Sync {
-    /// Start feeding `tx` with hardware health events for the devices in `inv`, until `stop` is
-    /// set. Called once, after the first successful discovery.
-    fn start_events(&self, _inv: &NodeInventory, _tx: mpsc::Sender<HealthEvent>, _stop: Arc<AtomicBool>) {}
-}
 
 /// Shared flags the HTTP endpoints read.
 #[derive(Clone, Default)]
@@ -58,7 +51,7 @@ pub struct Agent<I> {
 }
 
 /// Record device counts by type and health.
-fn record_devices(metrics: &Metrics, inv: &NodeInventory, health: &HealthState) {
+fn record_devices(metrics: &Metrics, inv: &NodeGpus, health: &HealthState) {
     let rows: Vec<(&str, &str)> = inv
         .named_devices()
         .into_iter()
@@ -81,8 +74,8 @@ fn record_devices(metrics: &Metrics, inv: &NodeInventory, health: &HealthState) 
     metrics.set_devices(rows);
 }
 
-impl<I: Inventory + EventSource> Agent<I> {
-    async fn discover(&self) -> Option<NodeInventory> {
+impl<I: Discovery + EventSource> Agent<I> {
+    async fn discover(&self) -> Option<NodeGpus> {
         match self.inventory.discover().await {
             Ok(inv) => {
                 self.metrics.driver_present.set(1);
@@ -97,7 +90,7 @@ impl<I: Inventory + EventSource> Agent<I> {
                 if let Some(events) = &self.node_events {
                     events.driver_unavailable(&e.to_string()).await;
                 }
-                Some(NodeInventory::default())
+                Some(NodeGpus::default())
             }
             Err(e) => {
                 tracing::error!(error = %e, category = e.category(), "discovery failed; keeping the last inventory");
@@ -121,7 +114,7 @@ impl<I: Inventory + EventSource> Agent<I> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut shutdown = std::pin::pin!(shutdown);
         let mut health = HealthState::default();
-        let mut inventory: Option<NodeInventory> = None;
+        let mut inventory: Option<NodeGpus> = None;
         let mut watching = false;
         // Observation times of events whose taints are not yet in the API.
         let mut pending: Vec<Timestamp> = Vec::new();
@@ -252,7 +245,7 @@ impl<I: Inventory + EventSource> Agent<I> {
     /// are restored here first, so that shutting down early does not erase them from the API.
     async fn publish_unavailable(
         mut self,
-        inv: &NodeInventory,
+        inv: &NodeGpus,
         mut health: HealthState,
         mut restored: bool,
     ) -> Result<(), Error> {
@@ -292,8 +285,8 @@ impl<I: Inventory + EventSource> Agent<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::simulated::SimulatedDiscovery;
     use crate::health::FaultKind;
-    use crate::inventory::simulated::SimulatedInventory;
     use crate::publish::{SliceEvent, SliceRef};
     use http::{Method, Request, Response};
     use kube::client::Body;
@@ -387,19 +380,19 @@ mod tests {
     }
 
     /// The simulated example inventory (gpu-0 .. gpu-7), loaded from a fresh file.
-    async fn inventory(test: &str) -> (Arc<SimulatedInventory>, std::path::PathBuf) {
+    async fn inventory(test: &str) -> (Arc<SimulatedDiscovery>, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("sy-agent-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("inv.yaml");
         std::fs::write(&path, include_str!("../examples/sim-inventory.yaml")).unwrap();
-        (SimulatedInventory::load(&path).await.unwrap(), dir)
+        (SimulatedDiscovery::load(&path).await.unwrap(), dir)
     }
 
     fn agent(
-        inventory: Arc<SimulatedInventory>,
+        inventory: Arc<SimulatedDiscovery>,
         client: kube::Client,
         slices: SliceWatch,
-    ) -> (Agent<Arc<SimulatedInventory>>, Metrics, Status) {
+    ) -> (Agent<Arc<SimulatedDiscovery>>, Metrics, Status) {
         let metrics = Metrics::default();
         let status = Status::default();
         let agent = Agent {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::NamedDevice;
+use crate::discovery::NamedDevice;
 
 /// The CDI spec version we write: 0.6.0 is the first with the features we use everywhere (spec
 /// and device annotations are unused, so any runtime that reads 0.6.0 reads ours).
@@ -230,7 +230,7 @@ pub fn remove_spec(dir: &Path, driver: &str, claim_uid: &str) -> std::io::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{Gpu, MigDevice};
+    use crate::discovery::{Gpu, MigDevice};
 
     #[test]
     fn names_follow_the_driver_and_claim() {

@@ -17,11 +17,11 @@ use tokio::sync::{mpsc, watch};
 use crate::agent::{Agent, Status};
 use crate::cdi;
 use crate::coexistence::{self, Guard};
+use crate::discovery::Discovery;
+use crate::discovery::nvml::{Library, NvmlDiscovery};
+use crate::discovery::simulated::{self, SimulatedDiscovery};
 use crate::error::Error;
 use crate::health::{DEFAULT_BENIGN_XIDS, HealthPolicy, HealthState};
-use crate::inventory::Inventory;
-use crate::inventory::nvml::{Library, NvmlInventory};
-use crate::inventory::simulated::{self, SimulatedInventory};
 use crate::metrics::Metrics;
 use crate::node_events::NodeEvents;
 use crate::plugin::{self, PluginConfig, RunningPlugin};
@@ -179,11 +179,11 @@ pub fn render_yaml(slices: &[ResourceSlice]) -> Result<String, Error> {
 pub async fn dry_run(args: &Args) -> Result<String, Error> {
     args.validate()?;
     let inv = match args.inventory {
-        InventoryKind::Nvml => NvmlInventory::new(Metrics::default(), args.library()).discover().await?,
+        InventoryKind::Nvml => NvmlDiscovery::new(Metrics::default(), args.library()).discover().await?,
         InventoryKind::Simulated => {
             let path =
                 args.sim_config.as_ref().ok_or_else(|| Error::Config("--sim-config missing".into()))?;
-            SimulatedInventory::load(path).await?.discover().await?
+            SimulatedDiscovery::load(path).await?.discover().await?
         }
     };
     let id = PoolIdentity {
@@ -325,12 +325,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
 /// Bind the kubelet plugin's sockets, with its own inventory reader (it discovers on each new
 /// claim, so a MIG layout change is seen at once).
 async fn start_plugin(args: &Args, client: &kube::Client, metrics: &Metrics) -> Result<RunningPlugin, Error> {
-    let inventory: std::sync::Arc<dyn Inventory> = match args.inventory {
-        InventoryKind::Nvml => std::sync::Arc::new(NvmlInventory::new(metrics.clone(), args.library())),
+    let inventory: std::sync::Arc<dyn Discovery> = match args.inventory {
+        InventoryKind::Nvml => std::sync::Arc::new(NvmlDiscovery::new(metrics.clone(), args.library())),
         InventoryKind::Simulated => {
             let path =
                 args.sim_config.as_ref().ok_or_else(|| Error::Config("--sim-config missing".into()))?;
-            std::sync::Arc::new(SimulatedInventory::load(path).await?)
+            std::sync::Arc::new(SimulatedDiscovery::load(path).await?)
         }
     };
     let config = PluginConfig {
@@ -372,7 +372,7 @@ async fn run_agent(
     tracing::info!(node = %id.node_name, driver = %id.driver, inventory = ?args.inventory, "starting driver agent");
     match args.inventory {
         InventoryKind::Nvml => {
-            let inventory = NvmlInventory::new(metrics.clone(), args.library());
+            let inventory = NvmlDiscovery::new(metrics.clone(), args.library());
             let node_events = Some(NodeEvents::new(client_for_events, &id, inventory.library().describe()));
             Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices, node_events }
                 .run(rx, tx, shutdown.wait())
@@ -381,7 +381,7 @@ async fn run_agent(
         InventoryKind::Simulated => {
             let path =
                 args.sim_config.as_ref().ok_or_else(|| Error::Config("--sim-config missing".into()))?;
-            let inventory = SimulatedInventory::load(path).await?;
+            let inventory = SimulatedDiscovery::load(path).await?;
             metrics.driver_present.set(1);
             let (stop_faults, faults_stopped) = tokio::sync::oneshot::channel::<()>();
             if let Some(addr) = args.fault_listen {

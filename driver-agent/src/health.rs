@@ -253,7 +253,7 @@ impl HealthState {
     pub fn restore(&mut self, published: Vec<(String, Vec<ActiveTaint>)>) {
         let mut migs_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, _) in &published {
-            let parent = crate::inventory::NodeInventory::parent_name(name);
+            let parent = crate::discovery::NodeGpus::parent_name(name);
             if parent != name {
                 migs_of.entry(parent).or_default().push(name);
             }

@@ -287,8 +287,8 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::{Gpu, NodeGpus};
     use crate::health::HealthState;
-    use crate::inventory::{Gpu, NodeInventory};
     use crate::slices::desired_slices;
     use http::{Method, Request, Response};
     use kube::client::Body;
@@ -316,8 +316,8 @@ mod tests {
         }
     }
 
-    fn inventory(n: u32) -> NodeInventory {
-        NodeInventory {
+    fn inventory(n: u32) -> NodeGpus {
+        NodeGpus {
             driver_version: "570.124.06".into(),
             cuda_driver_version: "12.8".into(),
             gpus: (0..n)

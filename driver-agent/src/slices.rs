@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use k8s_openapi::jiff::Timestamp;
 use switchyard_api::well_known;
 
+use crate::discovery::{Gpu, NamedDevice, NodeGpus};
 use crate::health::{ActiveTaint, Effect, HealthState, TaintKind};
-use crate::inventory::{Gpu, NamedDevice, NodeInventory};
 
 /// Most devices the API accepts in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -54,7 +54,7 @@ pub struct PoolSummary {
 }
 
 impl PoolSummary {
-    pub fn of(inv: &NodeInventory) -> Self {
+    pub fn of(inv: &NodeGpus) -> Self {
         let mut mig_profiles = BTreeMap::new();
         for (_, d) in inv.named_devices() {
             if let NamedDevice::Mig { mig, .. } = d {
@@ -114,7 +114,7 @@ fn version(v: &str) -> Option<DeviceAttribute> {
     to_semver(v).map(|s| DeviceAttribute { version: Some(s), ..Default::default() })
 }
 
-fn gpu_attributes(inv: &NodeInventory, gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
+fn gpu_attributes(inv: &NodeGpus, gpu: &Gpu) -> BTreeMap<String, DeviceAttribute> {
     let mut a = BTreeMap::new();
     a.insert("productName".into(), string(&gpu.product_name));
     if let Some(b) = &gpu.brand {
@@ -177,7 +177,7 @@ impl NodeTaint {
 /// Devices of the node, in name order of the inventory, with health taints, plus every node-wide
 /// taint on every device.
 pub fn build_devices(
-    inv: &NodeInventory,
+    inv: &NodeGpus,
     health: &HealthState,
     driver: &str,
     node_taints: &[NodeTaint],
@@ -298,7 +298,7 @@ pub fn build_slices(
 /// Everything the agent would publish for this inventory and health, at `generation`.
 pub fn desired_slices(
     id: &PoolIdentity,
-    inv: &NodeInventory,
+    inv: &NodeGpus,
     health: &HealthState,
     node_taints: &[NodeTaint],
     generation: i64,
@@ -344,8 +344,8 @@ pub fn published_health(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::MigDevice;
     use crate::health::{FaultKind, HealthEvent, HealthPolicy};
-    use crate::inventory::MigDevice;
 
     fn id() -> PoolIdentity {
         PoolIdentity {
@@ -373,8 +373,8 @@ mod tests {
         }
     }
 
-    fn inv(gpus: Vec<Gpu>) -> NodeInventory {
-        NodeInventory { driver_version: "570.124.06".into(), cuda_driver_version: "12.8".into(), gpus }
+    fn inv(gpus: Vec<Gpu>) -> NodeGpus {
+        NodeGpus { driver_version: "570.124.06".into(), cuda_driver_version: "12.8".into(), gpus }
     }
 
     fn attr<'a>(d: &'a Device, k: &str) -> &'a DeviceAttribute {

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use switchyard_driver_agent::Error;
-use switchyard_driver_agent::inventory::simulated::SimulatedInventory;
+use switchyard_driver_agent::discovery::simulated::SimulatedDiscovery;
 use switchyard_driver_agent::metrics::Metrics;
 use switchyard_driver_agent::plugin::dra::{ClaimSource, DraConfig, DraGrpc, DraService};
 use switchyard_driver_agent::plugin::pb::dra::dra_plugin_client::DraPluginClient;
@@ -82,7 +82,7 @@ fn wire(name: &str, uid: &str) -> Claim {
 struct Env {
     dir: PathBuf,
     claims: FakeClaims,
-    inventory: Arc<SimulatedInventory>,
+    inventory: Arc<SimulatedDiscovery>,
 }
 
 impl Env {
@@ -103,7 +103,7 @@ impl Env {
                 ("large", DRIVER, NODE, "gpu-1-mig-3g40gb-0"),
             ],
         ));
-        Env { claims, inventory: SimulatedInventory::load(&inv).await.unwrap(), dir }
+        Env { claims, inventory: SimulatedDiscovery::load(&inv).await.unwrap(), dir }
     }
 
     fn cdi_dir(&self) -> PathBuf {
@@ -374,7 +374,7 @@ async fn a_corrupt_checkpoint_stops_the_start() {
     };
     std::fs::write(&config.checkpoint, "garbage").unwrap();
     let inv =
-        SimulatedInventory::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sim-inventory.yaml"))
+        SimulatedDiscovery::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sim-inventory.yaml"))
             .await
             .unwrap();
     let r = DraService::new(config, Arc::new(FakeClaims::default()), Arc::new(inv), Metrics::default());

@@ -56,7 +56,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostPa
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use switchyard_driver_agent::inventory::{Gpu, MigDevice, NodeInventory};
+use switchyard_driver_agent::discovery::{Gpu, MigDevice, NodeGpus};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -178,7 +178,7 @@ impl GpuLayout {
 
     /// The inventory the driver agent's simulated discovery reads for this layout on `node`.
     /// UUIDs derive from the node name, so they are stable across agent restarts.
-    pub fn inventory(&self, node: &str) -> NodeInventory {
+    pub fn inventory(&self, node: &str) -> NodeGpus {
         let total = self.gpus + u32::try_from(self.mig_gpus.len()).unwrap_or(0);
         let gpus = (0..total)
             .map(|i| {
@@ -219,7 +219,7 @@ impl GpuLayout {
                 }
             })
             .collect();
-        NodeInventory { driver_version: "570.124.06".into(), cuda_driver_version: "12.8".into(), gpus }
+        NodeGpus { driver_version: "570.124.06".into(), cuda_driver_version: "12.8".into(), gpus }
     }
 }
 

@@ -27,6 +27,7 @@ pub mod pool;
 pub mod reads;
 pub mod reconcile;
 pub mod report;
+#[cfg(feature = "runtime")]
 pub mod runtime;
 #[doc(hidden)]
 pub mod testing;

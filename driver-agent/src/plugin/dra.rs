@@ -20,8 +20,8 @@ use tonic::{Request, Response, Status};
 use super::checkpoint::{Checkpoint, CheckpointFile, PreparedClaim, PreparedDevice};
 use super::pb::dra as pb;
 use crate::cdi;
+use crate::discovery::{Discovery, NamedDevice, NodeGpus};
 use crate::error::Error;
-use crate::inventory::{Inventory, NamedDevice, NodeInventory};
 use crate::metrics::{ClaimOpLabels, Metrics};
 
 /// Where prepare reads ResourceClaims: the API in production, a map in tests.
@@ -88,7 +88,7 @@ pub fn allocated_devices(driver: &str, node: &str, claim: &ResourceClaim) -> Res
 
 /// Pure: the inventory device behind each allocated name.
 pub fn resolve<'a>(
-    inv: &'a NodeInventory,
+    inv: &'a NodeGpus,
     allocated: &[Allocated],
 ) -> Result<Vec<(String, NamedDevice<'a>)>, String> {
     let named = inv.named_devices();
@@ -118,7 +118,7 @@ pub struct DraConfig {
 pub struct DraService {
     config: DraConfig,
     claims: Arc<dyn ClaimSource>,
-    inventory: Arc<dyn Inventory>,
+    inventory: Arc<dyn Discovery>,
     file: CheckpointFile,
     state: Mutex<Checkpoint>,
     draining: AtomicBool,
@@ -132,7 +132,7 @@ impl DraService {
     pub fn new(
         config: DraConfig,
         claims: Arc<dyn ClaimSource>,
-        inventory: Arc<dyn Inventory>,
+        inventory: Arc<dyn Discovery>,
         metrics: Metrics,
     ) -> Result<Self, Error> {
         let file = CheckpointFile::new(&config.checkpoint);
@@ -223,8 +223,14 @@ impl DraService {
             allocated_devices(&self.config.driver, &self.config.node_name, &rc).map_err(invalid)?;
         let inv = self.inventory.discover().await?;
         let devices = resolve(&inv, &allocated).map_err(invalid)?;
-        let spec =
-            cdi::claim_spec(&self.config.driver, &claim.uid, &devices, self.inventory.cdi_device_nodes());
+        // Real device nodes are looked up on the host; simulated GPUs have none, so the spec
+        // describes each node and the runtime creates it in the container.
+        let nodes = if self.inventory.host_has_device_nodes() {
+            cdi::DeviceNodes::HostLookup
+        } else {
+            cdi::DeviceNodes::Described
+        };
+        let spec = cdi::claim_spec(&self.config.driver, &claim.uid, &devices, nodes);
         let prepared = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -392,7 +398,7 @@ mod tests {
 
     #[test]
     fn resolve_finds_gpus_and_mig_devices_by_name() {
-        let inv = crate::inventory::simulated::parse(include_str!("../../examples/sim-inventory-mig.yaml"))
+        let inv = crate::discovery::simulated::parse(include_str!("../../examples/sim-inventory-mig.yaml"))
             .unwrap();
         let a = |n: &str| Allocated { request_names: vec!["r".into()], device: n.into() };
         let got = resolve(&inv, &[a("gpu-0"), a("gpu-1-mig-1g10gb-1")]).unwrap();

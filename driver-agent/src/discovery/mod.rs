@@ -1,23 +1,27 @@
-//! GPU discovery: the [`Inventory`] trait, the plain data it returns, device naming, and the
+//! GPU discovery: the [`Discovery`] trait, the plain data it returns, device naming, and the
 //! sysfs/procfs helpers both implementations share.
 
 pub mod nvml;
 pub mod simulated;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
 use crate::error::Error;
+use crate::health::HealthEvent;
 
 /// What a node has: owned plain data, so that slice building never touches NVML.
 ///
 /// The same shape (camelCase) is the simulated inventory's YAML format; see
-/// [`simulated::SimulatedInventory`].
+/// [`simulated::SimulatedDiscovery`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NodeInventory {
+pub struct NodeGpus {
     /// Kernel driver version as NVML reports it, e.g. `570.124.06`.
     pub driver_version: String,
     /// Highest CUDA version the driver supports, `major.minor`, e.g. `12.8`.
@@ -105,7 +109,7 @@ pub enum NamedDevice<'a> {
     Mig { parent: &'a Gpu, mig: &'a MigDevice },
 }
 
-impl NodeInventory {
+impl NodeGpus {
     /// Every publishable device with its name: a whole GPU when MIG is off, else its MIG devices.
     /// MIG devices are numbered per (GPU, profile) in (gi, ci) order, so a name does not change
     /// while the MIG layout stays the same.
@@ -158,15 +162,23 @@ pub fn profile_slug(profile: &str) -> String {
 
 /// Source of a node's inventory. Implementations return owned data and do their blocking work off
 /// the async runtime.
-pub trait Inventory: Send + Sync {
+pub trait Discovery: Send + Sync {
     /// Read what the node has now.
-    fn discover(&self) -> BoxFuture<'_, Result<NodeInventory, Error>>;
+    fn discover(&self) -> BoxFuture<'_, Result<NodeGpus, Error>>;
 
-    /// How the CDI specs of this inventory's devices name their device nodes: by host path where
-    /// the driver made real nodes (the default), fully described where there are none.
-    fn cdi_device_nodes(&self) -> crate::cdi::DeviceNodes {
-        crate::cdi::DeviceNodes::HostLookup
+    /// Whether the driver made the GPUs' device nodes (`/dev/nvidia<N>`, `/dev/nvidiactl`, ...) on
+    /// the host, as a real NVIDIA driver does (the default). Without them, whoever hands the
+    /// devices to a container must describe each node in full.
+    fn host_has_device_nodes(&self) -> bool {
+        true
     }
+}
+
+/// Hooks a discovery source may offer beyond discovery: hardware health events.
+pub trait EventSource: Send + Sync {
+    /// Start feeding `tx` with hardware health events for the devices in `inv`, until `stop` is
+    /// set. Called once, after the first successful discovery.
+    fn start_events(&self, _inv: &NodeGpus, _tx: mpsc::Sender<HealthEvent>, _stop: Arc<AtomicBool>) {}
 }
 
 /// Turn NVML's `00000000:18:00.0` into the sysfs form `0000:18:00.0`.
@@ -238,7 +250,7 @@ mod tests {
 
     #[test]
     fn device_names_are_stable_and_numbered_per_profile() {
-        let inv = NodeInventory {
+        let inv = NodeGpus {
             gpus: vec![
                 // Out of order on purpose: names follow gi/ci, not the order NVML listed them in.
                 gpu(1, vec![mig("1g.10gb", 9, 0), mig("3g.40gb", 1, 0), mig("1g.10gb", 7, 0)]),
@@ -250,8 +262,8 @@ mod tests {
         assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-0", "gpu-1-mig-1g10gb-0", "gpu-1-mig-1g10gb-1"]);
         let (_, d) = &inv.named_devices()[3];
         assert!(matches!(d, NamedDevice::Mig { mig, .. } if mig.gi == 9));
-        assert_eq!(NodeInventory::parent_name("gpu-1-mig-1g10gb-1"), "gpu-1");
-        assert_eq!(NodeInventory::parent_name("gpu-12"), "gpu-12");
+        assert_eq!(NodeGpus::parent_name("gpu-1-mig-1g10gb-1"), "gpu-1");
+        assert_eq!(NodeGpus::parent_name("gpu-12"), "gpu-12");
         assert!(inv.knows_device("gpu-1"), "a GPU in MIG mode still takes faults by its own name");
         assert!(inv.knows_device("gpu-1-mig-1g10gb-1"));
         assert!(!inv.knows_device("gpu-7"));
@@ -261,7 +273,7 @@ mod tests {
     fn mig_mode_without_instances_publishes_nothing_for_that_gpu() {
         let mut g = gpu(0, vec![]);
         g.mig_enabled = Some(true);
-        let inv = NodeInventory { gpus: vec![g], ..Default::default() };
+        let inv = NodeGpus { gpus: vec![g], ..Default::default() };
         assert!(inv.named_devices().is_empty());
     }
 

@@ -21,8 +21,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::DeviceAttributes;
 use tokio::sync::mpsc;
 
-use super::{Gpu, Inventory, MigDevice, NodeInventory};
-use crate::agent::EventSource;
+use super::{Discovery, EventSource, Gpu, MigDevice, NodeGpus};
 use crate::error::Error;
 use crate::health::{FaultKind, HealthEvent};
 use crate::metrics::Metrics;
@@ -99,7 +98,7 @@ fn mapped_library(maps: &str) -> Option<&str> {
 }
 
 /// GPUs discovered through NVML.
-pub struct NvmlInventory {
+pub struct NvmlDiscovery {
     nvml: Mutex<Option<Arc<Nvml>>>,
     library: Library,
     sysfs: PathBuf,
@@ -121,7 +120,7 @@ fn init_nvml(library: &Library) -> Result<Arc<Nvml>, NvmlError> {
     Ok(Arc::new(nvml))
 }
 
-impl NvmlInventory {
+impl NvmlDiscovery {
     /// Try to load NVML now from `library`. Without it, discovery keeps failing with
     /// [`Error::NoDriver`] (and retrying the load) until a driver shows up.
     pub fn new(metrics: Metrics, library: Library) -> Self {
@@ -132,7 +131,7 @@ impl NvmlInventory {
                 None
             }
         };
-        NvmlInventory {
+        NvmlDiscovery {
             nvml: Mutex::new(nvml),
             library,
             sysfs: PathBuf::from("/sys"),
@@ -156,8 +155,8 @@ impl NvmlInventory {
     }
 }
 
-impl Inventory for NvmlInventory {
-    fn discover(&self) -> BoxFuture<'_, Result<NodeInventory, Error>> {
+impl Discovery for NvmlDiscovery {
+    fn discover(&self) -> BoxFuture<'_, Result<NodeGpus, Error>> {
         async move {
             let current = self.nvml();
             let sysfs = self.sysfs.clone();
@@ -190,10 +189,10 @@ impl Inventory for NvmlInventory {
     }
 }
 
-impl EventSource for NvmlInventory {
+impl EventSource for NvmlDiscovery {
     /// Start the NVML event thread for the GPUs discovered first. GPUs that appear later (rare:
     /// hot-plug) are picked up on the next agent restart.
-    fn start_events(&self, inv: &NodeInventory, tx: mpsc::Sender<HealthEvent>, stop: Arc<AtomicBool>) {
+    fn start_events(&self, inv: &NodeGpus, tx: mpsc::Sender<HealthEvent>, stop: Arc<AtomicBool>) {
         let Some(nvml) = self.nvml() else { return };
         let names = inv.gpus.iter().map(|g| (g.uuid.clone(), g.device_name())).collect();
         if let Err(e) = spawn_event_watcher(nvml, names, tx, stop, self.metrics()) {
@@ -259,11 +258,7 @@ fn mig_instance_ids(dev: &nvml_wrapper::Device<'_>) -> (Option<u32>, Option<u32>
     (gi_ok.then_some(gi), ci_ok.then_some(ci))
 }
 
-fn read_inventory(
-    nvml: &Nvml,
-    sysfs: &std::path::Path,
-    caps: &std::path::Path,
-) -> Result<NodeInventory, Error> {
+fn read_inventory(nvml: &Nvml, sysfs: &std::path::Path, caps: &std::path::Path) -> Result<NodeGpus, Error> {
     let driver_version = required(nvml.sys_driver_version(), "sys_driver_version")?;
     let cuda_driver_version =
         cuda_version_string(required(nvml.sys_cuda_driver_version(), "sys_cuda_driver_version")?);
@@ -322,7 +317,7 @@ fn read_inventory(
             mig,
         });
     }
-    Ok(NodeInventory { driver_version, cuda_driver_version, gpus })
+    Ok(NodeGpus { driver_version, cuda_driver_version, gpus })
 }
 
 /// The health fault an NVML event means, if any.
@@ -548,7 +543,7 @@ mod tests {
 
     #[tokio::test]
     async fn discovery_reports_gpus_or_a_clear_no_driver_state() {
-        let inv = NvmlInventory::new(Metrics::default(), Library::default());
+        let inv = NvmlDiscovery::new(Metrics::default(), Library::default());
         match Nvml::init() {
             // A GPU machine: discovery must work and name every GPU.
             Ok(_) => {

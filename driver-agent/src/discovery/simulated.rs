@@ -3,7 +3,7 @@
 //!
 //! # File format
 //!
-//! The file is a [`NodeInventory`] in YAML (camelCase keys; unknown keys are rejected):
+//! The file is a [`NodeGpus`] in YAML (camelCase keys; unknown keys are rejected):
 //!
 //! ```yaml
 //! driverVersion: "570.124.06"      # becomes the semver attribute driverVersion (570.124.6)
@@ -60,25 +60,24 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::{Inventory, NodeInventory};
-use crate::agent::EventSource;
+use super::{Discovery, EventSource, NodeGpus};
 use crate::error::Error;
 use crate::health::{FaultKind, HealthEvent};
 
 /// GPUs read from a YAML file (see the module docs for the format).
 #[derive(Debug)]
-pub struct SimulatedInventory {
+pub struct SimulatedDiscovery {
     path: PathBuf,
     /// The last inventory read, for validating fault requests.
-    last: Mutex<NodeInventory>,
+    last: Mutex<NodeGpus>,
 }
 
-impl SimulatedInventory {
+impl SimulatedDiscovery {
     /// Load and validate the file once, so that a broken file fails at start-up.
     pub async fn load(path: impl AsRef<Path>) -> Result<Arc<Self>, Error> {
         let path = path.as_ref().to_path_buf();
         let inv = read(&path).await?;
-        Ok(Arc::new(SimulatedInventory { path, last: Mutex::new(inv) }))
+        Ok(Arc::new(SimulatedDiscovery { path, last: Mutex::new(inv) }))
     }
 
     fn knows(&self, device: &str) -> bool {
@@ -87,9 +86,8 @@ impl SimulatedInventory {
 }
 
 /// Parse and validate simulated-inventory YAML.
-pub fn parse(text: &str) -> Result<NodeInventory, Error> {
-    let inv: NodeInventory =
-        serde_yaml::from_str(text).map_err(|e| Error::InvalidSimConfig(e.to_string()))?;
+pub fn parse(text: &str) -> Result<NodeGpus, Error> {
+    let inv: NodeGpus = serde_yaml::from_str(text).map_err(|e| Error::InvalidSimConfig(e.to_string()))?;
     let mut indexes = std::collections::BTreeSet::new();
     let mut uuids = std::collections::BTreeSet::new();
     for g in &inv.gpus {
@@ -116,15 +114,15 @@ pub fn parse(text: &str) -> Result<NodeInventory, Error> {
     Ok(inv)
 }
 
-async fn read(path: &Path) -> Result<NodeInventory, Error> {
+async fn read(path: &Path) -> Result<NodeGpus, Error> {
     let text = tokio::fs::read_to_string(path)
         .await
         .map_err(|source| Error::ReadSimConfig { path: path.display().to_string(), source })?;
     parse(&text)
 }
 
-impl Inventory for Arc<SimulatedInventory> {
-    fn discover(&self) -> BoxFuture<'_, Result<NodeInventory, Error>> {
+impl Discovery for Arc<SimulatedDiscovery> {
+    fn discover(&self) -> BoxFuture<'_, Result<NodeGpus, Error>> {
         async move {
             let inv = read(&self.path).await?;
             if let Ok(mut last) = self.last.lock() {
@@ -136,13 +134,13 @@ impl Inventory for Arc<SimulatedInventory> {
     }
 
     /// Simulated GPUs have no device nodes on the host; the runtime creates them in the container.
-    fn cdi_device_nodes(&self) -> crate::cdi::DeviceNodes {
-        crate::cdi::DeviceNodes::Described
+    fn host_has_device_nodes(&self) -> bool {
+        false
     }
 }
 
 /// Faults arrive over HTTP ([`serve_faults`]), not from the inventory.
-impl EventSource for Arc<SimulatedInventory> {}
+impl EventSource for Arc<SimulatedDiscovery> {}
 
 /// Body of `POST /faults`.
 #[derive(Debug, Deserialize)]
@@ -154,12 +152,12 @@ struct FaultRequest {
 
 #[derive(Clone)]
 struct FaultState {
-    inventory: Arc<SimulatedInventory>,
+    inventory: Arc<SimulatedDiscovery>,
     events: mpsc::Sender<HealthEvent>,
 }
 
 /// The `POST /faults` router, feeding `events` (the same channel the NVML watcher feeds).
-pub fn fault_router(inventory: Arc<SimulatedInventory>, events: mpsc::Sender<HealthEvent>) -> Router {
+pub fn fault_router(inventory: Arc<SimulatedDiscovery>, events: mpsc::Sender<HealthEvent>) -> Router {
     Router::new().route("/faults", post(post_fault)).with_state(FaultState { inventory, events })
 }
 
@@ -183,7 +181,7 @@ async fn post_fault(State(st): State<FaultState>, body: Bytes) -> (StatusCode, S
 /// addresses: fault injection must never be reachable from the network.
 pub async fn serve_faults(
     addr: SocketAddr,
-    inventory: Arc<SimulatedInventory>,
+    inventory: Arc<SimulatedDiscovery>,
     events: mpsc::Sender<HealthEvent>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
@@ -256,7 +254,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("inv.yaml");
         std::fs::write(&path, EXAMPLE).unwrap();
-        let inv = SimulatedInventory::load(&path).await.unwrap();
+        let inv = SimulatedDiscovery::load(&path).await.unwrap();
         let (tx, mut rx) = mpsc::channel(8);
         let router = fault_router(inv.clone(), tx);
 
@@ -294,7 +292,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("inv.yaml");
         std::fs::write(&path, EXAMPLE).unwrap();
-        let inv = SimulatedInventory::load(&path).await.unwrap();
+        let inv = SimulatedDiscovery::load(&path).await.unwrap();
         let (tx, _rx) = mpsc::channel(1);
         let err = serve_faults("0.0.0.0:0".parse().unwrap(), inv, tx, async {}).await.unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err}");
