@@ -23,18 +23,21 @@ install-cli: ## Install the switchyard CLI and its kubectl plugin name (kubectl 
 	$(CARGO) install --locked --path cli --bin switchyard --bin kubectl-switchyard
 
 .PHONY: generate
-generate: ## Regenerate crds/ from the Rust API types, then the packaging copies derived from them
-	$(CARGO) run -q -p switchyard-operator --bin crdgen -- crds
+generate: ## Regenerate crds/ and docs/reference/api.md from the Rust API types, then the packaging copies derived from them
+	$(CARGO) run -q -p switchyard-operator --bin crdgen -- --reference docs/reference/api.md crds
 	@bash e2e/hack/sync-packaging.sh
 
 .PHONY: check-generated
-check-generated: ## Fail when crds/ has drifted from the Rust API types
-	$(CARGO) run -q -p switchyard-operator --bin crdgen -- --check crds
+check-generated: ## Fail when crds/ or docs/reference/api.md has drifted from the Rust API types
+	$(CARGO) run -q -p switchyard-operator --bin crdgen -- --check --reference docs/reference/api.md crds
 
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@# The CLI uses the operator's judgements and reads, never its process (allocator, HTTP server).
+	@if $(CARGO) tree -p switchyard-cli -e normal --prefix none | grep -E '^(axum|tikv-jemalloc)'; then \
+	  echo "lint: switchyard-cli links the operator process's allocator or HTTP server (see operator/Cargo.toml, feature runtime)" >&2; exit 1; fi
 
 .PHONY: unit
 unit: ## Unit tests only (no cluster)

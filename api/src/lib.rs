@@ -6,6 +6,7 @@
 //! - [`well_known`]: the labels, annotations, finalizer and taint keys both sides read and write.
 //! - [`watch`]: the per-watch backoff every long-lived watch of the project uses.
 
+pub mod reference;
 pub mod v1alpha1;
 pub mod watch;
 pub mod well_known;

@@ -1,5 +1,5 @@
-//! Writes the CRDs in `crds/` from the Rust types (`make generate`), or with `--check` fails when
-//! the committed YAML has drifted from them (`make test`).
+//! Writes the CRDs in `crds/` and the API reference `docs/reference/api.md` from the Rust types
+//! (`make generate`), or with `--check` fails when either has drifted from them (`make test`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(about = "Generate Switchyard's CRD YAML from the Rust API types")]
+#[command(about = "Generate Switchyard's CRD YAML and API reference from the Rust API types")]
 struct Args {
     /// Only compare; exit 1 if any file differs.
     #[arg(long)]
@@ -15,17 +15,24 @@ struct Args {
     /// Directory holding the CRD YAML.
     #[arg(default_value = "crds")]
     dir: PathBuf,
+    /// The API reference in Markdown, rendered from the CRDs; relative to the working directory,
+    /// which `make` sets to the repository root.
+    #[arg(long, default_value = "docs/reference/api.md")]
+    reference: PathBuf,
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
-    let drift = switchyard_operator::crd::sync(&args.dir, !args.check)?;
+    let drift = switchyard_operator::crd::sync(&args.dir, &args.reference, !args.check)?;
     for d in &drift {
         let verb = if args.check { "drift" } else { "wrote" };
         eprintln!("crdgen: {verb}: {} {}", d.path.display(), d.reason);
     }
     if args.check && !drift.is_empty() {
-        eprintln!("crdgen: the committed CRDs are out of date; run `make generate` and commit crds/");
+        eprintln!(
+            "crdgen: the committed CRDs or API reference are out of date; run `make generate` and commit crds/ and {}",
+            args.reference.display()
+        );
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
