@@ -21,7 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use super::{EXIT_FINDINGS, StatusArgs, View};
 use switchyard_operator::api::v1alpha1::{Direction, GpuPoolMigration, NodeCounts, NodeState, Phase};
 use switchyard_operator::node::record::state_str;
-use switchyard_operator::report::conditions::ConditionType;
+use switchyard_operator::report::conditions::{ConditionType, runbook};
 
 /// Time in state is shown to the second; redrawing once a second keeps it counting up without
 /// flicker, and a watch event redraws at once anyway.
@@ -539,6 +539,7 @@ impl Bars {
         if s.attention != self.attention {
             if let Some(a) = &s.attention {
                 self.multi.println(format!("{}: {}", s.name, a.text()))?;
+                self.multi.println(format!("  what to do: {}", runbook(&a.reason)))?;
             }
             self.attention = s.attention.clone();
         }

@@ -74,6 +74,39 @@ impl ConditionType {
     }
 }
 
+/// The page of the manual that says what to do for each reason `Ready` or `Stalled` carries.
+pub const RUNBOOK: &str = "https://github.com/switchyard-dev/switchyard/blob/main/docs/operations.md";
+
+/// The reasons with a section of their own under "What to do, by reason" in the runbook (its
+/// heading is the reason itself). The healthy reasons (`Complete`, `NoHumanNeeded`, ...) share
+/// "Nothing to do".
+const RUNBOOK_REASONS: [&str; 15] = [
+    "NodeFailed",
+    "NodesFailed",
+    "PrerequisitesNotMet",
+    "UnmappedResources",
+    "GpuSharingNotAcknowledged",
+    "GpuOperatorOwnsDevicePlugin",
+    "DeviceClassShadowed",
+    "PlacementMissing",
+    "BackendOverlap",
+    "NodesRefused",
+    "Findings",
+    "Paused",
+    "WaitingForNodes",
+    "NodesMoving",
+    "Applying",
+];
+
+/// Where the runbook says what to do about a condition with `reason`: its own section, or the
+/// list of reasons for one the runbook does not name.
+pub fn runbook(reason: &str) -> String {
+    match RUNBOOK_REASONS.iter().find(|r| **r == reason) {
+        Some(r) => format!("{RUNBOOK}#{}", r.to_ascii_lowercase()),
+        None => format!("{RUNBOOK}#what-to-do-by-reason"),
+    }
+}
+
 /// A condition as the reconciler decides it, before merging with what the object already says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {
@@ -257,5 +290,18 @@ mod tests {
             assert_eq!(ConditionType::parse(t.as_str()), Some(t));
         }
         assert_eq!(ConditionType::parse("Available"), None);
+    }
+
+    #[test]
+    fn each_reason_the_runbook_names_has_its_section_and_others_link_to_the_list() {
+        let manual = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
+        let text = std::fs::read_to_string(&manual).unwrap();
+        let headings: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("### ")).collect();
+        for reason in RUNBOOK_REASONS {
+            assert!(headings.contains(&reason), "docs/operations.md has no section {reason}");
+            assert_eq!(runbook(reason), format!("{RUNBOOK}#{}", reason.to_ascii_lowercase()));
+        }
+        assert!(text.lines().any(|l| l == "## What to do, by reason"));
+        assert_eq!(runbook("SomethingNew"), format!("{RUNBOOK}#what-to-do-by-reason"));
     }
 }
