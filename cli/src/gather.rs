@@ -88,15 +88,6 @@ pub async fn plan_inputs(
         switchyard_operator::reads::server::get_daemonset(client, &dn.namespace, &dn.name).await?;
     let plugin_ds =
         switchyard_operator::reads::server::get_daemonset(client, &dp.namespace, &dp.name).await?;
-    let verdict = switchyard_operator::pool::gate::pool_verdict(
-        spec,
-        &facts,
-        versions,
-        &nodes,
-        driver_ds.is_some(),
-        plugin_ds.is_some(),
-    );
-
     // One paged LIST of the cluster's bound pods, not one per node: a 5,000-node pool costs
     // (cluster pods / 500) requests. Only the pool's pods are kept, each with the few fields a
     // drain reads.
@@ -155,7 +146,7 @@ pub async fn plan_inputs(
         nodes,
         pods,
         pdbs,
-        verdict,
+        facts,
         device_classes,
         driver_daemonset: driver_ds,
         device_plugin_daemonset: plugin_ds,

@@ -1,12 +1,25 @@
-//! The pool's gate: whether the cluster's prerequisites hold and what the pool's nodes
-//! advertise allows the move. Pure.
+//! The pool's gate, the one judgement the operator decides with and `switchyard plan` shows:
+//! whether the cluster's prerequisites hold, whether the DeviceClasses exist and win their names,
+//! whether both DaemonSets keep to their backend, whether any node is served by both, and the
+//! rollout plan of the pool. [`judge`] strings them together; the reconcile's decide and the
+//! preview both call it, so what the CLI shows cannot drift from what the operator does. Pure.
 
+use std::borrow::Borrow;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::ResourceExt;
 
-use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec};
+use crate::api::v1alpha1::{DaemonSetRef, DeviceClassStatus, Direction, GpuPoolMigrationSpec, NodeState};
+use crate::node::record::{self, PoolNode};
 use crate::node::slim::SlimNode;
+use crate::node::state::Hold;
+use crate::pool::device_classes::{self, ClassInfo, Readiness};
+use crate::pool::overlap::{self, Overlap};
+use crate::pool::placement::{self, Need, PlacementApply, Role};
 use crate::pool::prerequisites::ServerFacts;
-use crate::pool::prerequisites::{self, ClusterFacts, NodeVersions};
+use crate::pool::prerequisites::{self, ClusterFacts, NodeVersions, Verdict};
+use crate::pool::rollout::{self, Halt, OtherMigration, Plan};
 
 pub(crate) fn resources(spec: &GpuPoolMigrationSpec) -> Vec<&str> {
     spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect()
@@ -67,5 +80,367 @@ pub fn node_versions(n: &SlimNode) -> NodeVersions {
         name: n.name_any(),
         kubelet_version: n.kubelet_version().to_string(),
         container_runtime_version: n.container_runtime_version().to_string(),
+    }
+}
+
+/// What the gate reads: the pool as one reconcile, or `switchyard plan`, sees it.
+pub struct Inputs<'a, N> {
+    /// The migration's name and uid (empty for a manifest not applied yet).
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub spec: &'a GpuPoolMigrationSpec,
+    pub facts: &'a ServerFacts,
+    /// The nodes `spec.nodeSelector` selects.
+    pub nodes: &'a [N],
+    /// Every DeviceClass of the cluster; `None` where resource.k8s.io/v1 does not serve them.
+    pub device_classes: Option<&'a [DeviceClass]>,
+    pub driver_ds: Option<&'a DaemonSet>,
+    pub plugin_ds: Option<&'a DaemonSet>,
+    /// A node's devices in the driver's ResourceSlices that the scheduler may allocate now.
+    pub schedulable: &'a dyn Fn(&SlimNode) -> u64,
+    /// A node's pods that hold what the move takes away (they order the pool: fewest first).
+    pub consuming_pods: &'a dyn Fn(&str) -> Option<u32>,
+    /// The other GpuPoolMigrations, for nodes two of them select.
+    pub others: &'a [OtherMigration],
+}
+
+/// A DaemonSet to patch with its backend placement.
+#[derive(Debug)]
+pub struct PlacementPatch {
+    pub namespace: String,
+    pub name: String,
+    pub patch: PlacementApply,
+}
+
+/// The gate's judgement of a pool.
+#[derive(Debug)]
+pub struct Gate {
+    /// The prerequisites, with a device plugin the GPU Operator owns under a mode that would edit
+    /// it counted as one (it is a prerequisite the admin must change).
+    pub verdict: Verdict,
+    /// The DeviceClasses to apply: missing, or differing from what the spec asks.
+    pub class_applies: Vec<DeviceClass>,
+    /// Each `spec.resources` entry's class as the cluster has it now.
+    pub class_statuses: Vec<DeviceClassStatus>,
+    pub classes: Readiness,
+    pub classes_message: String,
+    /// Each DaemonSet the migration names, with what its placement needs (`None`: missing).
+    pub placement: Vec<(Role, DaemonSetRef, Option<Need>)>,
+    /// The placement the operator applies itself (`placement: Managed`).
+    pub placement_patches: Vec<PlacementPatch>,
+    /// What a person must change in a DaemonSet's placement.
+    pub placement_problems: Vec<String>,
+    /// Both DaemonSets exist and keep to their backend.
+    pub placement_ready: bool,
+    /// The condition reason of a placement a person must change.
+    pub placement_reason: &'static str,
+    /// Nodes served by both backends (a node mid-switch is allowed both for the seconds it takes).
+    pub overlaps: Vec<Overlap>,
+    /// The rollout plan of the pool, as if the gate were open.
+    pub plan: Plan,
+    /// Whether new nodes may start: every check above passes.
+    pub open: bool,
+}
+
+impl Gate {
+    /// What stops nodes in flight at their next safe point: a pause, a failed node, or a closed
+    /// gate (switching a node while its DeviceClass is shadowed, say, would strand its pods).
+    pub fn hold(&self) -> Option<Hold> {
+        match &self.plan.halt {
+            Some(Halt::Paused) => Some(Hold::Paused),
+            Some(Halt::NodeFailed(_)) => Some(Hold::NodeFailed),
+            None if !self.open => Some(Hold::GateClosed),
+            None => None,
+        }
+    }
+
+    /// The first thing only a person can mend, as the `Stalled` condition's reason and message,
+    /// in the order the operator reports them.
+    pub fn needs_human(&self) -> Option<(&'static str, String)> {
+        let p = &self.plan;
+        if let Some(Halt::NodeFailed(n)) = &p.halt {
+            Some((
+                "NodeFailed",
+                format!(
+                    "node {n} failed and spec.strategy.onFailure is Pause; see status.failed, fix the node, then remove its switchyard.dev/migration-state annotation"
+                ),
+            ))
+        } else if !self.verdict.met {
+            Some(("PrerequisitesNotMet", self.verdict.message.clone()))
+        } else if self.classes == Readiness::Shadowed {
+            Some(("DeviceClassShadowed", self.classes_message.clone()))
+        } else if !self.placement_problems.is_empty() {
+            Some(("PlacementMissing", self.placement_problems.join("\n")))
+        } else if let Some(o) = self.overlaps.first() {
+            Some(("BackendOverlap", o.to_string()))
+        } else if p.done() && !p.failed.is_empty() {
+            Some(("NodesFailed", format!("{} node(s) failed to move; see status.failed", p.failed.len())))
+        } else {
+            None
+        }
+    }
+}
+
+/// Judges the pool: prerequisites, DeviceClasses, placement, overlap and the rollout plan. An
+/// error is a spec the plan cannot be made from (`maxUnavailable`), said as the field's problem.
+///
+/// The DeviceClasses are judged as the cluster has them now: while an apply is in flight the
+/// gate stays closed, and the DeviceClass watch brings the applied class and the next reconcile.
+pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
+    let spec = i.spec;
+    let res = resources(spec);
+    let versions = i.nodes.iter().map(|n| node_versions(n.borrow())).collect();
+    let verdict =
+        pool_verdict(spec, i.facts, versions, i.nodes, i.driver_ds.is_some(), i.plugin_ds.is_some());
+
+    let (class_applies, class_statuses, (classes, classes_message)) = match i.device_classes {
+        Some(all) => {
+            let existing: Vec<ClassInfo> = all.iter().map(Into::into).collect();
+            let applies: Vec<DeviceClass> =
+                device_classes::desired_all_synced(spec, i.name, i.uid, &existing)
+                    .into_iter()
+                    .filter(|dc| {
+                        let current = all.iter().find(|c| c.metadata.name == dc.metadata.name);
+                        device_classes::needs_apply(dc, current)
+                    })
+                    .collect();
+            let statuses = device_classes::statuses(spec, &existing);
+            let applying: Vec<String> = applies.iter().filter_map(|c| c.metadata.name.clone()).collect();
+            let readiness = device_classes::readiness(&statuses, &applying);
+            (applies, statuses, readiness)
+        }
+        None => (
+            Vec::new(),
+            Vec::new(),
+            (Readiness::ApiMissing, "resource.k8s.io/v1 deviceclasses is not served".to_string()),
+        ),
+    };
+
+    let sequential = !spec.driver.interlocked();
+    let mut placement = Vec::new();
+    let mut placement_patches = Vec::new();
+    let mut placement_problems = Vec::new();
+    let mut gpu_operator_owned = None;
+    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
+    for (ds, role, r) in [(i.plugin_ds, Role::DevicePlugin, dp), (i.driver_ds, Role::Driver, dn)] {
+        let need = ds.map(|ds| placement::need(spec.placement, ds, role, sequential));
+        match &need {
+            None | Some(Need::Placed) => {}
+            Some(Need::Patch(patch)) => placement_patches.push(PlacementPatch {
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                patch: (**patch).clone(),
+            }),
+            Some(Need::ByHand { message, .. }) => placement_problems.push(message.clone()),
+            Some(Need::GpuOperatorOwned { message }) => {
+                placement_problems.push(message.clone());
+                gpu_operator_owned = Some(message.clone());
+            }
+        }
+        placement.push((role, r.clone(), need));
+    }
+    let placement_ready = placement_problems.is_empty()
+        && placement_patches.is_empty()
+        && i.driver_ds.is_some()
+        && i.plugin_ds.is_some();
+    // A GPU Operator device plugin under a mode that edits it is a prerequisite the admin must
+    // change, and says so where admins look first; an earlier block stays the one shown.
+    let placement_reason = if gpu_operator_owned.is_some() {
+        placement::REASON_GPU_OPERATOR_OWNED
+    } else {
+        "NodeAffinityMissing"
+    };
+    let verdict = match gpu_operator_owned {
+        Some(message) if verdict.met => {
+            Verdict { met: false, reason: placement::REASON_GPU_OPERATOR_OWNED, message, ..verdict }
+        }
+        _ => verdict,
+    };
+
+    let overlaps: Vec<Overlap> = i
+        .nodes
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|n| record::node_state(n) != NodeState::Switching)
+        .filter_map(|n| overlap::check(n, &res, (i.schedulable)(n)))
+        .collect();
+
+    let mut pool: Vec<PoolNode> = i.nodes.iter().map(|n| PoolNode::from_node(n.borrow())).collect();
+    for pn in pool.iter_mut() {
+        if let Some(c) = (i.consuming_pods)(&pn.name) {
+            pn.consuming_pods = c;
+        }
+    }
+    let plan = rollout::plan(i.name, spec, &pool, i.others)?;
+    let open = verdict.met && classes.ready() && placement_ready && overlaps.is_empty();
+    Ok(Gate {
+        verdict,
+        class_applies,
+        class_statuses,
+        classes,
+        classes_message,
+        placement,
+        placement_patches,
+        placement_problems,
+        placement_ready,
+        placement_reason,
+        overlaps,
+        plan,
+        open,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{gpu_node, merge_patch, placed_daemon_set, server_v1_37};
+    use crate::well_known::{ANNOTATION_FAILURE, ANNOTATION_MIGRATION_STATE, LABEL_MIGRATION};
+    use serde_json::{Value, json};
+
+    const DRIVER: &str = "gpu.switchyard.dev";
+
+    fn spec(patch: Value) -> GpuPoolMigrationSpec {
+        let mut v = json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": DRIVER}],
+            "driver": {"name": DRIVER, "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+            "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "plugin"}},
+            "strategy": {"maxUnavailable": 1, "onFailure": "Pause"}
+        });
+        merge_patch(&mut v, &patch);
+        serde_json::from_value(v).expect("a valid spec")
+    }
+
+    /// The pool as it stands once the operator's first reconcile has applied what it applies:
+    /// both DaemonSets placed, the classes it asks for present, two nodes on the device plugin.
+    struct Pool {
+        spec: GpuPoolMigrationSpec,
+        nodes: Vec<SlimNode>,
+        classes: Vec<DeviceClass>,
+        driver: Option<DaemonSet>,
+        plugin: Option<DaemonSet>,
+        schedulable: u64,
+    }
+
+    impl Pool {
+        fn ready(patch: Value) -> Self {
+            let spec = spec(patch);
+            // As the API server persists them: with a creation time, so they compete for their name.
+            let mut classes = device_classes::desired_all_synced(&spec, "pool-a", "uid-1", &[]);
+            for c in &mut classes {
+                c.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    "2026-12-01T00:00:00Z".parse().unwrap(),
+                ));
+            }
+            Pool {
+                nodes: vec![gpu_node("n1", &json!({})), gpu_node("n2", &json!({}))],
+                classes,
+                driver: Some(placed_daemon_set("switchyard", "driver", Role::Driver)),
+                plugin: Some(placed_daemon_set("gpu", "plugin", Role::DevicePlugin)),
+                schedulable: 0,
+                spec,
+            }
+        }
+
+        fn judge(&self) -> Gate {
+            let schedulable = |_: &SlimNode| self.schedulable;
+            let consuming = |_: &str| None;
+            judge(&Inputs {
+                name: "pool-a",
+                uid: "uid-1",
+                spec: &self.spec,
+                facts: &server_v1_37(),
+                nodes: &self.nodes,
+                device_classes: Some(&self.classes),
+                driver_ds: self.driver.as_ref(),
+                plugin_ds: self.plugin.as_ref(),
+                schedulable: &schedulable,
+                consuming_pods: &consuming,
+                others: &[],
+            })
+            .expect("a plan")
+        }
+    }
+
+    #[test]
+    fn the_gate_opens_only_when_every_check_passes_and_names_the_first_that_needs_a_person() {
+        let ready = Pool::ready(json!({})).judge();
+        assert!(ready.open, "{ready:?}");
+        assert_eq!((ready.hold(), ready.needs_human()), (None, None));
+        assert_eq!(ready.plan.to_start, ["n1"], "maxUnavailable 1: one node starts");
+
+        type Case = (&'static str, fn(&mut Pool), Option<&'static str>, Option<Hold>);
+        let cases: Vec<Case> = vec![
+            (
+                "the driver's DaemonSet is missing",
+                |p| p.driver = None,
+                Some("PrerequisitesNotMet"),
+                Some(Hold::GateClosed),
+            ),
+            (
+                "a DeviceClass is still to be applied: the operator applies it, nobody is needed",
+                |p| p.classes.clear(),
+                None,
+                Some(Hold::GateClosed),
+            ),
+            (
+                "the device plugin lacks its placement under Managed: the operator patches it",
+                |p| {
+                    p.plugin = Some(
+                        serde_json::from_value(json!({"metadata": {"namespace": "gpu", "name": "plugin"},
+                    "spec": {"selector": {}, "template": {"spec": {"containers": []}}}}))
+                        .unwrap(),
+                    )
+                },
+                None,
+                Some(Hold::GateClosed),
+            ),
+            (
+                "a node on the device plugin also has schedulable DRA devices",
+                |p| p.schedulable = 8,
+                Some("BackendOverlap"),
+                Some(Hold::GateClosed),
+            ),
+            ("spec.paused", |p| p.spec.paused = true, None, Some(Hold::Paused)),
+            (
+                "a node failed under onFailure: Pause",
+                |p| {
+                    p.nodes[1] = gpu_node(
+                        "n2",
+                        &json!({"metadata": {"labels": {LABEL_MIGRATION: "pool-a"}, "annotations": {
+                            ANNOTATION_MIGRATION_STATE: "Failed",
+                            ANNOTATION_FAILURE: r#"{"state":"Draining","reason":"DrainTimeout","message":"m"}"#}}}),
+                    )
+                },
+                Some("NodeFailed"),
+                Some(Hold::NodeFailed),
+            ),
+        ];
+        for (name, change, human, hold) in cases {
+            let mut pool = Pool::ready(json!({}));
+            change(&mut pool);
+            let g = pool.judge();
+            assert_eq!(g.needs_human().map(|(r, _)| r), human, "{name}");
+            assert_eq!(g.hold(), hold, "{name}");
+            assert_eq!(g.open, hold != Some(Hold::GateClosed), "{name}: {g:?}");
+        }
+    }
+
+    #[test]
+    fn a_device_plugin_the_gpu_operator_owns_is_a_prerequisite_under_managed() {
+        let mut pool = Pool::ready(json!({}));
+        pool.plugin = Some(
+            serde_json::from_value(json!({"metadata": {"namespace": "gpu", "name": "plugin",
+                "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
+                    "uid": "u", "controller": true}]},
+                "spec": {"selector": {}, "template": {"spec": {"containers": []}}}}))
+            .unwrap(),
+        );
+        let g = pool.judge();
+        assert!(!g.open);
+        assert_eq!(g.verdict.reason, placement::REASON_GPU_OPERATOR_OWNED, "{:?}", g.verdict);
+        assert_eq!(g.placement_reason, placement::REASON_GPU_OPERATOR_OWNED);
+        assert!(matches!(g.placement[0], (Role::DevicePlugin, _, Some(Need::GpuOperatorOwned { .. }))));
+        assert_eq!(g.needs_human().map(|(r, _)| r), Some("PrerequisitesNotMet"));
     }
 }

@@ -1,6 +1,7 @@
-//! `switchyard plan`: what a migration would do, computed by the same pure modules the operator
-//! decides with (`plan`, `drain`, `device_classes`, `placement`, `prerequisites`), without
-//! changing anything. Pure: the CLI gathers [`Inputs`], [`build`] returns the [`Report`].
+//! `switchyard plan`: what a migration would do, judged by the operator's own gate
+//! ([`gate::judge`]: prerequisites, DeviceClasses, placement, overlap and the rollout plan) and
+//! drain, without changing anything. Pure: the CLI gathers [`Inputs`], [`build`] returns the
+//! [`Report`].
 //!
 //! The node order is the order the operator starts nodes in today: nodes already in flight, then
 //! candidates with the fewest GPU pods first. Waves assume each wave finishes before the next one
@@ -22,11 +23,12 @@ use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, Placement
 use crate::node::drain;
 use crate::node::record::{self, Backend, PoolNode};
 use crate::pool::device_classes::{self, ClassInfo};
+use crate::pool::gate;
 use crate::pool::overlap;
 use crate::pool::placement::{self, Need, Role};
-use crate::pool::prerequisites::Verdict;
+use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding, Severity};
-use crate::pool::rollout::{self, OtherMigration};
+use crate::pool::rollout::{Halt, OtherMigration};
 use crate::pool::selectors;
 use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
 
@@ -44,7 +46,8 @@ pub struct Inputs {
     /// Pods per node name (only nodes that may move need an entry).
     pub pods: BTreeMap<String, Vec<Pod>>,
     pub pdbs: Vec<PodDisruptionBudget>,
-    pub verdict: Verdict,
+    /// What discovery says about the API server (the prerequisites judge it).
+    pub facts: ServerFacts,
     pub device_classes: Vec<DeviceClass>,
     pub driver_daemonset: Option<DaemonSet>,
     pub device_plugin_daemonset: Option<DaemonSet>,
@@ -420,64 +423,85 @@ fn selector_checks(inputs: &Inputs) -> Vec<SelectorCheck> {
         .collect()
 }
 
-fn placement_plans(inputs: &Inputs) -> Vec<PlacementPlan> {
+fn placement_plans(inputs: &Inputs, judged: &gate::Gate) -> Vec<PlacementPlan> {
     let spec = &inputs.spec;
-    [
-        (&inputs.device_plugin_daemonset, Role::DevicePlugin, &spec.device_plugin.daemon_set),
-        (&inputs.driver_daemonset, Role::Driver, &spec.driver.daemon_set),
-    ]
-    .into_iter()
-    .map(|(ds, role, r)| {
-        let by_label = role == Role::DevicePlugin && spec.placement == PlacementMode::GpuOperator;
-        let (action, snippet, message) = match ds
-            .as_ref()
-            .map(|ds| (ds, placement::need(spec.placement, ds, role, !spec.driver.interlocked())))
-        {
-            None => (PlacementAction::Missing, String::new(), String::new()),
-            Some((_, Need::Placed)) if by_label => (
-                PlacementAction::SwitchByNodeLabel,
-                String::new(),
-                format!(
-                    "each node switches by its {LABEL_GPU_OPERATOR_DEVICE_PLUGIN} label, restored on rollback"
+    let ds_of = |role: Role| match role {
+        Role::DevicePlugin => inputs.device_plugin_daemonset.as_ref(),
+        Role::Driver => inputs.driver_daemonset.as_ref(),
+    };
+    judged
+        .placement
+        .iter()
+        .map(|(role, r, need)| {
+            let role = *role;
+            let by_label = role == Role::DevicePlugin && spec.placement == PlacementMode::GpuOperator;
+            let (action, snippet, message) = match (ds_of(role), need) {
+                (Some(_), Some(Need::Placed)) if by_label => (
+                    PlacementAction::SwitchByNodeLabel,
+                    String::new(),
+                    format!(
+                        "each node switches by its {LABEL_GPU_OPERATOR_DEVICE_PLUGIN} label, restored on rollback"
+                    ),
                 ),
-            ),
-            Some((_, Need::Placed)) => (PlacementAction::AlreadyPlaced, String::new(), String::new()),
-            Some((ds, Need::Patch(_))) => (
-                PlacementAction::AddNodeAffinity,
-                placement::yaml_snippet(ds, role, !spec.driver.interlocked()),
-                String::new(),
-            ),
-            Some((_, Need::ByHand { message, snippet })) => {
-                (PlacementAction::AddByHand, snippet, message.lines().next().unwrap_or_default().to_owned())
+                (Some(_), Some(Need::Placed)) => (PlacementAction::AlreadyPlaced, String::new(), String::new()),
+                (Some(ds), Some(Need::Patch(_))) => (
+                    PlacementAction::AddNodeAffinity,
+                    placement::yaml_snippet(ds, role, !spec.driver.interlocked()),
+                    String::new(),
+                ),
+                (Some(_), Some(Need::ByHand { message, snippet })) => (
+                    PlacementAction::AddByHand,
+                    snippet.clone(),
+                    message.lines().next().unwrap_or_default().to_owned(),
+                ),
+                (Some(_), Some(Need::GpuOperatorOwned { message })) => {
+                    (PlacementAction::UseGpuOperatorPlacement, String::new(), message.clone())
+                }
+                (None, _) | (_, None) => (PlacementAction::Missing, String::new(), String::new()),
+            };
+            PlacementPlan {
+                daemon_set: format!("{}/{}", r.namespace, r.name),
+                role: role_name(role).into(),
+                action,
+                snippet,
+                message,
             }
-            Some((_, Need::GpuOperatorOwned { message })) => {
-                (PlacementAction::UseGpuOperatorPlacement, String::new(), message)
-            }
-        };
-        PlacementPlan {
-            daemon_set: format!("{}/{}", r.namespace, r.name),
-            role: role_name(role).into(),
-            action,
-            snippet,
-            message,
-        }
-    })
-    .collect()
+        })
+        .collect()
 }
 
 /// Builds the report.
 pub fn build(inputs: &Inputs) -> Result<Report, String> {
     let spec = &inputs.spec;
     let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
-    let mut pool: Vec<PoolNode> = inputs.nodes.iter().map(PoolNode::from_node).collect();
-    for pn in pool.iter_mut() {
-        let pods = inputs.pods.get(&pn.name).map(Vec::as_slice).unwrap_or_default();
-        pn.consuming_pods = match spec.direction {
+    let consuming = |node: &str| {
+        let pods = inputs.pods.get(node).map(Vec::as_slice).unwrap_or_default();
+        let n = match spec.direction {
             Direction::Forward => pods.iter().filter(|p| drain::consumes_any(p, &res)).count(),
             Direction::Rollback => pods.iter().filter(|p| drain::holds_dra_claim(p)).count(),
-        } as u32;
-    }
-    let p = rollout::plan(&inputs.name, spec, &pool, &inputs.others)?;
+        };
+        Some(n as u32)
+    };
+    let schedulable =
+        |n: &SlimNode| overlap::schedulable_dra_devices(&inputs.slices, &spec.driver.name, &n.name_any());
+    // The operator's own gate. Its plan is the order nodes start in once the gate opens: the
+    // preview shows every block below, and the operator's first reconcile applies the
+    // DeviceClasses and the placement it manages.
+    let judged = gate::judge(&gate::Inputs {
+        name: &inputs.name,
+        uid: &inputs.uid,
+        spec,
+        facts: &inputs.facts,
+        nodes: &inputs.nodes,
+        device_classes: inputs.facts.served.device_classes.then_some(inputs.device_classes.as_slice()),
+        driver_ds: inputs.driver_daemonset.as_ref(),
+        plugin_ds: inputs.device_plugin_daemonset.as_ref(),
+        schedulable: &schedulable,
+        consuming_pods: &consuming,
+        others: &inputs.others,
+    })?;
+    let p = &judged.plan;
+    let verdict = &judged.verdict;
     let by_name: BTreeMap<&str, &SlimNode> =
         inputs.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
 
@@ -573,11 +597,12 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     }
 
     let device_classes = class_plans(inputs);
-    let placement = placement_plans(inputs);
+    let placement = placement_plans(inputs, &judged);
 
     let mut blockers = Vec::new();
-    if !inputs.verdict.met {
-        blockers.push(format!("prerequisites: {}", inputs.verdict.message));
+    // A device plugin the GPU Operator owns is a prerequisite too; its placement line says it.
+    if !verdict.met && verdict.reason != placement::REASON_GPU_OPERATOR_OWNED {
+        blockers.push(format!("prerequisites: {}", verdict.message));
     }
     for c in &device_classes {
         for problem in &c.selector.problems {
@@ -601,6 +626,14 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             | PlacementAction::AddNodeAffinity
             | PlacementAction::SwitchByNodeLabel => {}
         }
+    }
+    for o in &judged.overlaps {
+        blockers.push(format!("{o}: no node starts while one is served by both backends"));
+    }
+    if let Some(Halt::NodeFailed(n)) = &p.halt {
+        blockers.push(format!(
+            "node {n} failed and spec.strategy.onFailure is Pause: fix it and remove its switchyard.dev/migration-state annotation"
+        ));
     }
     if spec.paused {
         blockers.push("spec.paused is true".into());
@@ -629,10 +662,10 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         direction: spec.direction,
         max_unavailable: p.max_unavailable,
         prerequisites: Prerequisites {
-            met: inputs.verdict.met,
-            reason: inputs.verdict.reason.to_string(),
-            message: inputs.verdict.message.clone(),
-            warnings: inputs.verdict.warnings.clone(),
+            met: verdict.met,
+            reason: verdict.reason.to_string(),
+            message: verdict.message.clone(),
+            warnings: verdict.warnings.clone(),
         },
         nodes,
         device_classes,
@@ -677,7 +710,8 @@ mod tests {
         from(json!({
             "metadata": {"name": name, "labels": {"pool": "a100"}, "annotations": annotations},
             "status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()},
-                "conditions": [{"type": "Ready", "status": "True"}]}
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0"}}
         }))
     }
 
@@ -732,7 +766,7 @@ mod tests {
             pdbs: vec![from(json!({"metadata": {"namespace": "ml", "name": "train"},
                 "spec": {"selector": {"matchLabels": {"app": "train-1"}}},
                 "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}}))],
-            verdict: Verdict { met: true, reason: "AllMet", message: "ok".into(), warnings: vec![] },
+            facts: crate::testing::server_v1_37(),
             device_classes: vec![],
             driver_daemonset: Some(ds("switchyard", "driver")),
             device_plugin_daemonset: Some(ds("gpu", "plugin")),
@@ -895,10 +929,17 @@ mod tests {
         let r = build(&i).expect("report");
         assert_eq!(r.placement[0].action, PlacementAction::AddByHand);
         assert_eq!(r.placement[1].action, PlacementAction::Missing);
-        assert_eq!(
-            r.blockers.len(),
-            1,
-            "only Verify blocks here; the missing one is a prerequisite: {:?}",
+        // The missing DaemonSet is a prerequisite, as the operator's PrerequisitesMet says; only
+        // the one that exists gets a placement line.
+        assert_eq!(r.blockers.len(), 2, "{:?}", r.blockers);
+        assert!(
+            r.blockers[0].starts_with("prerequisites: the DRA driver DaemonSet switchyard/driver"),
+            "{:?}",
+            r.blockers
+        );
+        assert!(
+            r.blockers[1].starts_with("placement: device plugin DaemonSet gpu/plugin"),
+            "{:?}",
             r.blockers
         );
     }
@@ -935,7 +976,7 @@ mod tests {
     #[test]
     fn unmet_prerequisites_and_critical_findings_are_blockers() {
         let mut i = inputs(spec(json!({})));
-        i.verdict = Verdict { met: false, reason: "ServerTooOld", message: "v1.35".into(), warnings: vec![] };
+        i.facts.git_version = "v1.35.0".into();
         i.findings = vec![Finding {
             severity: Severity::Critical,
             kind: "DeviceClass".into(),

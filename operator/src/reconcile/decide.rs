@@ -25,13 +25,12 @@ use crate::node::patch::{NodePatch, node_patch, owner_ref, taint_rule};
 use crate::node::record::{self, Backend, Failure, PoolNode};
 use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
 use crate::pool::capacity::Block;
-use crate::pool::device_classes::{self, Readiness};
-use crate::pool::gate::{node_versions, pool_verdict, resources};
+use crate::pool::device_classes::{self};
+use crate::pool::gate::{self, PlacementPatch, resources};
 use crate::pool::overlap;
-use crate::pool::placement::{self, PlacementApply, Role};
 use crate::pool::prerequisites;
 use crate::pool::readers::{self, Finding, Severity};
-use crate::pool::rollout::{self, Halt};
+use crate::pool::rollout::{self};
 use crate::pool::selectors::{Selected, Selectors};
 use crate::report::conditions::{self, ConditionType, Desired, Progress};
 use crate::well_known::*;
@@ -63,14 +62,6 @@ pub struct Decision {
     pub metrics: PoolMetrics,
     /// Nodes in flight or starting: the requeue is short while there are any.
     pub moving: usize,
-}
-
-/// A DaemonSet to patch with its backend placement.
-#[derive(Debug)]
-pub struct PlacementPatch {
-    pub namespace: String,
-    pub name: String,
-    pub patch: PlacementApply,
 }
 
 /// An event on the migration, about a node where `node` names one.
@@ -239,112 +230,53 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let name = gpm.name_any();
     let res = resources(spec);
     let now = s.now;
-    let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
-
-    let versions = s.nodes.iter().map(|n| node_versions(n)).collect();
-    let verdict =
-        pool_verdict(spec, &s.facts, versions, &s.nodes, s.driver_ds.is_some(), s.plugin_ds.is_some());
-
-    // DeviceClasses: apply what is missing or differs, and judge every class that carries one of
-    // our names as the cache shows it. While an apply is in flight the gate stays closed; the
-    // DeviceClass watch brings the applied class and the next reconcile.
-    let (class_applies, class_statuses, (dc_readiness, dc_message)) = match &s.device_classes {
-        Some(all) => {
-            let existing: Vec<device_classes::ClassInfo> = all.iter().map(Into::into).collect();
-            let by_name: HashMap<&str, &DeviceClass> =
-                all.iter().filter_map(|c| Some((c.metadata.name.as_deref()?, c))).collect();
-            let uid = gpm.metadata.uid.clone().unwrap_or_default();
-            let applies: Vec<DeviceClass> = device_classes::desired_all_synced(spec, &name, &uid, &existing)
-                .into_iter()
-                .filter(|dc| {
-                    let current = dc.metadata.name.as_deref().and_then(|n| by_name.get(n).copied());
-                    device_classes::needs_apply(dc, current)
-                })
-                .collect();
-            let statuses = device_classes::statuses(spec, &existing);
-            let applying: Vec<String> = applies.iter().filter_map(|c| c.metadata.name.clone()).collect();
-            let readiness = device_classes::readiness(&statuses, &applying);
-            (applies, statuses, readiness)
-        }
-        None => (
-            Vec::new(),
-            Vec::new(),
-            (Readiness::ApiMissing, "resource.k8s.io/v1 deviceclasses is not served".to_string()),
-        ),
-    };
-
-    // Placement.
-    let mut placement_patches = Vec::new();
-    let mut placement_problems = Vec::new();
-    let mut gpu_operator_owned = None;
-    for (ds, role, r) in [(&s.plugin_ds, Role::DevicePlugin, dp), (&s.driver_ds, Role::Driver, dn)] {
-        let Some(ds) = ds else { continue };
-        match placement::need(spec.placement, ds, role, !spec.driver.interlocked()) {
-            placement::Need::Placed => {}
-            placement::Need::Patch(patch) => placement_patches.push(PlacementPatch {
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                patch: *patch,
-            }),
-            placement::Need::ByHand { message, .. } => placement_problems.push(message),
-            placement::Need::GpuOperatorOwned { message } => {
-                placement_problems.push(message.clone());
-                gpu_operator_owned = Some(message);
-            }
-        }
-    }
-    let placement_ready = placement_problems.is_empty()
-        && placement_patches.is_empty()
-        && s.driver_ds.is_some()
-        && s.plugin_ds.is_some();
-    // A GPU Operator device plugin under a mode that edits it is a prerequisite the admin must
-    // change, and says so where admins look first; an earlier block stays the one shown.
-    let placement_reason = if gpu_operator_owned.is_some() {
-        placement::REASON_GPU_OPERATOR_OWNED
-    } else {
-        "NodeAffinityMissing"
-    };
-    let verdict = match gpu_operator_owned {
-        Some(message) if verdict.met => prerequisites::Verdict {
-            met: false,
-            reason: placement::REASON_GPU_OPERATOR_OWNED,
-            message,
-            ..verdict
-        },
-        _ => verdict,
-    };
-
-    // The overlap invariant; a node mid-switch is allowed both for the seconds it takes.
-    let overlaps: Vec<overlap::Overlap> = s
-        .nodes
-        .iter()
-        .filter(|n| record::node_state(n) != NodeState::Switching)
-        .filter_map(|n| overlap::check(n, &res, node_counts(s, n).schedulable))
-        .collect();
-
-    // Plan.
-    let mut pool: Vec<PoolNode> = s.nodes.iter().map(|n| PoolNode::from_node(n)).collect();
-    for pn in pool.iter_mut() {
-        if let Some(c) = s.consuming_pods.get(&pn.name) {
-            pn.consuming_pods = *c;
-        }
-    }
-    let mut p =
-        rollout::plan(&name, spec, &pool, &s.others).map_err(|message| Error::InvalidSpec { message })?;
-    let gate_open = verdict.met && dc_readiness.ready() && placement_ready && overlaps.is_empty();
+    let consuming = |n: &str| s.consuming_pods.get(n).copied();
+    let schedulable = |n: &SlimNode| node_counts(s, n).schedulable;
+    let gate = gate::judge(&gate::Inputs {
+        name: &name,
+        uid: gpm.metadata.uid.as_deref().unwrap_or_default(),
+        spec,
+        facts: &s.facts,
+        nodes: &s.nodes,
+        device_classes: s.device_classes.as_deref(),
+        driver_ds: s.driver_ds.as_ref(),
+        plugin_ds: s.plugin_ds.as_ref(),
+        schedulable: &schedulable,
+        consuming_pods: &consuming,
+        others: &s.others,
+    })
+    .map_err(|message| Error::InvalidSpec { message })?;
+    let hold = gate.hold();
+    let needs_human = gate.needs_human();
+    let gate::Gate {
+        verdict,
+        class_applies,
+        class_statuses,
+        classes: dc_readiness,
+        classes_message: dc_message,
+        placement_patches,
+        placement_problems,
+        placement_ready,
+        placement_reason,
+        overlaps,
+        plan: mut p,
+        open: gate_open,
+        ..
+    } = gate;
+    // A closed gate starts no node: those that would start wait in the queue.
     if !gate_open {
         let held: Vec<String> = std::mem::take(&mut p.to_start);
         p.queued.extend(held);
     }
-    // In-flight nodes stop at their next safe point while the pool is held: paused, halted by a
-    // failed node, or a gate closed (switching a node while its DeviceClass is shadowed, say,
-    // would strand its pods).
-    let hold = match &p.halt {
-        Some(Halt::Paused) => Some(Hold::Paused),
-        Some(Halt::NodeFailed(_)) => Some(Hold::NodeFailed),
-        None if !gate_open => Some(Hold::GateClosed),
-        None => None,
-    };
+    let pool: Vec<PoolNode> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut pn = PoolNode::from_node(n);
+            pn.consuming_pods = s.consuming_pods.get(&pn.name).copied().unwrap_or_default();
+            pn
+        })
+        .collect();
 
     // Steps.
     let last_messages: HashMap<&str, &str> = gpm
@@ -419,26 +351,6 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     // Info findings alone say "this keeps working"; they do not make the condition True.
     let notable = s.inventory.iter().any(|f| f.severity > Severity::Info) || !other_findings.is_empty();
 
-    let needs_human = if let Some(Halt::NodeFailed(n)) = &p.halt {
-        Some((
-            "NodeFailed",
-            format!(
-                "node {n} failed and spec.strategy.onFailure is Pause; see status.failed, fix the node, then remove its switchyard.dev/migration-state annotation"
-            ),
-        ))
-    } else if !verdict.met {
-        Some(("PrerequisitesNotMet", verdict.message.clone()))
-    } else if dc_readiness == Readiness::Shadowed {
-        Some(("DeviceClassShadowed", dc_message.clone()))
-    } else if !placement_problems.is_empty() {
-        Some(("PlacementMissing", placement_problems.join("\n")))
-    } else if let Some(o) = overlaps.first() {
-        Some(("BackendOverlap", o.to_string()))
-    } else if p.done() && !p.failed.is_empty() {
-        Some(("NodesFailed", format!("{} node(s) failed to move; see status.failed", p.failed.len())))
-    } else {
-        None
-    };
     let moving = p.in_flight.len() + p.to_start.len();
     let kp = Progress {
         in_flight: (moving > 0).then(|| {
@@ -946,7 +858,8 @@ pub fn phase(spec: &GpuPoolMigrationSpec, p: &rollout::Plan, gate_open: bool) ->
 mod tests {
     use super::*;
     use crate::api::v1alpha1::{GpuPoolMigration, PlacementMode};
-    use crate::pool::rollout::OtherMigration;
+    use crate::pool::placement::Role;
+    use crate::pool::rollout::{Halt, OtherMigration};
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::resource::v1::ResourceSlice;
