@@ -1,46 +1,32 @@
 //! Decide: pure. From one [`Snapshot`] it says everything a reconcile does: the DeviceClasses
-//! and DaemonSet placement to apply, whether the gate is open and what holds the pool, each
-//! moving node's one action with the node patch and events it makes, the status, the
-//! migration's events and the metrics. `execute` carries it out; nothing here reads the API.
+//! and DaemonSet placement to apply, whether the gate is open and what holds the pool
+//! ([`gate::judge`], the same judgement `switchyard plan` shows), each moving node's one action
+//! with the node patch and events it makes ([`step`]), the status, the migration's events and the
+//! metrics ([`report`]). `execute` carries it out; nothing here reads the API.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod report;
+mod step;
+
+pub use report::{inventory_message, phase, queued_message};
+pub(crate) use step::gpus_before;
+pub use step::{NodeStep, NodeView, POD_GONE_SLACK, node_step, parse_since, recheck_after};
+
 use std::sync::Arc;
 
 use crate::node::slim::SlimNode;
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use super::observe::{NodeReads, Snapshot};
-use crate::api::v1alpha1::{
-    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
-};
+use super::observe::Snapshot;
+use crate::api::v1alpha1::{GpuPoolMigrationStatus, NodeState};
 use crate::cache::DeviceCounts;
 use crate::error::{Error, Result};
-use crate::node::drain::{self, PodRef};
-use crate::node::patch::{NodePatch, node_patch, owner_ref, taint_rule};
-use crate::node::record::{self, Backend, Failure, PoolNode};
-use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
-use crate::pool::capacity::Block;
-use crate::pool::device_classes::{self};
-use crate::pool::gate::{self, PlacementPatch, resources};
-use crate::pool::overlap;
-use crate::pool::prerequisites;
-use crate::pool::readers::{self, Finding, Severity};
-use crate::pool::rollout::{self};
-use crate::pool::selectors::{Selected, Selectors};
-use crate::report::conditions::{self, ConditionType, Desired, Progress};
-use crate::well_known::*;
+use crate::node::state::Hold;
+use crate::pool::gate::{self, PlacementPatch};
 
-/// How many findings the InventoryFindings message lists before pointing at the CLI.
-const FINDINGS_IN_CONDITION: usize = 5;
 /// Status lists are capped by the API schema.
 pub const STATUS_LIST_MAX: usize = 64;
-/// How many node names an event note lists before it says "...".
-const NAMES_IN_EVENT: usize = 10;
 
 /// What one reconcile does.
 #[derive(Debug)]
@@ -102,140 +88,42 @@ pub struct PoolMetrics {
     pub overlap_nodes: i64,
 }
 
-/// The pool-wide facts one node's step is decided on.
-pub struct NodeView<'a> {
-    pub spec: &'a GpuPoolMigrationSpec,
-    pub migration: &'a str,
-    pub owner: Option<OwnerReference>,
-    pub canary_namespace: &'a str,
-    pub hold: Option<Hold>,
-    /// The pool's DeviceClass selectors, compiled once per reconcile.
-    pub selectors: &'a Selectors,
-    pub now: Timestamp,
-}
-
-/// One node's step: the action and every write it makes.
-#[derive(Debug)]
-pub struct NodeStep {
-    pub node: String,
-    pub from: NodeState,
-    pub action: Action,
-    /// Pods to evict (`Action::Evict`).
-    pub evict: Vec<PodRef>,
-    /// The canary to create (`Action::CreateCanary`).
-    pub create_canary: Option<Pod>,
-    /// Delete the canary of an earlier attempt (`Action::DeleteCanary`).
-    pub delete_canary: bool,
-    /// The rollback DeviceTaintRule to create (`Action::CreateTaintRule`).
-    pub create_taint_rule: Option<DeviceTaintRule>,
-    pub delete_taint_rule: bool,
-    /// The node patch, conditional on the resourceVersion the step was decided on.
-    pub patch: Option<NodePatch>,
-    /// The canary is done with once the patch lands (`Action::Complete`): remove it, best effort.
-    pub remove_finished_canary: bool,
-    /// Published once the step's writes have landed.
-    pub events: Vec<NodeEvent>,
-    /// The node's status message once the step's writes have landed.
-    pub message: String,
-    /// The message in the status as last written: a warning goes out when it changes, not on
-    /// every reconcile.
-    pub last_message: Option<String>,
-    /// The node's state and state-since once the step's writes have landed.
-    pub state: NodeState,
-    pub since: Option<Timestamp>,
-    /// How long the drain took, when this step ends it.
-    pub drain_seconds: Option<f64>,
-    /// When to look at this node again: pods are not watched, so nothing else says when the
-    /// evicted or terminating ones are gone. Set for an eviction (its grace period) and for pods
-    /// terminating (their deletionTimestamp), each plus [`POD_GONE_SLACK`].
-    pub recheck_after: Option<std::time::Duration>,
-}
-
-/// How long after a pod's grace period its kubelet has usually removed it.
-pub const POD_GONE_SLACK: std::time::Duration = std::time::Duration::from_millis(250);
-/// The grace period a pod without `terminationGracePeriodSeconds` gets (the API's default).
-const DEFAULT_GRACE_SECONDS: i64 = 30;
-
-impl NodeStep {
-    /// A step that does nothing and changes nothing: the base of every step, and the whole step
-    /// of a node whose reads failed.
-    fn at_rest(pn: &PoolNode, last_message: Option<&str>) -> Self {
-        NodeStep {
-            node: pn.name.clone(),
-            from: pn.state(),
-            action: Action::Nothing,
-            evict: Vec::new(),
-            create_canary: None,
-            delete_canary: false,
-            create_taint_rule: None,
-            delete_taint_rule: false,
-            patch: None,
-            remove_finished_canary: false,
-            events: Vec::new(),
-            message: last_message.unwrap_or_default().to_string(),
-            last_message: last_message.map(str::to_string),
-            state: pn.state(),
-            since: parse_since(pn),
-            drain_seconds: None,
-            recheck_after: None,
-        }
-    }
-}
-
-/// When the pods a draining step evicts, or waits on, should be gone. Pure. An eviction takes
-/// `spec.strategy.drain.gracePeriodSeconds`, else each pod's own grace period; a terminating pod
-/// goes at its deletionTimestamp. The longest wait wins, plus [`POD_GONE_SLACK`].
-pub fn recheck_after(
-    pods: &[Pod],
-    evict: &[PodRef],
-    terminating: &[PodRef],
-    grace_override: Option<i64>,
-    now: Timestamp,
-) -> Option<std::time::Duration> {
-    let named = |refs: &[PodRef], p: &Pod| {
-        refs.iter().any(|r| {
-            Some(&r.name) == p.metadata.name.as_ref() && Some(&r.namespace) == p.metadata.namespace.as_ref()
-        })
-    };
-    let evicted = pods.iter().filter(|p| named(evict, p)).map(|p| {
-        let grace = grace_override
-            .or_else(|| p.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
-            .unwrap_or(DEFAULT_GRACE_SECONDS);
-        std::time::Duration::from_secs(grace.max(0) as u64)
-    });
-    let going = pods.iter().filter(|p| named(terminating, p)).filter_map(|p| {
-        let at = p.metadata.deletion_timestamp.as_ref()?.0;
-        Some(std::time::Duration::from_millis(at.duration_since(now).as_millis().max(0) as u64))
-    });
-    evicted.chain(going).max().map(|d| d + POD_GONE_SLACK)
-}
-
-pub fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
-    pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
-}
-
-/// The device-plugin GPUs per resource recorded when the drain started.
-fn gpus_before_map(pn: &PoolNode) -> Option<BTreeMap<String, u64>> {
-    pn.annotations.get(ANNOTATION_GPUS_BEFORE).and_then(|s| serde_json::from_str(s).ok())
-}
-
-pub(crate) fn gpus_before(pn: &PoolNode) -> Option<u64> {
-    gpus_before_map(pn).map(|m| m.values().sum()).filter(|n| *n > 0)
-}
-
-/// Decides the whole reconcile.
+/// Decides the whole reconcile: the gate, then each moving node's step, then what the
+/// migration reports.
 pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
-    let gpm = s.gpm;
-    let spec = &gpm.spec;
-    let name = gpm.name_any();
-    let res = resources(spec);
-    let now = s.now;
+    let name = s.gpm.name_any();
+    let mut gate = judge(s, &name)?;
+    let hold = gate.hold();
+    let needs_human = gate.needs_human();
+    let mut p = std::mem::take(&mut gate.plan);
+    // A closed gate starts no node: those that would start wait in the queue.
+    if !gate.open {
+        let held: Vec<String> = std::mem::take(&mut p.to_start);
+        p.queued.extend(held);
+    }
+    let steps = step::steps(s, &name, &p, hold);
+    let report = report::report(s, &name, &gate, needs_human, &p);
+    Ok(Decision {
+        class_applies: gate.class_applies,
+        placement_patches: gate.placement_patches,
+        gate_open: gate.open,
+        hold,
+        steps,
+        status: report.status,
+        events: report.events,
+        metrics: report.metrics,
+        moving: p.in_flight.len() + p.to_start.len(),
+    })
+}
+
+/// The gate, judged on what the snapshot holds.
+fn judge(s: &Snapshot<'_>, name: &str) -> Result<gate::Gate> {
     let consuming = |n: &str| s.consuming_pods.get(n).copied();
     let schedulable = |n: &SlimNode| node_counts(s, n).schedulable;
-    let gate = gate::judge(&gate::Inputs {
-        name: &name,
-        uid: gpm.metadata.uid.as_deref().unwrap_or_default(),
-        spec,
+    gate::judge(&gate::Inputs {
+        name,
+        uid: s.gpm.metadata.uid.as_deref().unwrap_or_default(),
+        spec: &s.gpm.spec,
         facts: &s.facts,
         nodes: &s.nodes,
         device_classes: s.device_classes.as_deref(),
@@ -245,625 +133,42 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         consuming_pods: &consuming,
         others: &s.others,
     })
-    .map_err(|message| Error::InvalidSpec { message })?;
-    let hold = gate.hold();
-    let needs_human = gate.needs_human();
-    let gate::Gate {
-        verdict,
-        class_applies,
-        class_statuses,
-        classes: dc_readiness,
-        classes_message: dc_message,
-        placement_patches,
-        placement_problems,
-        placement_ready,
-        placement_reason,
-        overlaps,
-        plan: mut p,
-        open: gate_open,
-        ..
-    } = gate;
-    // A closed gate starts no node: those that would start wait in the queue.
-    if !gate_open {
-        let held: Vec<String> = std::mem::take(&mut p.to_start);
-        p.queued.extend(held);
-    }
-    let pool: Vec<PoolNode> = s
-        .nodes
-        .iter()
-        .map(|n| {
-            let mut pn = PoolNode::from_node(n);
-            pn.consuming_pods = s.consuming_pods.get(&pn.name).copied().unwrap_or_default();
-            pn
-        })
-        .collect();
-
-    // Steps.
-    let last_messages: HashMap<&str, &str> = gpm
-        .status
-        .iter()
-        .flat_map(|s| &s.in_progress)
-        .map(|p| (p.name.as_str(), p.message.as_str()))
-        .collect();
-    let selectors = Selectors::new(spec);
-    let view = NodeView {
-        spec,
-        migration: &name,
-        owner: owner_ref(gpm),
-        canary_namespace: &s.canary_namespace,
-        hold,
-        selectors: &selectors,
-        now,
-    };
-    let by_name: HashMap<&str, &SlimNode> =
-        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
-    let no_reads = NodeReads::default();
-    let mut steps = Vec::new();
-    for (n, start) in p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true))) {
-        let Some(node) = by_name.get(n.as_str()) else { continue };
-        let last = last_messages.get(n.as_str()).copied();
-        if s.read_errors.contains_key(n) {
-            // Not observed, so not decided: the node keeps its state, and execute reports the
-            // error as this node's.
-            steps.push(NodeStep::at_rest(&PoolNode::from_node(node), last));
-            continue;
-        }
-        let reads = s.node_reads.get(n).unwrap_or(&no_reads);
-        let published = node_counts(s, node).schedulable;
-        steps.push(node_step(&view, node, node_slices(s, node), published, reads, start, last));
-    }
-
-    let mut events = Vec::new();
-    // A node that was mid-move at the last status and is no longer in the pool was deleted (or
-    // relabelled out of the selector): say so once, on the migration.
-    let mut gone: Vec<&str> = last_messages.keys().copied().filter(|n| !by_name.contains_key(n)).collect();
-    gone.sort_unstable();
-    for g in gone {
-        events.push(MigrationEvent {
-            type_: EventType::Warning,
-            reason: "NodeRemoved",
-            action: "MigrateNode",
-            note: format!(
-                "node {g} left the pool mid-move (deleted, or no longer selected); it is dropped from the status"
-            ),
-            node: Some(g.to_string()),
-        });
-    }
-
-    // Status.
-    let failed_names: BTreeSet<&str> = p.failed.iter().map(String::as_str).collect();
-    let failed: Vec<FailedNode> = pool
-        .iter()
-        .filter(|n| failed_names.contains(n.name.as_str()) || n.state() == NodeState::Failed)
-        .filter_map(|n| {
-            n.failure().map(|f| FailedNode {
-                name: n.name.clone(),
-                state: f.state,
-                reason: f.reason,
-                message: f.message,
-            })
-        })
-        .take(STATUS_LIST_MAX)
-        .collect();
-
-    let mut other_findings: Vec<String> = verdict.warnings.clone();
-    other_findings.extend(device_classes::warnings(spec));
-    // Info findings alone say "this keeps working"; they do not make the condition True.
-    let notable = s.inventory.iter().any(|f| f.severity > Severity::Info) || !other_findings.is_empty();
-
-    let moving = p.in_flight.len() + p.to_start.len();
-    let kp = Progress {
-        in_flight: (moving > 0).then(|| {
-            (
-                "NodesMoving".to_string(),
-                format!("{moving} node(s) moving, {} of {} migrated", p.counts.migrated, p.counts.total),
-            )
-        }),
-        needs_human: needs_human.map(|(r, m)| (r.to_string(), m)),
-        waiting: if spec.paused {
-            Some(("Paused".to_string(), "spec.paused is true".to_string()))
-        } else {
-            queued_message(&p, gate_open, moving).map(|m| ("WaitingForNodes".to_string(), m))
-        },
-        done: p.done() && !p.owned.is_empty(),
-    };
-    let mut desired: Vec<Desired> = conditions::kstatus(&kp).into();
-    desired.push(Desired::new(
-        ConditionType::PrerequisitesMet,
-        verdict.met,
-        verdict.reason,
-        verdict.message.clone(),
-    ));
-    desired.push(Desired::new(
-        ConditionType::DeviceClassesReady,
-        dc_readiness.ready(),
-        dc_readiness.as_str(),
-        dc_message,
-    ));
-    desired.push(if placement_ready {
-        Desired::new(ConditionType::PlacementReady, true, "Placed", "both DaemonSets keep to their backend")
-    } else if !placement_patches.is_empty() {
-        let names: Vec<String> =
-            placement_patches.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
-        Desired::new(
-            ConditionType::PlacementReady,
-            false,
-            "Applying",
-            format!(
-                "adding the backend node affinity to DaemonSet {} (spec.placement: Managed)",
-                names.join(", ")
-            ),
-        )
-    } else if placement_problems.is_empty() {
-        Desired::new(
-            ConditionType::PlacementReady,
-            false,
-            "DaemonSetMissing",
-            "a DaemonSet is missing; see PrerequisitesMet",
-        )
-    } else {
-        Desired::new(ConditionType::PlacementReady, false, placement_reason, placement_problems.join("\n"))
-    });
-    desired.push(match overlaps.first() {
-        Some(o) => Desired::new(
-            ConditionType::BackendOverlap,
-            true,
-            "BothBackends",
-            format!("{o} ({} node(s) in total)", overlaps.len()),
-        ),
-        None => Desired::new(ConditionType::BackendOverlap, false, "NoOverlap", "every node has one backend"),
-    });
-    let conflict = (!p.refused.is_empty()).then(|| {
-        let mut lines: Vec<String> = p.refused.iter().take(10).map(|r| r.message.clone()).collect();
-        if p.refused.len() > 10 {
-            lines.push(format!("and {} more", p.refused.len() - 10));
-        }
-        lines.join("\n")
-    });
-    desired.push(match &conflict {
-        Some(m) => Desired::new(ConditionType::NodeConflict, true, "NodesRefused", m.clone()),
-        None => Desired::new(
-            ConditionType::NodeConflict,
-            false,
-            "NoConflict",
-            "no other migration selects these nodes",
-        ),
-    });
-    let inventory_text = inventory_message(&name, &s.inventory, &other_findings);
-    desired.push(if notable {
-        Desired::new(ConditionType::InventoryFindings, true, "Findings", inventory_text.clone())
-    } else {
-        Desired::new(ConditionType::InventoryFindings, false, "NoFindings", inventory_text.clone())
-    });
-
-    let old = gpm.status.clone().unwrap_or_default();
-    let status = GpuPoolMigrationStatus {
-        observed_generation: gpm.metadata.generation,
-        phase: Some(phase(spec, &p, gate_open)),
-        nodes: p.counts,
-        in_progress: Vec::new(),
-        failed,
-        device_classes: class_statuses,
-        conditions: conditions::merge(&old.conditions, &desired, gpm.metadata.generation, &Time(now)),
-    };
-
-    // One event when the inventory's findings change, so GitOps users see them in `kubectl describe`.
-    let old_inventory = old.conditions.iter().find(|c| c.type_ == "InventoryFindings").map(|c| &c.message);
-    let anything = !s.inventory.is_empty() || !other_findings.is_empty();
-    if anything && old_inventory != Some(&inventory_text) {
-        let type_ = if notable { EventType::Warning } else { EventType::Normal };
-        events.push(on_migration(type_, "InventoryFindings", "Inventory", inventory_text.clone()));
-    }
-    // A Forward migration keeps its pool on DRA: nodes that join after Completed (an autoscaled
-    // node group, a relabelled node) move too, and the phase says so until they have.
-    if old.phase == Some(Phase::Completed) && p.counts.total > old.nodes.total {
-        let joined: Vec<&String> = p.to_start.iter().chain(&p.queued).collect();
-        let shown: Vec<&str> = joined.iter().take(NAMES_IN_EVENT).map(|n| n.as_str()).collect();
-        let note = format!(
-            "{} node(s) joined the pool after it completed ({}{}); they migrate now, and the phase reads Progressing (or Pending while a gate is closed) until they have",
-            joined.len(),
-            shown.join(", "),
-            if joined.len() > shown.len() { ", ..." } else { "" }
-        );
-        events.push(on_migration(EventType::Normal, "NodesJoined", "SelectNodes", note));
-    }
-    // The acknowledged capacity change, once, under a reason of its own: the events API folds
-    // events of one reason into a series that keeps the first note, so a changed
-    // InventoryFindings note would not show.
-    if let Some(ack) = verdict.warnings.iter().find(|w| w.contains(prerequisites::SHARING_ACKNOWLEDGED))
-        && old_inventory.is_none_or(|m| !m.contains(ack.as_str()))
-    {
-        events.push(on_migration(
-            EventType::Normal,
-            "GpuSharingLossAcknowledged",
-            "CheckPrerequisites",
-            ack.clone(),
-        ));
-    }
-    // One Warning event when the pool's nodes keep it from starting (or the reason changes).
-    let old_prereq = old.conditions.iter().find(|c| c.type_ == "PrerequisitesMet");
-    if [Block::UnmappedResources.reason(), Block::GpuSharingNotAcknowledged.reason()]
-        .contains(&verdict.reason)
-        && old_prereq.map(|c| (c.reason.as_str(), c.message.as_str()))
-            != Some((verdict.reason, verdict.message.as_str()))
-    {
-        events.push(on_migration(
-            EventType::Warning,
-            verdict.reason,
-            "CheckPrerequisites",
-            verdict.message.clone(),
-        ));
-    }
-    // One Warning event when the conflict starts (or changes), not one per reconcile.
-    let old_conflict = old.conditions.iter().find(|c| c.type_ == "NodeConflict" && c.status == "True");
-    if let Some(message) = &conflict
-        && old_conflict.map(|c| &c.message) != Some(message)
-    {
-        events.push(on_migration(EventType::Warning, "NodeConflict", "SelectNodes", message.clone()));
-    }
-
-    // Metrics.
-    let owned: BTreeSet<&str> = p.owned.iter().map(String::as_str).collect();
-    let mut per_state: BTreeMap<String, (NodeState, i64)> = BTreeMap::new();
-    for n in pool.iter().filter(|n| owned.contains(n.name.as_str())) {
-        let st = n.state();
-        per_state.entry(record::state_str(st)).or_insert((st, 0)).1 += 1;
-    }
-    let mut metrics = PoolMetrics {
-        per_state: per_state.into_values().collect(),
-        overlap_nodes: overlaps.len() as i64,
-        ..Default::default()
-    };
-    for (n, pn) in s.nodes.iter().zip(&pool) {
-        match pn.backend() {
-            Backend::DevicePlugin => metrics.device_plugin_gpus += overlap::allocatable_total(n, &res),
-            Backend::Dra => metrics.dra_gpus += node_counts(s, n).devices,
-            // Mid-switch: the device plugin has left and the driver has not started.
-            Backend::None => {}
-        }
-    }
-
-    Ok(Decision { class_applies, placement_patches, gate_open, hold, steps, status, events, metrics, moving })
-}
-
-fn on_migration(
-    type_: EventType,
-    reason: &'static str,
-    action: &'static str,
-    note: String,
-) -> MigrationEvent {
-    MigrationEvent { type_, reason, action, note, node: None }
+    .map_err(|message| Error::InvalidSpec { message })
 }
 
 /// The devices of the migration's driver on `node`.
-fn node_counts(s: &Snapshot<'_>, node: &SlimNode) -> DeviceCounts {
+pub(super) fn node_counts(s: &Snapshot<'_>, node: &SlimNode) -> DeviceCounts {
     node.metadata.name.as_deref().and_then(|n| s.dra_counts.get(n)).copied().unwrap_or_default()
 }
 
 /// The node-local slices of the migration's driver for `node`, with their devices where the
 /// reconcile may switch it.
-fn node_slices<'a>(s: &'a Snapshot<'_>, node: &SlimNode) -> &'a [Arc<ResourceSlice>] {
+pub(super) fn node_slices<'a>(s: &'a Snapshot<'_>, node: &SlimNode) -> &'a [Arc<ResourceSlice>] {
     node.metadata.name.as_deref().and_then(|n| s.slices.get(n)).map_or(&[], Vec::as_slice)
-}
-
-/// Decides one node's step from the node, its driver's slices for it (read only by a switch), the
-/// devices of those the scheduler may allocate, its reads and the pool's view.
-pub fn node_step(
-    v: &NodeView<'_>,
-    node: &SlimNode,
-    slices: &[impl std::borrow::Borrow<ResourceSlice>],
-    published: u64,
-    reads: &NodeReads,
-    start: bool,
-    last_message: Option<&str>,
-) -> NodeStep {
-    let spec = v.spec;
-    let res = resources(spec);
-    let pn = PoolNode::from_node(node);
-    let name = pn.name.clone();
-    let state = pn.state();
-    let failure = pn.failure();
-
-    let mut selection = drain::Selection::default();
-    let mut claim_holders = 0;
-    match state {
-        NodeState::Draining => selection = drain::select(&reads.pods, &res, &spec.strategy.drain),
-        NodeState::Switching => {
-            // Late arrivals only: a pod the scheduler served through a claim is DRA's.
-            let late: Vec<Pod> = reads
-                .pods
-                .iter()
-                .filter(|p| p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none()))
-                .cloned()
-                .collect();
-            selection = drain::select(&late, &res, &spec.strategy.drain);
-        }
-        NodeState::RollingBack => {
-            claim_holders = reads.pods.iter().filter(|p| drain::holds_dra_claim(p)).count()
-        }
-        _ => {}
-    }
-    // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
-    let attempt = parse_since(&pn).map(|t| t.as_second().to_string()).unwrap_or_default();
-    let canary = match (&spec.strategy.verify.canary, state) {
-        (Some(_), NodeState::Verifying) => match &reads.canary {
-            // Already going: wait for it to be gone before the new one.
-            Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
-            p => crate::node::canary::outcome(p.as_ref(), &attempt),
-        },
-        (Some(_), _) => Canary::Absent,
-        (None, _) => Canary::NotConfigured,
-    };
-
-    let alloc = overlap::allocatable(node, &res);
-    // What the pool's classes select of the node's DRA devices: only a switch waiting on its
-    // slices needs it.
-    let selected = match (state, pn.backend(), gpus_before_map(&pn)) {
-        (NodeState::Switching, Backend::Dra, Some(before)) => {
-            v.selectors.for_switch(overlap::schedulable(slices, &spec.driver.name, &name), &before)
-        }
-        _ => Selected::default(),
-    };
-    // What DRA must publish for the node to count as switched: a shared GPU counts once.
-    let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res);
-    let observed = Observed {
-        state,
-        since: parse_since(&pn),
-        now: v.now,
-        direction: spec.direction,
-        start,
-        hold: v.hold,
-        on_failure: spec.strategy.on_failure,
-        failed_during_rollback: failure.as_ref().is_some_and(Failure::during_rollback),
-        unschedulable: pn.unschedulable,
-        ready: pn.ready,
-        backend: pn.backend(),
-        interlock: spec.driver.interlocked(),
-        device_plugin_pods: reads.pods_read.then(|| {
-            let dp = &spec.device_plugin.daemon_set;
-            reads.pods.iter().filter(|p| drain::owned_by_daemon_set(p, &dp.namespace, &dp.name)).count()
-        }),
-        drain: DrainCounts { ..selection.counts() },
-        allocatable: alloc.values().sum(),
-        device_plugin_gpus: dp_gpus.values().sum(),
-        gpus_before: gpus_before(&pn),
-        // Only devices the scheduler can allocate count: the agent keeps them tainted until the
-        // device plugin's capacity is gone.
-        dra_devices: published,
-        dra_selected: selected.counted,
-        selection_note: selected.note,
-        claim_holders,
-        taint_rule_exists: reads.taint_rule_exists,
-        canary,
-        drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
-        verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
-    };
-    let action = state::next_step(&observed);
-    let mut step = NodeStep {
-        action: action.clone(),
-        message: String::new(),
-        state: action.next_state().unwrap_or(state),
-        since: if action.next_state().is_some() { Some(v.now) } else { parse_since(&pn) },
-        ..NodeStep::at_rest(&pn, last_message)
-    };
-
-    match &action {
-        Action::Wait { reason, message } => {
-            step.message = format!("{reason}: {message}");
-            let named = match *reason {
-                WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
-                WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
-                _ => None,
-            };
-            if let Some(pods) = named {
-                step.message = format!("{} ({})", step.message, drain::names(pods, 5));
-                // Only a person can unblock these: say so once per change, not per reconcile.
-                if last_message != Some(step.message.as_str()) {
-                    step.events.push(NodeEvent {
-                        type_: EventType::Warning,
-                        reason: reason.as_str(),
-                        note: step.message.clone(),
-                    });
-                }
-            }
-        }
-        Action::Evict => {
-            step.evict = selection.evict.clone();
-            step.message = format!("evicting {} pod(s)", step.evict.len());
-        }
-        Action::CreateCanary => {
-            if let Some(c) = &spec.strategy.verify.canary {
-                let target = crate::node::canary::Target {
-                    migration: v.migration,
-                    owner: v.owner.clone(),
-                    node: &name,
-                    taints: &node.taints,
-                    namespace: v.canary_namespace,
-                    resource: res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE),
-                    attempt: &attempt,
-                };
-                step.create_canary = Some(crate::node::canary::pod(&target, c));
-                step.message = "canary created".into();
-            }
-        }
-        Action::DeleteCanary => {
-            step.delete_canary = true;
-            step.message = "deleting the canary of an earlier attempt".into();
-        }
-        Action::CreateTaintRule => {
-            let mut rule = taint_rule(&name, &spec.driver.name, v.migration);
-            rule.metadata.owner_references = v.owner.clone().map(|o| vec![o]);
-            step.events.push(NodeEvent {
-                type_: EventType::Normal,
-                reason: "DeviceTaintRuleCreated",
-                note: format!(
-                    "evicting DRA claim holders from {name} with {}",
-                    rule.metadata.name.as_deref().unwrap_or_default()
-                ),
-            });
-            step.create_taint_rule = Some(rule);
-        }
-        Action::DeleteTaintRule => step.delete_taint_rule = true,
-        _ => {}
-    }
-
-    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
-        step.recheck_after = recheck_after(
-            &reads.pods,
-            &selection.evict,
-            &selection.terminating,
-            spec.strategy.drain.grace_period_seconds,
-            v.now,
-        );
-    }
-    if state == NodeState::Draining
-        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
-        && let Some(since) = parse_since(&pn)
-    {
-        step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
-    }
-    if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
-        // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
-        patch.metadata.resource_version = node.metadata.resource_version.clone();
-        step.patch = Some(patch);
-        step.remove_finished_canary = action == Action::Complete && spec.strategy.verify.canary.is_some();
-        let (type_, reason, note) = match &action {
-            Action::Fail { reason, message } => {
-                (EventType::Warning, reason.as_str(), format!("node {name} failed in {state:?}: {message}"))
-            }
-            Action::SwitchToDevicePlugin => (
-                EventType::Normal,
-                "BackendDevicePlugin",
-                format!("node {name} labelled back to the device plugin"),
-            ),
-            Action::CordonAndDrain => {
-                (EventType::Normal, "NodeDraining", format!("node {name}: {state:?} → Draining (cordoned)"))
-            }
-            Action::StopDevicePlugin => (
-                EventType::Normal,
-                "NodeSwitching",
-                format!(
-                    "node {name}: {state:?} → Switching; labelled {LABEL_GPU_BACKEND}={BACKEND_NONE}: the device plugin leaves first, the driver ({}) starts once it has gone",
-                    spec.driver.name
-                ),
-            ),
-            Action::StartDriver => (
-                EventType::Normal,
-                "DriverStarting",
-                format!(
-                    "node {name}: the device plugin has left (allocatable 0, no plugin pod); labelled {LABEL_GPU_BACKEND}={BACKEND_DRA} so the driver starts"
-                ),
-            ),
-            Action::Recordon => (
-                EventType::Warning,
-                "Recordoned",
-                format!(
-                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
-                ),
-            ),
-            Action::RecordSince => (
-                EventType::Normal,
-                "StateStamped",
-                format!("node {name}: state-since was missing; stamped now"),
-            ),
-            a => {
-                let to = a.next_state().unwrap_or(state);
-                (EventType::Normal, transition_reason(to), format!("node {name}: {state:?} → {to:?}"))
-            }
-        };
-        step.events.push(NodeEvent { type_, reason, note: note.clone() });
-        step.message = note;
-    }
-    step
-}
-
-fn transition_reason(to: NodeState) -> &'static str {
-    match to {
-        NodeState::Pending => "NodePending",
-        NodeState::Cordoned => "NodeCordoned",
-        NodeState::Draining => "NodeDraining",
-        NodeState::Switching => "NodeSwitching",
-        NodeState::Verifying => "NodeVerifying",
-        NodeState::Migrated => "NodeMigrated",
-        NodeState::Failed => "NodeFailed",
-        NodeState::RollingBack => "NodeRollingBack",
-        NodeState::RolledBack => "NodeRolledBack",
-    }
-}
-
-/// The InventoryFindings condition message: the summary, the most severe findings, and where to
-/// see the rest.
-pub fn inventory_message(migration: &str, findings: &[Finding], other: &[String]) -> String {
-    let mut lines = vec![readers::summary(findings)];
-    lines.extend(findings.iter().take(FINDINGS_IN_CONDITION).map(Finding::headline));
-    if findings.len() > FINDINGS_IN_CONDITION {
-        lines.push(format!("and {} more", findings.len() - FINDINGS_IN_CONDITION));
-    }
-    lines.extend(other.iter().cloned());
-    if !findings.is_empty() {
-        lines.push(format!("details and advice: switchyard inventory --migration {migration}"));
-    }
-    lines.join("\n")
-}
-
-/// Why queued nodes do not start, when nothing else says so: the budget is used by nodes the
-/// migration did not make unavailable (NotReady, failed), or the queued nodes are NotReady.
-pub fn queued_message(p: &rollout::Plan, gate_open: bool, moving: usize) -> Option<String> {
-    if p.queued.is_empty() || p.halt.is_some() || !gate_open || moving > 0 {
-        return None;
-    }
-    let names = |v: &[String]| {
-        let mut s = v.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
-        if v.len() > 5 {
-            s.push_str(&format!(" and {} more", v.len() - 5));
-        }
-        s
-    };
-    Some(if p.unavailable >= p.max_unavailable {
-        format!(
-            "{} node(s) queued: maxUnavailable is {} and {} pool node(s) are unavailable ({}); a node counts while it is NotReady or failed and cordoned",
-            p.queued.len(),
-            p.max_unavailable,
-            p.unavailable,
-            names(&p.unavailable_nodes)
-        )
-    } else {
-        format!(
-            "{} node(s) queued and NotReady ({}); each starts when its kubelet reports Ready",
-            p.queued.len(),
-            names(&p.queued)
-        )
-    })
-}
-
-/// The phase from the plan.
-pub fn phase(spec: &GpuPoolMigrationSpec, p: &rollout::Plan, gate_open: bool) -> Phase {
-    let moving = !p.in_flight.is_empty() || !p.to_start.is_empty();
-    if p.halt.is_some() {
-        return Phase::Paused;
-    }
-    if !gate_open && !moving && !p.done() {
-        return Phase::Pending;
-    }
-    match (spec.direction, p.done(), p.failed.is_empty()) {
-        (_, true, false) => Phase::Failed,
-        (Direction::Forward, true, true) => Phase::Completed,
-        (Direction::Forward, false, _) => Phase::Progressing,
-        (Direction::Rollback, true, true) => Phase::RolledBack,
-        (Direction::Rollback, false, _) => Phase::RollingBack,
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::{GpuPoolMigration, PlacementMode};
+    use std::collections::HashMap;
+
+    use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, Phase, PlacementMode};
+    use crate::node::drain::PodRef;
+    use crate::node::state::{Action, WaitReason};
+    use crate::pool::device_classes;
     use crate::pool::placement::Role;
+    use crate::pool::readers::{Finding, Severity};
+    use crate::pool::rollout;
     use crate::pool::rollout::{Halt, OtherMigration};
+    use crate::reconcile::observe::NodeReads;
+    use crate::report::conditions::ConditionType;
+    use crate::well_known::*;
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::resource::v1::ResourceSlice;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
     use serde_json::{Value, json};
 
     fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {

@@ -1,0 +1,432 @@
+//! One node's step: the pool-wide view a step is decided on, the step itself (its action, the
+//! node patch, the objects beside the node and the events it makes), and which nodes get one.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::node::slim::SlimNode;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::EventType;
+
+use crate::api::v1alpha1::{GpuPoolMigrationSpec, NodeState};
+use crate::node::drain::{self, PodRef};
+use crate::node::patch::{NodePatch, node_patch, owner_ref, taint_rule};
+use crate::node::record::{Backend, Failure, PoolNode};
+use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
+use crate::pool::gate::resources;
+use crate::pool::overlap;
+use crate::pool::selectors::{Selected, Selectors};
+use crate::reconcile::observe::{NodeReads, Snapshot};
+use crate::well_known::*;
+
+use super::{NodeEvent, node_counts, node_slices};
+use crate::pool::rollout::Plan;
+
+/// The pool-wide facts one node's step is decided on.
+pub struct NodeView<'a> {
+    pub spec: &'a GpuPoolMigrationSpec,
+    pub migration: &'a str,
+    pub owner: Option<OwnerReference>,
+    pub canary_namespace: &'a str,
+    pub hold: Option<Hold>,
+    /// The pool's DeviceClass selectors, compiled once per reconcile.
+    pub selectors: &'a Selectors,
+    pub now: Timestamp,
+}
+
+/// One node's step: the action and every write it makes.
+#[derive(Debug)]
+pub struct NodeStep {
+    pub node: String,
+    pub from: NodeState,
+    pub action: Action,
+    /// Pods to evict (`Action::Evict`).
+    pub evict: Vec<PodRef>,
+    /// The canary to create (`Action::CreateCanary`).
+    pub create_canary: Option<Pod>,
+    /// Delete the canary of an earlier attempt (`Action::DeleteCanary`).
+    pub delete_canary: bool,
+    /// The rollback DeviceTaintRule to create (`Action::CreateTaintRule`).
+    pub create_taint_rule: Option<DeviceTaintRule>,
+    pub delete_taint_rule: bool,
+    /// The node patch, conditional on the resourceVersion the step was decided on.
+    pub patch: Option<NodePatch>,
+    /// The canary is done with once the patch lands (`Action::Complete`): remove it, best effort.
+    pub remove_finished_canary: bool,
+    /// Published once the step's writes have landed.
+    pub events: Vec<NodeEvent>,
+    /// The node's status message once the step's writes have landed.
+    pub message: String,
+    /// The message in the status as last written: a warning goes out when it changes, not on
+    /// every reconcile.
+    pub last_message: Option<String>,
+    /// The node's state and state-since once the step's writes have landed.
+    pub state: NodeState,
+    pub since: Option<Timestamp>,
+    /// How long the drain took, when this step ends it.
+    pub drain_seconds: Option<f64>,
+    /// When to look at this node again: pods are not watched, so nothing else says when the
+    /// evicted or terminating ones are gone. Set for an eviction (its grace period) and for pods
+    /// terminating (their deletionTimestamp), each plus [`POD_GONE_SLACK`].
+    pub recheck_after: Option<std::time::Duration>,
+}
+
+/// How long after a pod's grace period its kubelet has usually removed it.
+pub const POD_GONE_SLACK: std::time::Duration = std::time::Duration::from_millis(250);
+/// The grace period a pod without `terminationGracePeriodSeconds` gets (the API's default).
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+impl NodeStep {
+    /// A step that does nothing and changes nothing: the base of every step, and the whole step
+    /// of a node whose reads failed.
+    fn at_rest(pn: &PoolNode, last_message: Option<&str>) -> Self {
+        NodeStep {
+            node: pn.name.clone(),
+            from: pn.state(),
+            action: Action::Nothing,
+            evict: Vec::new(),
+            create_canary: None,
+            delete_canary: false,
+            create_taint_rule: None,
+            delete_taint_rule: false,
+            patch: None,
+            remove_finished_canary: false,
+            events: Vec::new(),
+            message: last_message.unwrap_or_default().to_string(),
+            last_message: last_message.map(str::to_string),
+            state: pn.state(),
+            since: parse_since(pn),
+            drain_seconds: None,
+            recheck_after: None,
+        }
+    }
+}
+
+/// When the pods a draining step evicts, or waits on, should be gone. Pure. An eviction takes
+/// `spec.strategy.drain.gracePeriodSeconds`, else each pod's own grace period; a terminating pod
+/// goes at its deletionTimestamp. The longest wait wins, plus [`POD_GONE_SLACK`].
+pub fn recheck_after(
+    pods: &[Pod],
+    evict: &[PodRef],
+    terminating: &[PodRef],
+    grace_override: Option<i64>,
+    now: Timestamp,
+) -> Option<std::time::Duration> {
+    let named = |refs: &[PodRef], p: &Pod| {
+        refs.iter().any(|r| {
+            Some(&r.name) == p.metadata.name.as_ref() && Some(&r.namespace) == p.metadata.namespace.as_ref()
+        })
+    };
+    let evicted = pods.iter().filter(|p| named(evict, p)).map(|p| {
+        let grace = grace_override
+            .or_else(|| p.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .unwrap_or(DEFAULT_GRACE_SECONDS);
+        std::time::Duration::from_secs(grace.max(0) as u64)
+    });
+    let going = pods.iter().filter(|p| named(terminating, p)).filter_map(|p| {
+        let at = p.metadata.deletion_timestamp.as_ref()?.0;
+        Some(std::time::Duration::from_millis(at.duration_since(now).as_millis().max(0) as u64))
+    });
+    evicted.chain(going).max().map(|d| d + POD_GONE_SLACK)
+}
+
+pub fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
+    pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
+}
+
+/// The device-plugin GPUs per resource recorded when the drain started.
+fn gpus_before_map(pn: &PoolNode) -> Option<BTreeMap<String, u64>> {
+    pn.annotations.get(ANNOTATION_GPUS_BEFORE).and_then(|s| serde_json::from_str(s).ok())
+}
+
+pub(crate) fn gpus_before(pn: &PoolNode) -> Option<u64> {
+    gpus_before_map(pn).map(|m| m.values().sum()).filter(|n| *n > 0)
+}
+
+/// Each node in flight, then each node that starts now, decided on its own reads: a node whose
+/// reads failed is not decided (it keeps its state, and execute reports its error).
+pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) -> Vec<NodeStep> {
+    let gpm = s.gpm;
+    let spec = &gpm.spec;
+    let last_messages: HashMap<&str, &str> = gpm
+        .status
+        .iter()
+        .flat_map(|s| &s.in_progress)
+        .map(|p| (p.name.as_str(), p.message.as_str()))
+        .collect();
+    let selectors = Selectors::new(spec);
+    let view = NodeView {
+        spec,
+        migration: name,
+        owner: owner_ref(gpm),
+        canary_namespace: &s.canary_namespace,
+        hold,
+        selectors: &selectors,
+        now: s.now,
+    };
+    let by_name: HashMap<&str, &SlimNode> =
+        s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
+    let no_reads = NodeReads::default();
+    let mut steps = Vec::new();
+    for (n, start) in p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true))) {
+        let Some(node) = by_name.get(n.as_str()) else { continue };
+        let last = last_messages.get(n.as_str()).copied();
+        if s.read_errors.contains_key(n) {
+            // Not observed, so not decided: the node keeps its state, and execute reports the
+            // error as this node's.
+            steps.push(NodeStep::at_rest(&PoolNode::from_node(node), last));
+            continue;
+        }
+        let reads = s.node_reads.get(n).unwrap_or(&no_reads);
+        let published = node_counts(s, node).schedulable;
+        steps.push(node_step(&view, node, node_slices(s, node), published, reads, start, last));
+    }
+    steps
+}
+
+/// Decides one node's step from the node, its driver's slices for it (read only by a switch), the
+/// devices of those the scheduler may allocate, its reads and the pool's view.
+pub fn node_step(
+    v: &NodeView<'_>,
+    node: &SlimNode,
+    slices: &[impl std::borrow::Borrow<ResourceSlice>],
+    published: u64,
+    reads: &NodeReads,
+    start: bool,
+    last_message: Option<&str>,
+) -> NodeStep {
+    let spec = v.spec;
+    let res = resources(spec);
+    let pn = PoolNode::from_node(node);
+    let name = pn.name.clone();
+    let state = pn.state();
+    let failure = pn.failure();
+
+    let mut selection = drain::Selection::default();
+    let mut claim_holders = 0;
+    match state {
+        NodeState::Draining => selection = drain::select(&reads.pods, &res, &spec.strategy.drain),
+        NodeState::Switching => {
+            // Late arrivals only: a pod the scheduler served through a claim is DRA's.
+            let late: Vec<Pod> = reads
+                .pods
+                .iter()
+                .filter(|p| p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none()))
+                .cloned()
+                .collect();
+            selection = drain::select(&late, &res, &spec.strategy.drain);
+        }
+        NodeState::RollingBack => {
+            claim_holders = reads.pods.iter().filter(|p| drain::holds_dra_claim(p)).count()
+        }
+        _ => {}
+    }
+    // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
+    let attempt = parse_since(&pn).map(|t| t.as_second().to_string()).unwrap_or_default();
+    let canary = match (&spec.strategy.verify.canary, state) {
+        (Some(_), NodeState::Verifying) => match &reads.canary {
+            // Already going: wait for it to be gone before the new one.
+            Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
+            p => crate::node::canary::outcome(p.as_ref(), &attempt),
+        },
+        (Some(_), _) => Canary::Absent,
+        (None, _) => Canary::NotConfigured,
+    };
+
+    let alloc = overlap::allocatable(node, &res);
+    // What the pool's classes select of the node's DRA devices: only a switch waiting on its
+    // slices needs it.
+    let selected = match (state, pn.backend(), gpus_before_map(&pn)) {
+        (NodeState::Switching, Backend::Dra, Some(before)) => {
+            v.selectors.for_switch(overlap::schedulable(slices, &spec.driver.name, &name), &before)
+        }
+        _ => Selected::default(),
+    };
+    // What DRA must publish for the node to count as switched: a shared GPU counts once.
+    let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res);
+    let observed = Observed {
+        state,
+        since: parse_since(&pn),
+        now: v.now,
+        direction: spec.direction,
+        start,
+        hold: v.hold,
+        on_failure: spec.strategy.on_failure,
+        failed_during_rollback: failure.as_ref().is_some_and(Failure::during_rollback),
+        unschedulable: pn.unschedulable,
+        ready: pn.ready,
+        backend: pn.backend(),
+        interlock: spec.driver.interlocked(),
+        device_plugin_pods: reads.pods_read.then(|| {
+            let dp = &spec.device_plugin.daemon_set;
+            reads.pods.iter().filter(|p| drain::owned_by_daemon_set(p, &dp.namespace, &dp.name)).count()
+        }),
+        drain: DrainCounts { ..selection.counts() },
+        allocatable: alloc.values().sum(),
+        device_plugin_gpus: dp_gpus.values().sum(),
+        gpus_before: gpus_before(&pn),
+        // Only devices the scheduler can allocate count: the agent keeps them tainted until the
+        // device plugin's capacity is gone.
+        dra_devices: published,
+        dra_selected: selected.counted,
+        selection_note: selected.note,
+        claim_holders,
+        taint_rule_exists: reads.taint_rule_exists,
+        canary,
+        drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
+        verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
+    };
+    let action = state::next_step(&observed);
+    let mut step = NodeStep {
+        action: action.clone(),
+        message: String::new(),
+        state: action.next_state().unwrap_or(state),
+        since: if action.next_state().is_some() { Some(v.now) } else { parse_since(&pn) },
+        ..NodeStep::at_rest(&pn, last_message)
+    };
+
+    match &action {
+        Action::Wait { reason, message } => {
+            step.message = format!("{reason}: {message}");
+            let named = match *reason {
+                WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
+                WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
+                _ => None,
+            };
+            if let Some(pods) = named {
+                step.message = format!("{} ({})", step.message, drain::names(pods, 5));
+                // Only a person can unblock these: say so once per change, not per reconcile.
+                if last_message != Some(step.message.as_str()) {
+                    step.events.push(NodeEvent {
+                        type_: EventType::Warning,
+                        reason: reason.as_str(),
+                        note: step.message.clone(),
+                    });
+                }
+            }
+        }
+        Action::Evict => {
+            step.evict = selection.evict.clone();
+            step.message = format!("evicting {} pod(s)", step.evict.len());
+        }
+        Action::CreateCanary => {
+            if let Some(c) = &spec.strategy.verify.canary {
+                let target = crate::node::canary::Target {
+                    migration: v.migration,
+                    owner: v.owner.clone(),
+                    node: &name,
+                    taints: &node.taints,
+                    namespace: v.canary_namespace,
+                    resource: res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE),
+                    attempt: &attempt,
+                };
+                step.create_canary = Some(crate::node::canary::pod(&target, c));
+                step.message = "canary created".into();
+            }
+        }
+        Action::DeleteCanary => {
+            step.delete_canary = true;
+            step.message = "deleting the canary of an earlier attempt".into();
+        }
+        Action::CreateTaintRule => {
+            let mut rule = taint_rule(&name, &spec.driver.name, v.migration);
+            rule.metadata.owner_references = v.owner.clone().map(|o| vec![o]);
+            step.events.push(NodeEvent {
+                type_: EventType::Normal,
+                reason: "DeviceTaintRuleCreated",
+                note: format!(
+                    "evicting DRA claim holders from {name} with {}",
+                    rule.metadata.name.as_deref().unwrap_or_default()
+                ),
+            });
+            step.create_taint_rule = Some(rule);
+        }
+        Action::DeleteTaintRule => step.delete_taint_rule = true,
+        _ => {}
+    }
+
+    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
+        step.recheck_after = recheck_after(
+            &reads.pods,
+            &selection.evict,
+            &selection.terminating,
+            spec.strategy.drain.grace_period_seconds,
+            v.now,
+        );
+    }
+    if state == NodeState::Draining
+        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
+        && let Some(since) = parse_since(&pn)
+    {
+        step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
+    }
+    if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
+        // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
+        patch.metadata.resource_version = node.metadata.resource_version.clone();
+        step.patch = Some(patch);
+        step.remove_finished_canary = action == Action::Complete && spec.strategy.verify.canary.is_some();
+        let (type_, reason, note) = match &action {
+            Action::Fail { reason, message } => {
+                (EventType::Warning, reason.as_str(), format!("node {name} failed in {state:?}: {message}"))
+            }
+            Action::SwitchToDevicePlugin => (
+                EventType::Normal,
+                "BackendDevicePlugin",
+                format!("node {name} labelled back to the device plugin"),
+            ),
+            Action::CordonAndDrain => {
+                (EventType::Normal, "NodeDraining", format!("node {name}: {state:?} → Draining (cordoned)"))
+            }
+            Action::StopDevicePlugin => (
+                EventType::Normal,
+                "NodeSwitching",
+                format!(
+                    "node {name}: {state:?} → Switching; labelled {LABEL_GPU_BACKEND}={BACKEND_NONE}: the device plugin leaves first, the driver ({}) starts once it has gone",
+                    spec.driver.name
+                ),
+            ),
+            Action::StartDriver => (
+                EventType::Normal,
+                "DriverStarting",
+                format!(
+                    "node {name}: the device plugin has left (allocatable 0, no plugin pod); labelled {LABEL_GPU_BACKEND}={BACKEND_DRA} so the driver starts"
+                ),
+            ),
+            Action::Recordon => (
+                EventType::Warning,
+                "Recordoned",
+                format!(
+                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
+                ),
+            ),
+            Action::RecordSince => (
+                EventType::Normal,
+                "StateStamped",
+                format!("node {name}: state-since was missing; stamped now"),
+            ),
+            a => {
+                let to = a.next_state().unwrap_or(state);
+                (EventType::Normal, transition_reason(to), format!("node {name}: {state:?} → {to:?}"))
+            }
+        };
+        step.events.push(NodeEvent { type_, reason, note: note.clone() });
+        step.message = note;
+    }
+    step
+}
+
+fn transition_reason(to: NodeState) -> &'static str {
+    match to {
+        NodeState::Pending => "NodePending",
+        NodeState::Cordoned => "NodeCordoned",
+        NodeState::Draining => "NodeDraining",
+        NodeState::Switching => "NodeSwitching",
+        NodeState::Verifying => "NodeVerifying",
+        NodeState::Migrated => "NodeMigrated",
+        NodeState::Failed => "NodeFailed",
+        NodeState::RollingBack => "NodeRollingBack",
+        NodeState::RolledBack => "NodeRolledBack",
+    }
+}
