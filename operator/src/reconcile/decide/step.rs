@@ -204,36 +204,10 @@ pub fn node_step(
     let state = pn.state();
     let failure = pn.failure();
 
-    let mut selection = drain::Selection::default();
-    let mut claim_holders = 0;
-    match state {
-        NodeState::Draining => selection = drain::select(&reads.pods, &res, &spec.strategy.drain),
-        NodeState::Switching => {
-            // Late arrivals only: a pod the scheduler served through a claim is DRA's.
-            let late: Vec<Pod> = reads
-                .pods
-                .iter()
-                .filter(|p| p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none()))
-                .cloned()
-                .collect();
-            selection = drain::select(&late, &res, &spec.strategy.drain);
-        }
-        NodeState::RollingBack => {
-            claim_holders = reads.pods.iter().filter(|p| drain::holds_dra_claim(p)).count()
-        }
-        _ => {}
-    }
+    let (selection, claim_holders) = pods_in_play(spec, state, reads, &res);
     // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
     let attempt = parse_since(&pn).map(|t| t.as_second().to_string()).unwrap_or_default();
-    let canary = match (&spec.strategy.verify.canary, state) {
-        (Some(_), NodeState::Verifying) => match &reads.canary {
-            // Already going: wait for it to be gone before the new one.
-            Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
-            p => crate::node::canary::outcome(p.as_ref(), &attempt),
-        },
-        (Some(_), _) => Canary::Absent,
-        (None, _) => Canary::NotConfigured,
-    };
+    let canary = canary(spec, state, reads, &attempt);
 
     let alloc = overlap::allocatable(node, &res);
     // What the pool's classes select of the node's DRA devices: only a switch waiting on its
@@ -287,7 +261,88 @@ pub fn node_step(
         ..NodeStep::at_rest(&pn, last_message)
     };
 
-    match &action {
+    beside_the_node(&mut step, v, node, &action, &selection, &attempt, last_message);
+    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
+        step.recheck_after = recheck_after(
+            &reads.pods,
+            &selection.evict,
+            &selection.terminating,
+            spec.strategy.drain.grace_period_seconds,
+            v.now,
+        );
+    }
+    if state == NodeState::Draining
+        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
+        && let Some(since) = parse_since(&pn)
+    {
+        step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
+    }
+    if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
+        // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
+        patch.metadata.resource_version = node.metadata.resource_version.clone();
+        step.patch = Some(patch);
+        step.remove_finished_canary = action == Action::Complete && spec.strategy.verify.canary.is_some();
+        let (type_, reason, note) = transition_event(&action, &name, state, &spec.driver.name);
+        step.events.push(NodeEvent { type_, reason, note: note.clone() });
+        step.message = note;
+    }
+    step
+}
+
+/// The pods a step judges: those a drain moves (a switch looks only at late arrivals; a pod
+/// the scheduler served through a claim is DRA's), or, rolling back, how many hold a DRA claim.
+fn pods_in_play(
+    spec: &GpuPoolMigrationSpec,
+    state: NodeState,
+    reads: &NodeReads,
+    res: &[&str],
+) -> (drain::Selection, usize) {
+    match state {
+        NodeState::Draining => (drain::select(&reads.pods, res, &spec.strategy.drain), 0),
+        NodeState::Switching => {
+            let late: Vec<Pod> = reads
+                .pods
+                .iter()
+                .filter(|p| p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none()))
+                .cloned()
+                .collect();
+            (drain::select(&late, res, &spec.strategy.drain), 0)
+        }
+        NodeState::RollingBack => {
+            (drain::Selection::default(), reads.pods.iter().filter(|p| drain::holds_dra_claim(p)).count())
+        }
+        _ => (drain::Selection::default(), 0),
+    }
+}
+
+/// The canary of this verification attempt, as its pod reads.
+fn canary(spec: &GpuPoolMigrationSpec, state: NodeState, reads: &NodeReads, attempt: &str) -> Canary {
+    match (&spec.strategy.verify.canary, state) {
+        (Some(_), NodeState::Verifying) => match &reads.canary {
+            // Already going: wait for it to be gone before the new one.
+            Some(p) if p.metadata.deletion_timestamp.is_some() => Canary::Running,
+            p => crate::node::canary::outcome(p.as_ref(), attempt),
+        },
+        (Some(_), _) => Canary::Absent,
+        (None, _) => Canary::NotConfigured,
+    }
+}
+
+/// What an action does beside the node patch: the pods it evicts, the canary or the rollback's
+/// DeviceTaintRule it creates or deletes, and the message and event of a wait only a person can
+/// end.
+fn beside_the_node(
+    step: &mut NodeStep,
+    v: &NodeView<'_>,
+    node: &SlimNode,
+    action: &Action,
+    selection: &drain::Selection,
+    attempt: &str,
+    last_message: Option<&str>,
+) {
+    let spec = v.spec;
+    let name = node.metadata.name.clone().unwrap_or_default();
+    match action {
         Action::Wait { reason, message } => {
             step.message = format!("{reason}: {message}");
             let named = match *reason {
@@ -319,8 +374,8 @@ pub fn node_step(
                     node: &name,
                     taints: &node.taints,
                     namespace: v.canary_namespace,
-                    resource: res.first().copied().unwrap_or(NVIDIA_GPU_RESOURCE),
-                    attempt: &attempt,
+                    resource: resources(spec).first().copied().unwrap_or(NVIDIA_GPU_RESOURCE),
+                    attempt,
                 };
                 step.create_canary = Some(crate::node::canary::pod(&target, c));
                 step.message = "canary created".into();
@@ -346,75 +401,57 @@ pub fn node_step(
         Action::DeleteTaintRule => step.delete_taint_rule = true,
         _ => {}
     }
+}
 
-    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
-        step.recheck_after = recheck_after(
-            &reads.pods,
-            &selection.evict,
-            &selection.terminating,
-            spec.strategy.drain.grace_period_seconds,
-            v.now,
-        );
+/// The event a node patch makes: what the node went through, in words.
+fn transition_event(
+    action: &Action,
+    name: &str,
+    state: NodeState,
+    driver: &str,
+) -> (EventType, &'static str, String) {
+    match action {
+        Action::Fail { reason, message } => {
+            (EventType::Warning, reason.as_str(), format!("node {name} failed in {state:?}: {message}"))
+        }
+        Action::SwitchToDevicePlugin => (
+            EventType::Normal,
+            "BackendDevicePlugin",
+            format!("node {name} labelled back to the device plugin"),
+        ),
+        Action::CordonAndDrain => {
+            (EventType::Normal, "NodeDraining", format!("node {name}: {state:?} → Draining (cordoned)"))
+        }
+        Action::StopDevicePlugin => (
+            EventType::Normal,
+            "NodeSwitching",
+            format!(
+                "node {name}: {state:?} → Switching; labelled {LABEL_GPU_BACKEND}={BACKEND_NONE}: the device plugin leaves first, the driver ({}) starts once it has gone",
+                driver
+            ),
+        ),
+        Action::StartDriver => (
+            EventType::Normal,
+            "DriverStarting",
+            format!(
+                "node {name}: the device plugin has left (allocatable 0, no plugin pod); labelled {LABEL_GPU_BACKEND}={BACKEND_DRA} so the driver starts"
+            ),
+        ),
+        Action::Recordon => (
+            EventType::Warning,
+            "Recordoned",
+            format!(
+                "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
+            ),
+        ),
+        Action::RecordSince => {
+            (EventType::Normal, "StateStamped", format!("node {name}: state-since was missing; stamped now"))
+        }
+        a => {
+            let to = a.next_state().unwrap_or(state);
+            (EventType::Normal, transition_reason(to), format!("node {name}: {state:?} → {to:?}"))
+        }
     }
-    if state == NodeState::Draining
-        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
-        && let Some(since) = parse_since(&pn)
-    {
-        step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
-    }
-    if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
-        // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
-        patch.metadata.resource_version = node.metadata.resource_version.clone();
-        step.patch = Some(patch);
-        step.remove_finished_canary = action == Action::Complete && spec.strategy.verify.canary.is_some();
-        let (type_, reason, note) = match &action {
-            Action::Fail { reason, message } => {
-                (EventType::Warning, reason.as_str(), format!("node {name} failed in {state:?}: {message}"))
-            }
-            Action::SwitchToDevicePlugin => (
-                EventType::Normal,
-                "BackendDevicePlugin",
-                format!("node {name} labelled back to the device plugin"),
-            ),
-            Action::CordonAndDrain => {
-                (EventType::Normal, "NodeDraining", format!("node {name}: {state:?} → Draining (cordoned)"))
-            }
-            Action::StopDevicePlugin => (
-                EventType::Normal,
-                "NodeSwitching",
-                format!(
-                    "node {name}: {state:?} → Switching; labelled {LABEL_GPU_BACKEND}={BACKEND_NONE}: the device plugin leaves first, the driver ({}) starts once it has gone",
-                    spec.driver.name
-                ),
-            ),
-            Action::StartDriver => (
-                EventType::Normal,
-                "DriverStarting",
-                format!(
-                    "node {name}: the device plugin has left (allocatable 0, no plugin pod); labelled {LABEL_GPU_BACKEND}={BACKEND_DRA} so the driver starts"
-                ),
-            ),
-            Action::Recordon => (
-                EventType::Warning,
-                "Recordoned",
-                format!(
-                    "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
-                ),
-            ),
-            Action::RecordSince => (
-                EventType::Normal,
-                "StateStamped",
-                format!("node {name}: state-since was missing; stamped now"),
-            ),
-            a => {
-                let to = a.next_state().unwrap_or(state);
-                (EventType::Normal, transition_reason(to), format!("node {name}: {state:?} → {to:?}"))
-            }
-        };
-        step.events.push(NodeEvent { type_, reason, note: note.clone() });
-        step.message = note;
-    }
-    step
 }
 
 fn transition_reason(to: NodeState) -> &'static str {
