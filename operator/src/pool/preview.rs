@@ -28,7 +28,7 @@ use crate::pool::overlap;
 use crate::pool::placement::{self, Need, Role};
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding, Severity};
-use crate::pool::rollout::{Halt, OtherMigration};
+use crate::pool::rollout::{Halt, OtherMigration, Plan};
 use crate::pool::selectors;
 use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
 
@@ -470,8 +470,10 @@ fn placement_plans(inputs: &Inputs, judged: &gate::Gate) -> Vec<PlacementPlan> {
         .collect()
 }
 
-/// Builds the report.
-pub fn build(inputs: &Inputs) -> Result<Report, String> {
+/// The operator's own gate. Its plan is the order nodes start in once the gate opens: the
+/// preview shows every block, and the operator's first reconcile applies the DeviceClasses and
+/// the placement it manages.
+fn judge(inputs: &Inputs) -> Result<gate::Gate, String> {
     let spec = &inputs.spec;
     let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
     let consuming = |node: &str| {
@@ -484,10 +486,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     };
     let schedulable =
         |n: &SlimNode| overlap::schedulable_dra_devices(&inputs.slices, &spec.driver.name, &n.name_any());
-    // The operator's own gate. Its plan is the order nodes start in once the gate opens: the
-    // preview shows every block below, and the operator's first reconcile applies the
-    // DeviceClasses and the placement it manages.
-    let judged = gate::judge(&gate::Inputs {
+    gate::judge(&gate::Inputs {
         name: &inputs.name,
         uid: &inputs.uid,
         spec,
@@ -499,12 +498,15 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         schedulable: &schedulable,
         consuming_pods: &consuming,
         others: &inputs.others,
-    })?;
-    let p = &judged.plan;
-    let verdict = &judged.verdict;
+    })
+}
+
+/// Each selected node's part: the nodes that move, in the order and waves the operator starts
+/// them, with the pods each evicts; then those that stay (failed, refused, done). Also the
+/// summary, and the pods without a controller an eviction would lose.
+fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Vec<String>) {
     let by_name: BTreeMap<&str, &SlimNode> =
         inputs.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
-
     let mut nodes = Vec::new();
     let mut summary = Summary { nodes_selected: inputs.nodes.len() as u32, ..Default::default() };
     let mut bare = Vec::new();
@@ -596,15 +598,26 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         nodes.extend(still(name, NodeAction::Done, String::new()));
     }
 
-    let device_classes = class_plans(inputs);
-    let placement = placement_plans(inputs, &judged);
+    (nodes, summary, bare)
+}
 
+/// What keeps the pool from moving, each said as what to change: the gate's blocks, the class
+/// selectors' problems, a pause, pods an eviction would lose, no node to move, critical findings.
+fn blockers(
+    inputs: &Inputs,
+    judged: &gate::Gate,
+    device_classes: &[ClassPlan],
+    placement: &[PlacementPlan],
+    bare: &[String],
+) -> Vec<String> {
+    let spec = &inputs.spec;
+    let (p, verdict) = (&judged.plan, &judged.verdict);
     let mut blockers = Vec::new();
     // A device plugin the GPU Operator owns is a prerequisite too; its placement line says it.
     if !verdict.met && verdict.reason != placement::REASON_GPU_OPERATOR_OWNED {
         blockers.push(format!("prerequisites: {}", verdict.message));
     }
-    for c in &device_classes {
+    for c in device_classes {
         for problem in &c.selector.problems {
             blockers.push(format!("DeviceClass {} ({}): {problem}", c.name, c.extended_resource_name));
         }
@@ -615,7 +628,7 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             c.name, c.shadowed_by, c.extended_resource_name, c.shadowed_by
         ));
     }
-    for pl in &placement {
+    for pl in placement {
         match pl.action {
             // A missing DaemonSet is already a failed prerequisite.
             PlacementAction::Missing => {}
@@ -656,6 +669,20 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             "{critical} critical inventory finding(s): fix them first (the operator does not wait for them)"
         ));
     }
+    blockers
+}
+
+/// Builds the report: the operator's gate on the pool, then each node's part in the plan, then
+/// what blocks it.
+pub fn build(inputs: &Inputs) -> Result<Report, String> {
+    let spec = &inputs.spec;
+    let judged = judge(inputs)?;
+    let p = &judged.plan;
+    let verdict = &judged.verdict;
+    let (nodes, summary, bare) = node_plans(inputs, p);
+    let device_classes = class_plans(inputs);
+    let placement = placement_plans(inputs, &judged);
+    let blockers = blockers(inputs, &judged, &device_classes, &placement, &bare);
     Ok(Report {
         migration: inputs.name.clone(),
         exists: inputs.exists,
