@@ -470,6 +470,138 @@ fn undrained(o: &Observed) -> Option<Action> {
     })
 }
 
+/// Cordoned: drain once the device plugin's GPU count shows, unless the pool is held.
+fn cordoned(o: &Observed) -> Action {
+    if let Some(h) = o.hold {
+        h.wait("cordoned")
+    } else if !o.unschedulable {
+        Action::Cordon
+    } else if o.device_plugin_gpus == 0 {
+        // The switch is verified against this count; a guess would let a node with one
+        // DRA device out of eight pass.
+        wait(
+            WaitReason::GpuCountUnknown,
+            "the device plugin reports no GPUs in this node's capacity or allocatable; waiting until it does, since the switch is verified against that count",
+        )
+    } else {
+        Action::StartDrain
+    }
+}
+
+/// Draining: evict or wait until the drain is done, then switch; fail at the drain timeout.
+fn draining(o: &Observed) -> Action {
+    // A finished drain is never late: the timeout is for the drain, not for a pause.
+    let Some(undrained) = undrained(o) else {
+        return if let Some(h) = o.hold { h.wait("drained, before the switch") } else { switch_action(o) };
+    };
+    if timed_out(o) {
+        return Action::Fail {
+            reason: FailReason::DrainTimeout,
+            message: format!(
+                "drain did not finish within {}s: {} pod(s) left to evict, {} without a controller, {} blocked by emptyDir, {} terminating",
+                o.drain_timeout_seconds,
+                o.drain.to_evict,
+                o.drain.unmanaged,
+                o.drain.blocked,
+                o.drain.terminating
+            ),
+        };
+    }
+    undrained
+}
+
+/// Verifying: no device-plugin GPU may come back; the canary, where configured, must succeed.
+fn verifying(o: &Observed) -> Action {
+    if o.allocatable > 0 {
+        return Action::Fail {
+            reason: FailReason::BackendOverlap,
+            message: format!(
+                "the node advertises {} device-plugin GPU(s) again while the driver publishes {}; check that the device plugin DaemonSet avoids switchyard.dev/gpu-backend=dra",
+                o.allocatable, o.dra_devices
+            ),
+        };
+    }
+    // A canary that succeeded is a pass even when this reconcile sees it after the
+    // timeout: the operator learns of it on its next reconcile, not when it happened.
+    if matches!(o.canary, Canary::NotConfigured | Canary::Succeeded) {
+        return Action::Complete;
+    }
+    // (A node Verifying without a canary is one that entered it before Switching could
+    // complete directly; it completes above.)
+    if timed_out(o) {
+        return Action::Fail {
+            reason: FailReason::VerifyTimeout,
+            message: format!("the canary did not succeed within {}s", o.verify_timeout_seconds),
+        };
+    }
+    match &o.canary {
+        Canary::NotConfigured | Canary::Succeeded => Action::Complete,
+        Canary::Absent => Action::CreateCanary,
+        Canary::Stale => Action::DeleteCanary,
+        Canary::Running => wait(WaitReason::CanaryRunning, "waiting for the canary pod"),
+        Canary::Failed(m) => Action::Fail { reason: FailReason::CanaryFailed, message: m.clone() },
+    }
+}
+
+/// Failed: a person looks, or the node rolls back when the direction or `onFailure` says so.
+fn failed(o: &Observed) -> Action {
+    let rollback = o.direction == Direction::Rollback;
+    let roll = (rollback || o.on_failure == FailurePolicy::Rollback) && !o.failed_during_rollback;
+    if !roll {
+        wait(WaitReason::NeedsHuman, "the node failed; see status.failed and its events")
+    } else if o.backend != Backend::DevicePlugin || o.taint_rule_exists {
+        Action::StartRollback
+    } else {
+        // Failed before the switch: the device plugin never left.
+        Action::FinishRollback
+    }
+}
+
+/// RollingBack: evict DRA claim holders through the rule, hand the node back to the device
+/// plugin, and wait until the driver has left; fail at the drain and verify timeouts together.
+fn rolling_back(o: &Observed) -> Action {
+    if timed_out(o) {
+        return Action::Fail {
+            reason: FailReason::RollbackTimeout,
+            message: format!(
+                "rollback did not finish within {}s: {} pod(s) still hold DRA claims, allocatable {}",
+                o.drain_timeout_seconds + o.verify_timeout_seconds,
+                o.claim_holders,
+                o.allocatable
+            ),
+        };
+    }
+    if !o.unschedulable {
+        Action::StartRollback
+    } else if o.backend == Backend::Dra && !o.taint_rule_exists {
+        Action::CreateTaintRule
+    } else if o.claim_holders > 0 {
+        wait(
+            WaitReason::EvictingClaimHolders,
+            format!("{} pod(s) still hold DRA claims on the node", o.claim_holders),
+        )
+    } else if o.backend != Backend::DevicePlugin {
+        // From `dra`, or from `none` (a sequential switch that never started the driver).
+        Action::SwitchToDevicePlugin
+    } else if o.allocatable == 0 {
+        wait(WaitReason::WaitingForDevicePlugin, "waiting for the device plugin to advertise the GPUs again")
+    } else if o.taint_rule_exists && o.dra_devices > 0 {
+        // The rule is what keeps the scheduler off the DRA devices now that the device
+        // plugin serves the node again; it goes only once the driver has withdrawn them.
+        wait(
+            WaitReason::WaitingForDriverToLeave,
+            format!(
+                "{} DRA device(s) still published without a taint; waiting for the driver to leave",
+                o.dra_devices
+            ),
+        )
+    } else if o.taint_rule_exists {
+        Action::DeleteTaintRule
+    } else {
+        Action::FinishRollback
+    }
+}
+
 /// The next step for one node.
 pub fn next_step(o: &Observed) -> Action {
     use NodeState::*;
@@ -505,46 +637,8 @@ pub fn next_step(o: &Observed) -> Action {
         }
         // Never switched: going back is just letting the node schedule again.
         Cordoned | Draining if rollback => Action::FinishRollback,
-        Cordoned => {
-            if let Some(h) = o.hold {
-                h.wait("cordoned")
-            } else if !o.unschedulable {
-                Action::Cordon
-            } else if o.device_plugin_gpus == 0 {
-                // The switch is verified against this count; a guess would let a node with one
-                // DRA device out of eight pass.
-                wait(
-                    WaitReason::GpuCountUnknown,
-                    "the device plugin reports no GPUs in this node's capacity or allocatable; waiting until it does, since the switch is verified against that count",
-                )
-            } else {
-                Action::StartDrain
-            }
-        }
-        Draining => {
-            // A finished drain is never late: the timeout is for the drain, not for a pause.
-            let Some(undrained) = undrained(o) else {
-                return if let Some(h) = o.hold {
-                    h.wait("drained, before the switch")
-                } else {
-                    switch_action(o)
-                };
-            };
-            if timed_out(o) {
-                return Action::Fail {
-                    reason: FailReason::DrainTimeout,
-                    message: format!(
-                        "drain did not finish within {}s: {} pod(s) left to evict, {} without a controller, {} blocked by emptyDir, {} terminating",
-                        o.drain_timeout_seconds,
-                        o.drain.to_evict,
-                        o.drain.unmanaged,
-                        o.drain.blocked,
-                        o.drain.terminating
-                    ),
-                };
-            }
-            undrained
-        }
+        Cordoned => cordoned(o),
+        Draining => draining(o),
         Switching | Verifying if rollback => Action::StartRollback,
         Switching => {
             let next = switching(o);
@@ -554,37 +648,7 @@ pub fn next_step(o: &Observed) -> Action {
             let done = matches!(next, Action::Complete | Action::StartVerify);
             if timed_out(o) && !done { switch_timeout(o) } else { next }
         }
-        Verifying => {
-            if o.allocatable > 0 {
-                return Action::Fail {
-                    reason: FailReason::BackendOverlap,
-                    message: format!(
-                        "the node advertises {} device-plugin GPU(s) again while the driver publishes {}; check that the device plugin DaemonSet avoids switchyard.dev/gpu-backend=dra",
-                        o.allocatable, o.dra_devices
-                    ),
-                };
-            }
-            // A canary that succeeded is a pass even when this reconcile sees it after the
-            // timeout: the operator learns of it on its next reconcile, not when it happened.
-            if matches!(o.canary, Canary::NotConfigured | Canary::Succeeded) {
-                return Action::Complete;
-            }
-            // (A node Verifying without a canary is one that entered it before Switching could
-            // complete directly; it completes above.)
-            if timed_out(o) {
-                return Action::Fail {
-                    reason: FailReason::VerifyTimeout,
-                    message: format!("the canary did not succeed within {}s", o.verify_timeout_seconds),
-                };
-            }
-            match &o.canary {
-                Canary::NotConfigured | Canary::Succeeded => Action::Complete,
-                Canary::Absent => Action::CreateCanary,
-                Canary::Stale => Action::DeleteCanary,
-                Canary::Running => wait(WaitReason::CanaryRunning, "waiting for the canary pod"),
-                Canary::Failed(m) => Action::Fail { reason: FailReason::CanaryFailed, message: m.clone() },
-            }
-        }
+        Verifying => verifying(o),
         Migrated => {
             if rollback && o.start && o.hold.is_none() {
                 Action::StartRollback
@@ -592,62 +656,8 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::Nothing
             }
         }
-        Failed => {
-            let roll = (rollback || o.on_failure == FailurePolicy::Rollback) && !o.failed_during_rollback;
-            if !roll {
-                wait(WaitReason::NeedsHuman, "the node failed; see status.failed and its events")
-            } else if o.backend != Backend::DevicePlugin || o.taint_rule_exists {
-                Action::StartRollback
-            } else {
-                // Failed before the switch: the device plugin never left.
-                Action::FinishRollback
-            }
-        }
-        RollingBack => {
-            if timed_out(o) {
-                return Action::Fail {
-                    reason: FailReason::RollbackTimeout,
-                    message: format!(
-                        "rollback did not finish within {}s: {} pod(s) still hold DRA claims, allocatable {}",
-                        o.drain_timeout_seconds + o.verify_timeout_seconds,
-                        o.claim_holders,
-                        o.allocatable
-                    ),
-                };
-            }
-            if !o.unschedulable {
-                Action::StartRollback
-            } else if o.backend == Backend::Dra && !o.taint_rule_exists {
-                Action::CreateTaintRule
-            } else if o.claim_holders > 0 {
-                wait(
-                    WaitReason::EvictingClaimHolders,
-                    format!("{} pod(s) still hold DRA claims on the node", o.claim_holders),
-                )
-            } else if o.backend != Backend::DevicePlugin {
-                // From `dra`, or from `none` (a sequential switch that never started the driver).
-                Action::SwitchToDevicePlugin
-            } else if o.allocatable == 0 {
-                wait(
-                    WaitReason::WaitingForDevicePlugin,
-                    "waiting for the device plugin to advertise the GPUs again",
-                )
-            } else if o.taint_rule_exists && o.dra_devices > 0 {
-                // The rule is what keeps the scheduler off the DRA devices now that the device
-                // plugin serves the node again; it goes only once the driver has withdrawn them.
-                wait(
-                    WaitReason::WaitingForDriverToLeave,
-                    format!(
-                        "{} DRA device(s) still published without a taint; waiting for the driver to leave",
-                        o.dra_devices
-                    ),
-                )
-            } else if o.taint_rule_exists {
-                Action::DeleteTaintRule
-            } else {
-                Action::FinishRollback
-            }
-        }
+        Failed => failed(o),
+        RollingBack => rolling_back(o),
     }
 }
 
