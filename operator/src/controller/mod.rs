@@ -108,6 +108,96 @@ fn migrations_for_labels(
         .collect()
 }
 
+/// The migrations a DaemonSet concerns: those that name it as their driver or device plugin.
+fn migrations_for_daemon_set(
+    store: &Store<GpuPoolMigration>,
+    ds: &DaemonSet,
+) -> Vec<ObjectRef<GpuPoolMigration>> {
+    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+    store
+        .state()
+        .iter()
+        .filter(|g| {
+            let refs = [&g.spec.driver.daemon_set, &g.spec.device_plugin.daemon_set];
+            refs.iter().any(|r| r.namespace == ns && r.name == name)
+        })
+        .map(|g| ObjectRef::from_obj(g.as_ref()))
+        .collect()
+}
+
+/// The migrations a DeviceClass concerns: those with an entry of its name or its extended
+/// resource name (a class that would shadow theirs).
+fn migrations_for_device_class(
+    store: &Store<GpuPoolMigration>,
+    dc: &DeviceClass,
+) -> Vec<ObjectRef<GpuPoolMigration>> {
+    let ext = dc.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
+    let dc_name = dc.name_any();
+    store
+        .state()
+        .iter()
+        .filter(|g| {
+            g.spec
+                .resources
+                .iter()
+                .any(|r| Some(&r.extended_resource_name) == ext.as_ref() || r.device_class_name == dc_name)
+        })
+        .map(|g| ObjectRef::from_obj(g.as_ref()))
+        .collect()
+}
+
+/// The migrations a ResourceSlice concerns: those of its node, with its driver.
+fn migrations_for_slice(
+    store: &Store<GpuPoolMigration>,
+    nodes: &Store<SlimNode>,
+    rs: &ResourceSlice,
+) -> Vec<ObjectRef<GpuPoolMigration>> {
+    let Some(node) = rs.spec.node_name.as_deref() else { return Vec::new() };
+    let Some(meta) = nodes.get(&ObjectRef::new(node)) else { return Vec::new() };
+    migrations_for_labels(store, meta.labels())
+        .into_iter()
+        .filter(|r| store.get(r).is_some_and(|g| g.spec.driver.name == rs.spec.driver))
+        .collect()
+}
+
+/// Flips `ready` once the caches a reconcile reads have synced: the migrations, nodes and
+/// DaemonSets always, the DeviceClasses and ResourceSlices where resource.k8s.io/v1 serves them.
+async fn readiness(
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    client: Client,
+    store: Store<GpuPoolMigration>,
+    node_reader: Store<SlimNode>,
+    ds_reader: Store<DaemonSet>,
+    dc_reader: Store<DeviceClass>,
+    slice_reader: Store<cache::CachedSlice>,
+) {
+    // cache::ready, not Store::wait_until_ready: the controller's runner waits on the
+    // migration store too, and only one waiter is woken (see cache::ready).
+    if !cache::ready(&store).await || !cache::ready(&node_reader).await || !cache::ready(&ds_reader).await {
+        return;
+    }
+    // The DeviceClass and ResourceSlice watches can only sync where resource.k8s.io/v1
+    // serves those kinds; where it does not, the operator is still useful (it reports the
+    // missing prerequisite), so readiness waits only for the caches that can sync.
+    let served = loop {
+        match served_apis(&client).await {
+            Ok(s) => break s,
+            Err(e) => {
+                warn!(error = %e, "discovery for the readiness check failed; retrying");
+                tokio::time::sleep(READY_DISCOVERY_RETRY).await;
+            }
+        }
+    };
+    if served.device_classes && !cache::ready(&dc_reader).await {
+        return;
+    }
+    if served.resource_slices && !cache::ready(&slice_reader).await {
+        return;
+    }
+    ready.store(true, std::sync::atomic::Ordering::SeqCst);
+    info!("caches synced");
+}
+
 /// The watch of every `K` that feeds `writer`'s store, trimmed ([`cache::trim`]), backed off on
 /// its own, its errors kept out of the controller ([`watch`]); yields the objects it touched.
 fn trimmed_cache<K>(
@@ -196,75 +286,22 @@ pub async fn run(
     let s = store.clone();
     let map_node = move |n: SlimNode| migrations_for_labels(&s, n.labels());
     let s = store.clone();
-    let map_ds = move |ds: DaemonSet| {
-        let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-        s.state()
-            .iter()
-            .filter(|g| {
-                let refs = [&g.spec.driver.daemon_set, &g.spec.device_plugin.daemon_set];
-                refs.iter().any(|r| r.namespace == ns && r.name == name)
-            })
-            .map(|g| ObjectRef::from_obj(g.as_ref()))
-            .collect::<Vec<_>>()
-    };
+    let map_ds = move |ds: DaemonSet| migrations_for_daemon_set(&s, &ds);
     let s = store.clone();
-    let map_dc = move |dc: DeviceClass| {
-        let ext = dc.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
-        let dc_name = dc.name_any();
-        s.state()
-            .iter()
-            .filter(|g| {
-                g.spec.resources.iter().any(|r| {
-                    Some(&r.extended_resource_name) == ext.as_ref() || r.device_class_name == dc_name
-                })
-            })
-            .map(|g| ObjectRef::from_obj(g.as_ref()))
-            .collect::<Vec<_>>()
-    };
-    let s = store.clone();
-    let nodes_for_slices = node_reader.clone();
-    let map_slice = move |rs: ResourceSlice| {
-        let Some(node) = rs.spec.node_name.clone() else { return Vec::new() };
-        let Some(meta) = nodes_for_slices.get(&ObjectRef::new(&node)) else { return Vec::new() };
-        migrations_for_labels(&s, meta.labels())
-            .into_iter()
-            .filter(|r| s.get(r).is_some_and(|g| g.spec.driver.name == rs.spec.driver))
-            .collect()
-    };
+    let map_dc = move |dc: DeviceClass| migrations_for_device_class(&s, &dc);
+    let (s, nodes) = (store.clone(), node_reader.clone());
+    let map_slice = move |rs: ResourceSlice| migrations_for_slice(&s, &nodes, &rs);
 
     let ctx = Arc::new(Context::new(client.clone(), metrics, config, store.clone(), caches));
-    let ready_store = store.clone();
-    let ready_client = client.clone();
-    tokio::spawn(async move {
-        // cache::ready, not Store::wait_until_ready: the controller's runner waits on the
-        // migration store too, and only one waiter is woken (see cache::ready).
-        if !cache::ready(&ready_store).await
-            || !cache::ready(&node_reader).await
-            || !cache::ready(&ds_reader).await
-        {
-            return;
-        }
-        // The DeviceClass and ResourceSlice watches can only sync where resource.k8s.io/v1
-        // serves those kinds; where it does not, the operator is still useful (it reports the
-        // missing prerequisite), so readiness waits only for the caches that can sync.
-        let served = loop {
-            match served_apis(&ready_client).await {
-                Ok(s) => break s,
-                Err(e) => {
-                    warn!(error = %e, "discovery for the readiness check failed; retrying");
-                    tokio::time::sleep(READY_DISCOVERY_RETRY).await;
-                }
-            }
-        };
-        if served.device_classes && !cache::ready(&dc_reader).await {
-            return;
-        }
-        if served.resource_slices && !cache::ready(&slice_reader).await {
-            return;
-        }
-        ready.store(true, std::sync::atomic::Ordering::SeqCst);
-        info!("caches synced");
-    });
+    tokio::spawn(readiness(
+        ready,
+        client.clone(),
+        store.clone(),
+        node_reader,
+        ds_reader,
+        dc_reader,
+        slice_reader,
+    ));
 
     // kube-runtime holds the reconcile runner until the migration store has synced, and a
     // graceful shutdown waits for that runner. Where the store never syncs (the CRD is not served

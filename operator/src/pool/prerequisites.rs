@@ -125,17 +125,36 @@ fn block(reason: &'static str, message: String, warnings: Vec<String>) -> Verdic
     Verdict { met: false, reason, message, warnings }
 }
 
+/// A blocking check's reason and message.
+type Blocked = (&'static str, String);
+/// One check: it blocks, or passes and may add warnings.
+type Check = fn(&ClusterFacts, &mut Vec<String>) -> Result<(), Blocked>;
+
 /// Runs every check; the first blocking one decides reason and message.
 pub fn check(f: &ClusterFacts) -> Verdict {
     let mut warnings = Vec::new();
+    let checks: [Check; 4] = [server_version, resource_apis, nodes, daemon_sets];
+    for check in checks {
+        if let Err((reason, message)) = check(f, &mut warnings) {
+            return block(reason, message, warnings);
+        }
+    }
+    Verdict {
+        met: true,
+        reason: "AllMet",
+        message: "the cluster can serve extended resources through DRA".into(),
+        warnings,
+    }
+}
 
+/// The API server serves DRA extended resources: 1.37, or 1.36 with the gate on (probed).
+fn server_version(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
     match parse_major_minor(&f.server_git_version) {
         None => {
-            return block(
+            return Err((
                 "UnknownServerVersion",
                 format!("could not parse the API server version {:?}", f.server_git_version),
-                warnings,
-            );
+            ));
         }
         Some((1, minor)) if minor >= GA_MINOR => {}
         Some((1, BETA_MINOR)) => match f.probe {
@@ -144,38 +163,39 @@ pub fn check(f: &ClusterFacts) -> Verdict {
                 f.server_git_version
             )),
             ExtendedResourceProbe::Dropped => {
-                return block(
+                return Err((
                     "ExtendedResourceGateOff",
                     format!(
                         "API server {} drops DeviceClass spec.extendedResourceName: enable the DRAExtendedResource feature gate on kube-apiserver, kube-controller-manager, kube-scheduler and every kubelet, or upgrade to 1.37",
                         f.server_git_version
                     ),
-                    warnings,
-                );
+                ));
             }
             ExtendedResourceProbe::NotRun => {
-                return block(
+                return Err((
                     "ExtendedResourceUnverified",
                     format!(
                         "API server {} is 1.36 and the DRAExtendedResource dry-run probe could not run: grant the operator create on deviceclasses, or upgrade to 1.37",
                         f.server_git_version
                     ),
-                    warnings,
-                );
+                ));
             }
         },
         Some(_) => {
-            return block(
+            return Err((
                 "ServerTooOld",
                 format!(
                     "API server {} does not serve DRA extended resources: upgrade the control plane to 1.37 (or 1.36 with the DRAExtendedResource gate on)",
                     f.server_git_version
                 ),
-                warnings,
-            );
+            ));
         }
     }
+    Ok(())
+}
 
+/// The resource.k8s.io/v1 kinds the move needs, and DeviceTaintRules where a rollback may run.
+fn resource_apis(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
     let mut missing_apis = Vec::new();
     if !f.served.device_classes {
         missing_apis.push("deviceclasses");
@@ -187,29 +207,31 @@ pub fn check(f: &ClusterFacts) -> Verdict {
         missing_apis.push("resourceclaims");
     }
     if !missing_apis.is_empty() {
-        return block(
+        return Err((
             "ResourceApiMissing",
             format!(
                 "the API server does not serve resource.k8s.io/v1 {}: enable the resource.k8s.io/v1 API group (--runtime-config=resource.k8s.io/v1=true)",
                 missing_apis.join(", ")
             ),
-            warnings,
-        );
+        ));
     }
     if !f.served.device_taint_rules {
         let msg = "the API server does not serve resource.k8s.io/v1 devicetaintrules, which rolling a node back uses to evict DRA claim holders";
         if f.rollback_possible {
-            return block(
+            return Err((
                 "DeviceTaintRuleMissing",
                 format!(
                     "{msg}: upgrade to 1.37, or set spec.strategy.onFailure: Pause and spec.direction: Forward"
                 ),
-                warnings,
-            );
+            ));
         }
         warnings.push(msg.to_string());
     }
+    Ok(())
+}
 
+/// Every pool node's kubelet serves DRA extended resources and its runtime does CDI.
+fn nodes(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
     let mut old_kubelets = Vec::new();
     let mut beta_kubelets = Vec::new();
     let mut blocked_runtimes = Vec::new();
@@ -226,33 +248,35 @@ pub fn check(f: &ClusterFacts) -> Verdict {
         }
     }
     if !old_kubelets.is_empty() {
-        return block(
+        return Err((
             "KubeletTooOld",
             format!(
                 "kubelets older than 1.36 cannot hand DRA devices to extended-resource pods: upgrade {} to 1.37",
                 list_names(&old_kubelets)
             ),
-            warnings,
-        );
+        ));
     }
     if !beta_kubelets.is_empty() {
         if f.probe != ExtendedResourceProbe::Kept {
-            return block(
+            return Err((
                 "KubeletGateUnverified",
                 format!(
                     "kubelets on 1.36 need the DRAExtendedResource gate on and the dry-run probe did not confirm it: upgrade {} to 1.37",
                     list_names(&beta_kubelets)
                 ),
-                warnings,
-            );
+            ));
         }
         warnings
             .push(format!("kubelets on 1.36 (beta): {}; upgrade them to 1.37", list_names(&beta_kubelets)));
     }
     if !blocked_runtimes.is_empty() {
-        return block("RuntimeWithoutCdi", list_names(&blocked_runtimes), warnings);
+        return Err(("RuntimeWithoutCdi", list_names(&blocked_runtimes)));
     }
+    Ok(())
+}
 
+/// Both DaemonSets the spec names exist.
+fn daemon_sets(f: &ClusterFacts, _warnings: &mut Vec<String>) -> Result<(), Blocked> {
     let mut missing_ds = Vec::new();
     if !f.driver_daemonset_exists {
         missing_ds.push(format!(
@@ -267,19 +291,12 @@ pub fn check(f: &ClusterFacts) -> Verdict {
         ));
     }
     if !missing_ds.is_empty() {
-        return block(
+        return Err((
             "DaemonSetMissing",
             format!("{} not found: install it or fix the reference", missing_ds.join(" and ")),
-            warnings,
-        );
+        ));
     }
-
-    Verdict {
-        met: true,
-        reason: "AllMet",
-        message: "the cluster can serve extended resources through DRA".into(),
-        warnings,
-    }
+    Ok(())
 }
 
 /// Marks the warning [`with_capacity`] leaves for an acknowledged capacity change.
