@@ -19,13 +19,16 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use super::decide::{Decision, MigrationEvent, NodeEvent, NodeStep, STATUS_LIST_MAX, parse_since};
+use super::decide::{
+    Decision, MigrationEvent, NodeEvent, NodeStep, PoolMetrics, STATUS_LIST_MAX, parse_since,
+};
 use super::observe::Snapshot;
 use crate::api::v1alpha1::{GpuPoolMigration, GpuPoolMigrationStatus, NodeProgress, NodeState};
 use crate::error::{Error, Result};
 use crate::node::drain;
 use crate::node::patch::NodePatch;
 use crate::node::record::PoolNode;
+use crate::pool::gate::PlacementPatch;
 use crate::reconcile::context::{Context, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE};
 use crate::report::conditions::ConditionType;
 use crate::report::events;
@@ -56,23 +59,25 @@ pub struct NodeOutcome {
     pub events: Vec<NodeEvent>,
 }
 
-/// Carries out `d`, decided on `s`.
-pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeue> {
-    let gpm = s.gpm;
-    let name = gpm.name_any();
-    let mut status = d.status;
+/// Applies the DeviceClasses and the placement the decision asks for. The gate is closed while
+/// either is being applied, so a failure here holds the pool; it is counted and told in the
+/// condition, and retried soon. Returns how many writes failed.
+async fn apply_classes_and_placement(
+    ctx: &Context,
+    name: &str,
+    classes: &[DeviceClass],
+    placement: &[PlacementPatch],
+    status: &mut GpuPoolMigrationStatus,
+) -> usize {
     let mut errors = 0;
-
-    // DeviceClasses and placement. The gate is closed while either is being applied, so a
-    // failure here holds the pool; it is counted and told in the condition, and retried soon.
-    for dc in &d.class_applies {
+    for dc in classes {
         if let Err(e) = apply_device_class(&ctx.client, dc).await {
             errors += 1;
-            report(ctx, &name, &e);
-            note_failure(&mut status, ConditionType::DeviceClassesReady, &e);
+            report(ctx, name, &e);
+            note_failure(status, ConditionType::DeviceClassesReady, &e);
         }
     }
-    for p in &d.placement_patches {
+    for p in placement {
         let res = Api::<DaemonSet>::namespaced(ctx.client.clone(), &p.namespace)
             .patch(&p.name, &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(), &Patch::Apply(&p.patch))
             .await;
@@ -82,11 +87,65 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
                 let e =
                     Error::PatchDaemonSet { namespace: p.namespace.clone(), name: p.name.clone(), source };
                 errors += 1;
-                report(ctx, &name, &e);
-                note_failure(&mut status, ConditionType::PlacementReady, &e);
+                report(ctx, name, &e);
+                note_failure(status, ConditionType::PlacementReady, &e);
             }
         }
     }
+    errors
+}
+
+/// The status's progress lines (a node at rest is not listed, unless its step failed: a failed
+/// start keeps its error in the status until the retry lands), the soonest recheck a step asked
+/// for, and how many steps failed.
+fn progress(
+    steps: &[NodeStep],
+    outcomes: Vec<(Option<NodeOutcome>, bool)>,
+) -> (Vec<NodeProgress>, Option<std::time::Duration>, usize) {
+    let mut progress = Vec::new();
+    let mut recheck: Option<std::time::Duration> = None;
+    let mut errors = 0;
+    for (step, (out, failed)) in steps.iter().zip(outcomes) {
+        errors += usize::from(failed);
+        let Some(out) = out else { continue };
+        if let Some(r) = out.recheck_after {
+            recheck = Some(recheck.map_or(r, |x| x.min(r)));
+        }
+        let at_rest = matches!(out.state, NodeState::Migrated | NodeState::RolledBack | NodeState::Pending);
+        if !at_rest || out.message.starts_with(STEP_ERROR) {
+            progress.push(NodeProgress {
+                name: step.node.clone(),
+                state: out.state,
+                since: out.since.map(status_time),
+                message: out.message,
+            });
+        }
+    }
+    progress.truncate(STATUS_LIST_MAX);
+    (progress, recheck, errors)
+}
+
+/// The pool gauges, and which reason stalls the migration.
+fn set_metrics(ctx: &Context, name: &str, m: &PoolMetrics, status: &GpuPoolMigrationStatus) {
+    ctx.metrics.set_nodes(name, &m.per_state);
+    ctx.metrics.set_gpus(name, m.device_plugin_gpus, m.dra_gpus);
+    ctx.metrics
+        .backend_overlap_nodes
+        .get_or_create(&MigrationLabels { migration: name.to_string() })
+        .set(m.overlap_nodes);
+    let stalled = status.conditions.iter().find(|c| c.type_ == "Stalled" && c.status == "True");
+    ctx.metrics.set_stalled(name, stalled.map(|c| c.reason.as_str()));
+}
+
+/// Carries out `d`, decided on `s`.
+pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeue> {
+    let gpm = s.gpm;
+    let name = gpm.name_any();
+    let mut status = d.status;
+    let mut errors = 0;
+
+    errors +=
+        apply_classes_and_placement(ctx, &name, &d.class_applies, &d.placement_patches, &mut status).await;
 
     // Steps, up to STEP_CONCURRENCY nodes at a time, their outcomes in the decided order.
     let by_name: HashMap<&str, &SlimNode> =
@@ -112,27 +171,8 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         .filter_map(|(step, (out, _))| Some((*by_name.get(step.node.as_str())?, out.as_mut()?)))
         .flat_map(|(node, out)| std::mem::take(&mut out.events).into_iter().map(move |e| (node, e)))
         .collect();
-    let mut progress = Vec::new();
-    let mut recheck: Option<std::time::Duration> = None;
-    for (step, (out, failed)) in d.steps.iter().zip(outcomes) {
-        errors += usize::from(failed);
-        let Some(out) = out else { continue };
-        if let Some(r) = out.recheck_after {
-            recheck = Some(recheck.map_or(r, |x| x.min(r)));
-        }
-        // A node at rest is not listed, unless its step failed: a failed start keeps its error
-        // in the status until the retry lands.
-        let at_rest = matches!(out.state, NodeState::Migrated | NodeState::RolledBack | NodeState::Pending);
-        if !at_rest || out.message.starts_with(STEP_ERROR) {
-            progress.push(NodeProgress {
-                name: step.node.clone(),
-                state: out.state,
-                since: out.since.map(status_time),
-                message: out.message,
-            });
-        }
-    }
-    progress.truncate(STATUS_LIST_MAX);
+    let (progress, recheck, failed) = progress(&d.steps, outcomes);
+    errors += failed;
     status.in_progress = progress;
 
     // A status that changed only in its progress lines waits for the next write (coalesced); the
@@ -164,15 +204,7 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
         )
         .await;
 
-    let m = &d.metrics;
-    ctx.metrics.set_nodes(&name, &m.per_state);
-    ctx.metrics.set_gpus(&name, m.device_plugin_gpus, m.dra_gpus);
-    ctx.metrics
-        .backend_overlap_nodes
-        .get_or_create(&MigrationLabels { migration: name.clone() })
-        .set(m.overlap_nodes);
-    let stalled = status.conditions.iter().find(|c| c.type_ == "Stalled" && c.status == "True");
-    ctx.metrics.set_stalled(&name, stalled.map(|c| c.reason.as_str()));
+    set_metrics(ctx, &name, &d.metrics, &status);
 
     let mut next = if errors > 0 {
         // Retry the failed writes soon, with the status written and the other nodes stepped.

@@ -122,6 +122,45 @@ pub async fn client() -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+/// Serves `/metrics`, `/readyz` and `/livez` until `stop` turns true.
+async fn serve(listener: tokio::net::TcpListener, app: Router, mut stop: watch::Receiver<bool>) {
+    let res = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = res {
+        error!(error = %e, "health server failed");
+    }
+}
+
+/// Renews the lease until leadership is lost, then says so on `lost`.
+async fn keep_leading(elector: Elector, lost: watch::Sender<bool>) {
+    // Leadership is lost when another holder has the Lease, or when no renewal has
+    // succeeded for RENEW_DEADLINE; each attempt is bounded by what is left of it, so a
+    // hung request cannot outlast the lease.
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(RENEW_INTERVAL).await;
+        let left = RENEW_DEADLINE.saturating_sub(renewed.elapsed());
+        match tokio::time::timeout(left, elector.try_acquire()).await {
+            Ok(Ok(true)) => renewed = tokio::time::Instant::now(),
+            Ok(Ok(false)) => {
+                warn!("another replica holds the lease");
+                let _ = lost.send(true);
+                return;
+            }
+            Ok(Err(e)) => warn!(error = %e, "renewing the lease failed"),
+            Err(_) => warn!("renewing the lease timed out"),
+        }
+        if renewed.elapsed() >= RENEW_DEADLINE {
+            warn!(deadline = ?RENEW_DEADLINE, "no renewal within the deadline");
+            let _ = lost.send(true);
+            return;
+        }
+    }
+}
+
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let client = client().await?;
     let metrics = Arc::new(Metrics::new());
@@ -131,17 +170,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     info!(addr = %settings.metrics_addr, "serving /metrics, /readyz, /livez");
     let app = router(metrics.clone(), ready.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut http_stop = stop_rx.clone();
-    let http = tokio::spawn(async move {
-        let res = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(e) = res {
-            error!(error = %e, "health server failed");
-        }
-    });
+    let http = tokio::spawn(serve(listener, app, stop_rx.clone()));
 
     let elector = Elector::new(client.clone(), &settings.namespace, &settings.lease_name, &settings.identity);
     let term = termination();
@@ -181,31 +210,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let renew = settings.leader_election.then(|| {
         let elector =
             Elector::new(client.clone(), &settings.namespace, &settings.lease_name, &settings.identity);
-        tokio::spawn(async move {
-            // Leadership is lost when another holder has the Lease, or when no renewal has
-            // succeeded for RENEW_DEADLINE; each attempt is bounded by what is left of it, so a
-            // hung request cannot outlast the lease.
-            let mut renewed = tokio::time::Instant::now();
-            loop {
-                tokio::time::sleep(RENEW_INTERVAL).await;
-                let left = RENEW_DEADLINE.saturating_sub(renewed.elapsed());
-                match tokio::time::timeout(left, elector.try_acquire()).await {
-                    Ok(Ok(true)) => renewed = tokio::time::Instant::now(),
-                    Ok(Ok(false)) => {
-                        warn!("another replica holds the lease");
-                        let _ = lost_tx.send(true);
-                        return;
-                    }
-                    Ok(Err(e)) => warn!(error = %e, "renewing the lease failed"),
-                    Err(_) => warn!("renewing the lease timed out"),
-                }
-                if renewed.elapsed() >= RENEW_DEADLINE {
-                    warn!(deadline = ?RENEW_DEADLINE, "no renewal within the deadline");
-                    let _ = lost_tx.send(true);
-                    return;
-                }
-            }
-        })
+        tokio::spawn(keep_leading(elector, lost_tx))
     });
     let mut shutdown_stop = stop_rx.clone();
     let shutdown = async move {
