@@ -101,6 +101,28 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(out, "  warning: {w}");
     }
 
+    render_nodes(&mut out, r);
+
+    render_classes(&mut out, r);
+
+    render_placement(&mut out, r);
+
+    let _ = writeln!(out, "\nINVENTORY  {}", r.inventory.summary);
+    super::inventory::render_findings(&mut out, &r.inventory.findings, &r.inventory.skipped);
+
+    if r.blockers.is_empty() {
+        let _ = writeln!(out, "\nREADY: nothing blocks this migration.");
+    } else {
+        let _ = writeln!(out, "\nBLOCKED:");
+        for b in &r.blockers {
+            let _ = writeln!(out, "  - {b}");
+        }
+    }
+    out
+}
+
+/// The NODES section: the summary, one row a node, and the pods each node evicts.
+fn render_nodes(out: &mut String, r: &Report) {
     let s = &r.summary;
     let _ = writeln!(
         out,
@@ -138,7 +160,7 @@ pub fn render(r: &Report) -> String {
             n.note.clone(),
         ]);
     }
-    table(&mut out, "  ", &rows);
+    table(out, "  ", &rows);
     for n in r.nodes.iter().filter(|n| !n.evict.is_empty()) {
         let _ = writeln!(out, "  {} evicts:", n.name);
         for pod in &n.evict {
@@ -147,7 +169,10 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(out, "    {}/{}  [{}]", pod.namespace, pod.name, notes.join("; "));
         }
     }
+}
 
+/// The DEVICECLASSES section: what happens to each class, and what its selector selects.
+fn render_classes(out: &mut String, r: &Report) {
     let _ = writeln!(out, "\nDEVICECLASSES");
     let mut rows = Vec::new();
     for c in &r.device_classes {
@@ -179,13 +204,16 @@ pub fn render(r: &Report) -> String {
             selects,
         ]);
     }
-    table(&mut out, "  ", &rows);
+    table(out, "  ", &rows);
     for c in &r.device_classes {
         for p in &c.selector.problems {
             let _ = writeln!(out, "  {}: {p}", c.name);
         }
     }
+}
 
+/// The PLACEMENT section: what each DaemonSet needs to keep to its backend.
+fn render_placement(out: &mut String, r: &Report) {
     let _ = writeln!(out, "\nPLACEMENT");
     for pl in &r.placement {
         let what = match pl.action {
@@ -208,17 +236,4 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(out, "      {line}");
         }
     }
-
-    let _ = writeln!(out, "\nINVENTORY  {}", r.inventory.summary);
-    super::inventory::render_findings(&mut out, &r.inventory.findings, &r.inventory.skipped);
-
-    if r.blockers.is_empty() {
-        let _ = writeln!(out, "\nREADY: nothing blocks this migration.");
-    } else {
-        let _ = writeln!(out, "\nBLOCKED:");
-        for b in &r.blockers {
-            let _ = writeln!(out, "  - {b}");
-        }
-    }
-    out
 }
