@@ -105,6 +105,10 @@ impl<I: Discovery + EventSource> Agent<I> {
     ///
     /// Before the first publication the health taints our slices already carry are restored (see
     /// `HealthState::restore`), so that a restart does not make a faulty device schedulable.
+    ///
+    /// Kept whole although it is a little over 100 lines: it is the one `select!` over every event
+    /// the agent answers (rediscovery, health events, slice changes, the coexistence guard, the
+    /// stop), and each arm is a call; split, the loop's state would travel through every piece.
     pub async fn run(
         mut self,
         mut events: mpsc::Receiver<HealthEvent>,

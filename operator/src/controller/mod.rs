@@ -220,6 +220,10 @@ where
 }
 
 /// Runs the controller until `shutdown` resolves. `ready` flips to true once the caches synced.
+///
+/// Kept whole although it is over 100 lines: each watch stream's type is an unnameable chain of
+/// adapters, so the streams are built where the Controller consumes them. What can be named (the
+/// trimmed caches, the watch mappers, the readiness wait) is a function of its own.
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,

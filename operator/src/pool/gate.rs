@@ -181,6 +181,35 @@ impl Gate {
     }
 }
 
+/// The DeviceClasses to apply, each entry's class as the cluster has it now, and whether they are
+/// ready: all exist and win their names, and none is being applied.
+fn device_class_gate<N>(
+    i: &Inputs<'_, N>,
+) -> (Vec<DeviceClass>, Vec<DeviceClassStatus>, (Readiness, String)) {
+    match i.device_classes {
+        Some(all) => {
+            let existing: Vec<ClassInfo> = all.iter().map(Into::into).collect();
+            let applies: Vec<DeviceClass> =
+                device_classes::desired_all_synced(i.spec, i.name, i.uid, &existing)
+                    .into_iter()
+                    .filter(|dc| {
+                        let current = all.iter().find(|c| c.metadata.name == dc.metadata.name);
+                        device_classes::needs_apply(dc, current)
+                    })
+                    .collect();
+            let statuses = device_classes::statuses(i.spec, &existing);
+            let applying: Vec<String> = applies.iter().filter_map(|c| c.metadata.name.clone()).collect();
+            let readiness = device_classes::readiness(&statuses, &applying);
+            (applies, statuses, readiness)
+        }
+        None => (
+            Vec::new(),
+            Vec::new(),
+            (Readiness::ApiMissing, "resource.k8s.io/v1 deviceclasses is not served".to_string()),
+        ),
+    }
+}
+
 /// Judges the pool: prerequisites, DeviceClasses, placement, overlap and the rollout plan. An
 /// error is a spec the plan cannot be made from (`maxUnavailable`), said as the field's problem.
 ///
@@ -193,28 +222,7 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let verdict =
         pool_verdict(spec, i.facts, versions, i.nodes, i.driver_ds.is_some(), i.plugin_ds.is_some());
 
-    let (class_applies, class_statuses, (classes, classes_message)) = match i.device_classes {
-        Some(all) => {
-            let existing: Vec<ClassInfo> = all.iter().map(Into::into).collect();
-            let applies: Vec<DeviceClass> =
-                device_classes::desired_all_synced(spec, i.name, i.uid, &existing)
-                    .into_iter()
-                    .filter(|dc| {
-                        let current = all.iter().find(|c| c.metadata.name == dc.metadata.name);
-                        device_classes::needs_apply(dc, current)
-                    })
-                    .collect();
-            let statuses = device_classes::statuses(spec, &existing);
-            let applying: Vec<String> = applies.iter().filter_map(|c| c.metadata.name.clone()).collect();
-            let readiness = device_classes::readiness(&statuses, &applying);
-            (applies, statuses, readiness)
-        }
-        None => (
-            Vec::new(),
-            Vec::new(),
-            (Readiness::ApiMissing, "resource.k8s.io/v1 deviceclasses is not served".to_string()),
-        ),
-    };
+    let (class_applies, class_statuses, (classes, classes_message)) = device_class_gate(i);
 
     let sequential = !spec.driver.interlocked();
     let mut placement = Vec::new();

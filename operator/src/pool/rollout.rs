@@ -123,14 +123,14 @@ fn query(selector: &LabelSelector) -> Option<LabelQuery> {
     Selector::try_from(selector.clone()).ok().map(|s| LabelQuery::from(&s))
 }
 
-/// Plans one reconcile of `migration`. `nodes` are the nodes its selector selects.
-pub fn plan(
+/// The nodes this migration may move: those it owns already or that no other migration
+/// selects. A node another migration owns, or that two select, is refused: moved by neither.
+fn owned_nodes<'a>(
     migration: &str,
-    spec: &GpuPoolMigrationSpec,
-    nodes: &[PoolNode],
+    nodes: &'a [PoolNode],
     others: &[OtherMigration],
-) -> Result<Plan, String> {
-    let mut p = Plan::default();
+    refused: &mut Vec<Refusal>,
+) -> Vec<&'a PoolNode> {
     let mut owned: Vec<&PoolNode> = Vec::new();
     let others: Vec<(&str, Option<LabelQuery>)> = others
         .iter()
@@ -139,7 +139,7 @@ pub fn plan(
         .collect();
     for n in nodes {
         match n.owner() {
-            Some(o) if o != migration => p.refused.push(Refusal {
+            Some(o) if o != migration => refused.push(Refusal {
                 node: n.name.clone(),
                 message: format!("node {} belongs to GpuPoolMigration {o}", n.name),
             }),
@@ -153,7 +153,7 @@ pub fn plan(
                 if also.is_empty() {
                     owned.push(n);
                 } else {
-                    p.refused.push(Refusal {
+                    refused.push(Refusal {
                         node: n.name.clone(),
                         message: format!(
                             "node {} is also selected by GpuPoolMigration {}; a node selected by two migrations is moved by neither",
@@ -165,6 +165,18 @@ pub fn plan(
             }
         }
     }
+    owned
+}
+
+/// Plans one reconcile of `migration`. `nodes` are the nodes its selector selects.
+pub fn plan(
+    migration: &str,
+    spec: &GpuPoolMigrationSpec,
+    nodes: &[PoolNode],
+    others: &[OtherMigration],
+) -> Result<Plan, String> {
+    let mut p = Plan::default();
+    let mut owned = owned_nodes(migration, nodes, others, &mut p.refused);
     owned.sort_by(|a, b| a.name.cmp(&b.name));
     p.max_unavailable = max_unavailable(&spec.strategy.max_unavailable, owned.len())?;
 

@@ -161,6 +161,15 @@ async fn keep_leading(elector: Elector, lost: watch::Sender<bool>) {
     }
 }
 
+/// The operator process: serves `/metrics`, `/readyz` and `/livez`, stands by until it holds the
+/// lease (with `leader_election`), runs the controller, and on SIGTERM or a lost lease stops:
+/// not ready, in-flight reconciles finished (or aborted at once when the lease was lost), the
+/// lease given back. It fails when it cannot start (no API client, the port taken) and when it
+/// lost the lease, so that the pod restarts, as a standby.
+///
+/// Kept whole although it is over 100 lines: the process's life reads top to bottom, each phase
+/// handing the next its channels and its lease; the health server and the lease renewal are
+/// functions of their own.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let client = client().await?;
     let metrics = Arc::new(Metrics::new());
