@@ -1,7 +1,7 @@
 //! Switchyard driver agent: discovers a node's NVIDIA GPUs (through NVML, or simulated), publishes
 //! them as DRA ResourceSlices, and turns GPU health events into device taints.
 //!
-//! Walk: [`inventory`] (what the node has) -> [`health`] (what is wrong with it) -> [`slices`]
+//! Walk: [`discovery`] (what the node has) -> [`health`] (what is wrong with it) -> [`slices`]
 //! (pure: what to publish) -> [`publish`] (writing it) -> [`agent`] (the loop) -> [`cli`] (flags
 //! and wiring). Beside the loop, [`plugin`] is the DRA kubelet plugin: it prepares allocated claims
 //! for containers by writing [`cdi`] specs.

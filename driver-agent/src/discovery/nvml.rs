@@ -59,7 +59,7 @@ pub struct Library {
 }
 
 impl Library {
-    /// `--nvml-library` when given; else the first [`LIBRARY_NAME`] in a [`LIBRARY_DIRS`] entry
+    /// `--nvml-library` when given; else the first [`LIBRARY_NAME`] in a `LIBRARY_DIRS` entry
     /// of `--driver-root`; else the loader's search path.
     pub fn resolve(explicit: Option<&Path>, driver_root: Option<&Path>) -> Library {
         if let Some(p) = explicit {

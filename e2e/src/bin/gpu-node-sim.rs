@@ -10,10 +10,10 @@ use switchyard_e2e::sim::{DaemonSetKey, GpuLayout, SimConfig, SimNode, Simulator
 #[derive(Parser)]
 #[command(about = "Simulated GPU nodes for a real Kubernetes control plane (stands in for the kubelet)")]
 struct Args {
-    /// Instance name; nodes are labelled sim.switchyard.dev/instance=<instance>.
+    /// Instance name; nodes are labelled sim.switchyard.dev/instance=`<instance>`.
     #[arg(long, default_value = "demo")]
     instance: String,
-    /// Node name prefix; nodes are <prefix>-0 .. <prefix>-(N-1).
+    /// Node name prefix; nodes are `<prefix>-0` .. `<prefix>-(N-1)`.
     #[arg(long, default_value = "gpu-node")]
     prefix: String,
     /// Number of nodes to create (0: only adopt existing ones).

@@ -99,7 +99,7 @@ const READY_POLL: Duration = Duration::from_millis(250);
 /// by every clone of the store, and that receiver keeps only the waker of the task that polled it
 /// last. The controller's runner waits on the migration store too, so a second waiter (the
 /// readiness task, or concurrent reconciles) can sleep forever after the store became ready: the
-/// operator then never reported Ready. Polling again every [`READY_POLL`] registers this task's
+/// operator then never reported Ready. Polling again every `READY_POLL` registers this task's
 /// waker anew and sees the value once it is there.
 pub async fn ready<K>(store: &Store<K>) -> bool
 where

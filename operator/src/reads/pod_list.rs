@@ -9,7 +9,7 @@
 //! names and resources, its volumes' names and emptyDir, its resource claims; its phase and
 //! extended-resource claim status. A pod made by [`PodFields::into_pod`] has nothing else set.
 //! The drain's own per-node LIST reads pods the same way ([`list_node`]). Pages are asked for in
-//! the API server's protobuf encoding and read into the same fields ([`proto`]).
+//! the API server's protobuf encoding and read into the same fields (`pod_list::proto`).
 
 use std::collections::BTreeMap;
 
@@ -144,7 +144,7 @@ impl PodFields {
 }
 
 /// One page of a cluster-wide pod LIST with `lp` (its field selector, limit and continue token),
-/// asked for in protobuf ([`proto`]: a quarter of the bytes, and far less of the API server's
+/// asked for in protobuf (`proto`: a quarter of the bytes, and far less of the API server's
 /// time than JSON); a JSON answer is read as JSON.
 pub async fn list_page(client: &Client, lp: &ListParams) -> Result<PodPage, kube::Error> {
     let mut request = Request::new("/api/v1/pods").list(lp).map_err(kube::Error::BuildRequest)?;

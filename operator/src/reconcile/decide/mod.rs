@@ -1,8 +1,8 @@
 //! Decide: pure. From one [`Snapshot`] it says everything a reconcile does: the DeviceClasses
 //! and DaemonSet placement to apply, whether the gate is open and what holds the pool
 //! ([`gate::judge`], the same judgement `switchyard plan` shows), each moving node's one action
-//! with the node patch and events it makes ([`step`]), the status, the migration's events and the
-//! metrics ([`report`]). `execute` carries it out; nothing here reads the API.
+//! with the node patch and events it makes (`step`), the status, the migration's events and the
+//! metrics (`report`). `execute` carries it out; nothing here reads the API.
 
 mod report;
 mod step;
