@@ -35,6 +35,11 @@ check-generated: ## Fail when crds/ or docs/reference/api.md has drifted from th
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
+	@# Every module says what it owns in a //! line at its top.
+	@missing=$$(for f in $$(git ls-files 'api/src/*.rs' 'operator/src/*.rs' 'cli/src/*.rs' 'driver-agent/src/*.rs' 'e2e/src/*.rs'); do \
+	  head -1 "$$f" | grep -q '^//!' || echo "$$f"; done); \
+	  if [ -n "$$missing" ]; then echo "lint: modules without a //! line: $$missing" >&2; exit 1; fi
 	@# The CLI uses the operator's judgements and reads, never its process (allocator, HTTP server).
 	@if $(CARGO) tree -p switchyard-cli -e normal --prefix none | grep -E '^(axum|tikv-jemalloc)'; then \
 	  echo "lint: switchyard-cli links the operator process's allocator or HTTP server (see operator/Cargo.toml, feature runtime)" >&2; exit 1; fi

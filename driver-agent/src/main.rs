@@ -1,3 +1,6 @@
+//! `switchyard-driver-agent`: parses flags and runs the node agent (or, with `--dry-run`, prints
+//! what it would publish).
+
 use clap::Parser;
 use switchyard_driver_agent::cli::{self, Args};
 
