@@ -10,7 +10,7 @@ import (
 )
 
 // inventoryFile is the part of the driver agent's simulated-inventory YAML that this plugin uses
-// (see driver-agent/src/inventory/simulated.rs). Other keys are ignored.
+// (see driver-agent/src/discovery/simulated.rs). Other keys are ignored.
 type inventoryFile struct {
 	GPUs []inventoryGPU `json:"gpus"`
 }

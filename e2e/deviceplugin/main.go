@@ -3,7 +3,7 @@
 // It speaks the real kubelet device-plugin API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1),
 // so that a real kubelet's device manager sets the node's capacity and allocatable for
 // nvidia.com/gpu and nvidia.com/mig-<profile> (NVIDIA's "mixed" MIG strategy). The GPUs come from
-// the driver agent's simulated-inventory YAML file (driver-agent/src/inventory/simulated.rs),
+// the driver agent's simulated-inventory YAML file (driver-agent/src/discovery/simulated.rs),
 // re-read every --resync.
 //
 // What it fakes: there are no GPUs and no NVIDIA driver. Every device is always Healthy, and the
