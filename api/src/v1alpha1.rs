@@ -37,6 +37,7 @@ const DNS_SUBDOMAIN_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z
     printcolumn = r#"{"name": "Failed", "type": "integer", "jsonPath": ".status.nodes.failed", "description": "Nodes that failed to move"}"#,
     printcolumn = r#"{"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason", "description": "Why the migration is not Ready: what it waits for, or what stalls it (Stalled has the same reason and the message)"}"#,
     printcolumn = r#"{"name": "Paused", "type": "boolean", "priority": 1, "jsonPath": ".spec.paused", "description": "spec.paused"}"#,
+    printcolumn = r#"{"name": "Refused", "type": "integer", "jsonPath": ".status.nodes.refused", "description": "Selected nodes this migration will not move: another migration owns or also selects them"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -470,6 +471,11 @@ pub struct NodeCounts {
     pub migrated: i32,
     /// Nodes that failed to move.
     pub failed: i32,
+    /// Selected nodes this migration will not move: another GpuPoolMigration owns them, or also
+    /// selects them (a node two migrations select is moved by neither). While any is refused the
+    /// migration is neither Completed nor RolledBack; the NodeConflict condition names them.
+    #[serde(default)]
+    pub refused: i32,
 }
 
 /// The per-node state machine, recorded on each Node in `switchyard.dev/migration-state`.

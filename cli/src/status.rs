@@ -300,6 +300,9 @@ fn details(s: &Snapshot) -> String {
     if s.counts.failed > 0 {
         out.push_str(&format!(", {} failed", s.counts.failed));
     }
+    if s.counts.refused > 0 {
+        out.push_str(&format!(", {} refused", s.counts.refused));
+    }
     if s.paused && s.phase != Some(Phase::Paused) {
         out.push_str(", paused");
     }
@@ -929,6 +932,25 @@ mod tests {
         assert!(s.stale);
         assert_eq!(exit_code(&s), None);
         assert!(summary(&s).contains("not yet updated"), "{}", summary(&s));
+    }
+
+    #[test]
+    fn refused_nodes_are_counted_and_a_pool_that_moves_none_of_them_has_not_succeeded() {
+        let g = gpm(
+            "Forward",
+            1,
+            json!({"observedGeneration": 1, "phase": "Failed",
+                   "nodes": {"total": 0, "pending": 0, "inProgress": 0, "migrated": 0, "failed": 0, "refused": 2},
+                   "conditions": [cond("Stalled", "True", "NodesRefused", "2 selected node(s) are refused", 0)]}),
+        );
+        let s = snapshot(&g, at(0));
+        assert_eq!(s.counts.refused, 2);
+        assert!(
+            summary(&s).starts_with("Failed 0/0 migrated, 2 refused - Stalled (NodesRefused)"),
+            "{}",
+            summary(&s)
+        );
+        assert_eq!(exit_code(&s), Some(2), "Failed is not success");
     }
 
     #[test]

@@ -29,6 +29,7 @@ var want = map[string]status.Status{
 	"paused.yaml":      status.InProgressStatus, // Ready=False: see above
 	"stalled.yaml":     status.FailedStatus,     // Stalled=True
 	"failed.yaml":      status.FailedStatus,
+	"refused.yaml":     status.FailedStatus, // Stalled=True: selected nodes are refused
 	"overlap.yaml":     status.FailedStatus,
 	// Recorded from real migrations by e2e/tests/migration.rs.
 	"recorded-progressing.yaml": status.InProgressStatus,

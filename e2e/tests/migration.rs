@@ -771,14 +771,15 @@ async fn a_gpu_operator_device_plugin_is_refused_under_managed_and_switched_by_i
                 "FAILED",
                 "REASON",
                 "PAUSED",
+                "REFUSED",
                 "AGE"
             ],
             "{table}"
         );
         let row = lines.next().unwrap_or_default();
         assert_eq!(
-            &row[..row.len().min(9)],
-            [name.as_str(), "Pending", "Forward", "0", "3", "0", "0", "PrerequisitesNotMet", "false"],
+            &row[..row.len().min(10)],
+            [name.as_str(), "Pending", "Forward", "0", "3", "0", "0", "PrerequisitesNotMet", "false", "0"],
             "{table}"
         );
         let (code, plan) = plan_json(&name).await?;
@@ -983,6 +984,23 @@ async fn two_migrations_selecting_the_same_nodes_conflict_and_move_nothing() -> 
                 reasons.iter().any(|(r, _)| r == "NodeConflict"),
                 "{me}: no NodeConflict event: {reasons:?}"
             );
+            // Moving nothing is not success: the refused nodes are counted, and kstatus (Stalled),
+            // the phase and Argo CD's health say a person must act.
+            let g = pool
+                .wait_status(me, "Stalled=True (NodesRefused)", MIGRATION, |g| {
+                    condition(g, "Stalled").is_some_and(|c| c.status == "True" && c.reason == "NodesRefused")
+                })
+                .await?;
+            let st = g.status.as_ref().unwrap();
+            assert_eq!(st.phase, Some(Phase::Failed), "{me}: {st:?}");
+            assert_eq!(
+                (st.nodes.total, st.nodes.refused),
+                (0, pool.nodes.len() as i32),
+                "{me}: {:?}",
+                st.nodes
+            );
+            let ready = condition(&g, "Ready").unwrap();
+            assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NodesRefused"), "{me}");
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
         for (node, state) in node_states(&pool.client, pool).await? {

@@ -175,6 +175,14 @@ impl Gate {
             Some(("BackendOverlap", o.to_string()))
         } else if p.done() && !p.failed.is_empty() {
             Some(("NodesFailed", format!("{} node(s) failed to move; see status.failed", p.failed.len())))
+        } else if p.done() && !p.refused.is_empty() {
+            Some((
+                "NodesRefused",
+                format!(
+                    "{} selected node(s) are refused: another GpuPoolMigration owns them or also selects them, so this migration cannot finish; see the NodeConflict condition, then delete one of the migrations or create one whose selector leaves them out",
+                    p.refused.len()
+                ),
+            ))
         } else {
             None
         }

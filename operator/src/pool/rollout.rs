@@ -178,6 +178,7 @@ pub fn plan(
     let mut p = Plan::default();
     let mut owned = owned_nodes(migration, nodes, others, &mut p.refused);
     owned.sort_by(|a, b| a.name.cmp(&b.name));
+    p.counts.refused = i32::try_from(p.refused.len()).unwrap_or(i32::MAX);
     p.max_unavailable = max_unavailable(&spec.strategy.max_unavailable, owned.len())?;
 
     let mut candidates = Vec::new();
@@ -566,7 +567,10 @@ mod tests {
         assert_eq!(p.halt, Some(Halt::NodeFailed("a".into())));
         assert!(p.to_start.is_empty());
         assert_eq!(p.failed, vec!["a"]);
-        assert_eq!(p.counts, NodeCounts { total: 2, pending: 1, in_progress: 0, migrated: 0, failed: 1 });
+        assert_eq!(
+            p.counts,
+            NodeCounts { total: 2, pending: 1, in_progress: 0, migrated: 0, failed: 1, refused: 0 }
+        );
 
         let mut s = spec(IntOrString::Int(3));
         s.strategy.on_failure = FailurePolicy::Rollback;

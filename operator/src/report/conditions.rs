@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ConditionType {
     /// True when the migration reached its goal: every pool node is served by the backend that
-    /// `spec.direction` asks for, with nothing in flight and nothing failed.
+    /// `spec.direction` asks for, with nothing in flight, nothing failed and no selected node
+    /// refused (another migration owns it or also selects it).
     Ready,
     /// True only while Switchyard is actively moving nodes or applying objects and expects to
     /// make progress without help.

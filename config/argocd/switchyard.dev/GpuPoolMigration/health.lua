@@ -50,6 +50,9 @@ local function counts()
   if (n.failed or 0) > 0 then
     msg = msg .. string.format(", %d failed", n.failed)
   end
+  if (n.refused or 0) > 0 then
+    msg = msg .. string.format(", %d refused", n.refused)
+  end
   return msg
 end
 

@@ -780,6 +780,59 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_with_refused_nodes_is_never_completed() {
+        let other = || OtherMigration {
+            name: "pool-b".into(),
+            selector: from(json!({"matchLabels": {"pool": "a100"}})),
+        };
+        // Every selected node is refused: nothing to move, and nothing moved.
+        let mut w = world(json!({}));
+        w.others = vec![other()];
+        let d = decide(&w);
+        assert_eq!(d.status.phase, Some(Phase::Failed), "{:?}", d.status.phase);
+        assert_eq!((d.status.nodes.total, d.status.nodes.refused), (0, 2));
+        let stalled = condition(&d, ConditionType::Stalled);
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "NodesRefused"));
+        assert!(stalled.message.starts_with("2 selected node(s) are refused"), "{}", stalled.message);
+        let ready = condition(&d, ConditionType::Ready);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NodesRefused"));
+
+        // One node moved, the other belongs to another migration: not Completed either.
+        let mut w = world(json!({}));
+        w.nodes = vec![
+            node(
+                "n1",
+                Some("Migrated"),
+                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}}),
+            ),
+            node("n2", None, json!({"metadata": {"labels": {LABEL_MIGRATION: "pool-b"}}})),
+        ];
+        let d = decide(&w);
+        assert_eq!((d.status.nodes.migrated, d.status.nodes.refused), (1, 1));
+        assert_eq!(d.status.phase, Some(Phase::Failed));
+        assert_eq!(condition(&d, ConditionType::Stalled).reason, "NodesRefused");
+        assert_eq!(condition(&d, ConditionType::Ready).status, "False");
+
+        // Without the other migration the same pool completes.
+        let mut w = world(json!({}));
+        w.nodes = vec![
+            node(
+                "n1",
+                Some("Migrated"),
+                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}}),
+            ),
+            node(
+                "n2",
+                Some("Migrated"),
+                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}}),
+            ),
+        ];
+        let d = decide(&w);
+        assert_eq!((d.status.phase, d.status.nodes.refused), (Some(Phase::Completed), 0));
+        assert_eq!(condition(&d, ConditionType::Ready).status, "True");
+    }
+
+    #[test]
     fn an_invalid_budget_is_an_invalid_spec() {
         let w = world(json!({"strategy": {"maxUnavailable": "150%"}}));
         let s = crate::testing::snapshot(&w.gpm, w.nodes.clone(), NOW);

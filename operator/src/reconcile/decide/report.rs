@@ -176,7 +176,7 @@ fn conditions(
         } else {
             queued_message(p, gate.open, moving).map(|m| ("WaitingForNodes".to_string(), m))
         },
-        done: p.done() && !p.owned.is_empty(),
+        done: p.done() && !p.owned.is_empty() && p.refused.is_empty(),
     };
     let mut desired: Vec<Desired> = conditions::kstatus(&kp).into();
     desired.push(Desired::new(
@@ -402,7 +402,8 @@ pub fn phase(spec: &GpuPoolMigrationSpec, p: &rollout::Plan, gate_open: bool) ->
     if !gate_open && !moving && !p.done() {
         return Phase::Pending;
     }
-    match (spec.direction, p.done(), p.failed.is_empty()) {
+    // Refused nodes are never moved: a pool with any cannot reach its goal without a person.
+    match (spec.direction, p.done(), p.failed.is_empty() && p.refused.is_empty()) {
         (_, true, false) => Phase::Failed,
         (Direction::Forward, true, true) => Phase::Completed,
         (Direction::Forward, false, _) => Phase::Progressing,
