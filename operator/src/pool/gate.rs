@@ -136,6 +136,8 @@ pub struct Gate {
     pub placement_reason: &'static str,
     /// Nodes served by both backends (a node mid-switch is allowed both for the seconds it takes).
     pub overlaps: Vec<Overlap>,
+    /// The pool's nodes as the plan read them, with their consuming pods.
+    pub pool: Vec<PoolNode>,
     /// The rollout plan of the pool, as if the gate were open.
     pub plan: Plan,
     /// Whether new nodes may start: every check above passes.
@@ -301,6 +303,7 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
         placement_ready,
         placement_reason,
         overlaps,
+        pool,
         plan,
         open,
     })

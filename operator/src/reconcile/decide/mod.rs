@@ -798,13 +798,13 @@ mod tests {
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NodesRefused"));
 
         // One node moved, the other belongs to another migration: not Completed either.
+        let migrated = |name: &str| {
+            let on_dra = json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}});
+            node(name, Some("Migrated"), on_dra)
+        };
         let mut w = world(json!({}));
         w.nodes = vec![
-            node(
-                "n1",
-                Some("Migrated"),
-                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}}),
-            ),
+            migrated("n1"),
             node("n2", None, json!({"metadata": {"labels": {LABEL_MIGRATION: "pool-b"}}})),
         ];
         let d = decide(&w);
@@ -815,18 +815,7 @@ mod tests {
 
         // Without the other migration the same pool completes.
         let mut w = world(json!({}));
-        w.nodes = vec![
-            node(
-                "n1",
-                Some("Migrated"),
-                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}}),
-            ),
-            node(
-                "n2",
-                Some("Migrated"),
-                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}}),
-            ),
-        ];
+        w.nodes = vec![migrated("n1"), migrated("n2")];
         let d = decide(&w);
         assert_eq!((d.status.phase, d.status.nodes.refused), (Some(Phase::Completed), 0));
         assert_eq!(condition(&d, ConditionType::Ready).status, "True");

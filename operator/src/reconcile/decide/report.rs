@@ -48,15 +48,7 @@ pub(super) fn report(
     p: &Plan,
 ) -> Report {
     let spec = &s.gpm.spec;
-    let pool: Vec<PoolNode> = s
-        .nodes
-        .iter()
-        .map(|n| {
-            let mut pn = PoolNode::from_node(n);
-            pn.consuming_pods = s.consuming_pods.get(&pn.name).copied().unwrap_or_default();
-            pn
-        })
-        .collect();
+    let pool = &gate.pool;
     let findings = Findings::new(s, name, gate);
     let conflict = conflict(p);
     let desired = conditions(s, gate, needs_human, p, &findings, conflict.as_deref());
@@ -66,13 +58,13 @@ pub(super) fn report(
         phase: Some(phase(spec, p, gate.open)),
         nodes: p.counts,
         in_progress: Vec::new(),
-        failed: failed(&pool, p),
+        failed: failed(pool, p),
         device_classes: gate.class_statuses.clone(),
         conditions: conditions::merge(&old.conditions, &desired, s.gpm.metadata.generation, &Time(s.now)),
     };
     let mut events = removed_nodes(s);
     events.extend(changes(&old, gate, p, &findings, conflict));
-    Report { status, events, metrics: metrics(s, &pool, p, gate) }
+    Report { status, events, metrics: metrics(s, pool, p, gate) }
 }
 
 /// A node that was mid-move at the last status and is no longer in the pool was deleted (or
