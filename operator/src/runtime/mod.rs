@@ -82,11 +82,15 @@ pub fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-async fn termination() {
+/// SIGTERM or Ctrl-C. The SIGTERM handler is installed when this is called, not when the future is
+/// first polled: a kubelet's SIGTERM that arrives while the process is still starting is kept and
+/// ends the run, instead of killing the process with the default action.
+fn termination() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        #[cfg(unix)]
+        match term {
             Ok(mut term) => {
                 tokio::select! {
                     _ = term.recv() => {}
@@ -98,15 +102,13 @@ async fn termination() {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
-/// Runs the operator until SIGTERM. Returns an error when leadership is lost, so that the
-/// process restarts instead of two replicas acting at once.
 /// The API client. kube's default retry layer is off: it retries 429 up to 15 times with a
 /// backoff that grows to minutes, and a PodDisruptionBudget refusing an eviction answers 429. The
 /// reconciler must see that answer at once (to report the blocking PDB and requeue); its own
@@ -171,6 +173,9 @@ async fn keep_leading(elector: Elector, lost: watch::Sender<bool>) {
 /// handing the next its channels and its lease; the health server and the lease renewal are
 /// functions of their own.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    // Listening for SIGTERM before anything else: a stop during start-up is a clean stop too.
+    let term = termination();
+    tokio::pin!(term);
     let client = client().await?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
@@ -182,8 +187,6 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let http = tokio::spawn(serve(listener, app, stop_rx.clone()));
 
     let elector = Elector::new(client.clone(), &settings.namespace, &settings.lease_name, &settings.identity);
-    let term = termination();
-    tokio::pin!(term);
     if settings.leader_election {
         info!(lease = %settings.lease_name, identity = %settings.identity, "waiting for leadership");
         loop {
