@@ -11,8 +11,9 @@
 //!   A pod with `restartPolicy: Never` (a canary) is marked `Succeeded`, exit code 0, a second later
 //!   (or never, on a node given to [`Simulator::hang_run_once_pods`]).
 //!   A deleted pod is removed for good once its `deletionGracePeriodSeconds` have passed, as the
-//!   kubelet does after stopping the containers; like the kubelet, it retries that final DELETE
-//!   until the API server takes it (a pod evicted just before an API-server restart).
+//!   kubelet does after stopping the containers. Like the kubelet, it retries that final DELETE
+//!   and every status write until the API server takes it (a pod evicted, or bound, just before
+//!   an API-server restart).
 //! - **Admission.** Before it marks a pod `Running` it checks, as the kubelet does, that the pod's
 //!   device-plugin resources (`nvidia.com/…` without an `extendedResourceClaimStatus`) fit what
 //!   the node's plugin advertises less what admitted pods use. A pod that does not fit (one a
@@ -864,19 +865,11 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
                         };
                         // A real kubelet keeps trying until the API server takes the final
                         // DELETE: one sent while it restarts must not leave the pod Terminating.
-                        let mut retry = Duration::from_millis(250);
-                        loop {
-                            match pods.delete(&name, &dp).await {
-                                Ok(_) => break,
-                                // Gone already, or a new pod of the same name (uid precondition).
-                                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => break,
-                                Err(e) => {
-                                    tracing::debug!(pod = %name, error = %e, "final delete failed; retrying");
-                                    tokio::time::sleep(retry).await;
-                                    retry = (retry * 2).min(Duration::from_secs(2));
-                                }
-                            }
-                        }
+                        // 404: gone already; 409: a new pod of the same name (uid precondition).
+                        until_taken("final delete", &name, || async {
+                            pods.delete(&name, &dp).await.map(drop)
+                        })
+                        .await;
                     }),
                 );
             }
@@ -898,13 +891,11 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
                 let (client, marking, slots) = (client.clone(), marking.clone(), slots.clone());
                 tokio::spawn(async move {
                     let _slot = slots.acquire().await;
-                    let written = match &admitted {
-                        Ok(()) => mark_running(&client, &pod).await,
-                        Err(rejection) => mark_rejected(&client, &pod, rejection).await,
+                    let status = match &admitted {
+                        Ok(()) => running_status(&pod),
+                        Err(rejection) => rejected_status(&pod, rejection),
                     };
-                    if let Err(e) = written {
-                        tracing::warn!(pod = %pod.name_any(), error = %e, "could not write the pod's status");
-                    }
+                    write_pod_status(&client, &pod, &status).await;
                     marking.lock().unwrap().remove(&pod.uid().unwrap_or_default());
                 });
             }
@@ -923,9 +914,7 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
             let client = client.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(RUN_ONCE_DURATION).await;
-                if let Err(e) = mark_succeeded(&client, &pod).await {
-                    tracing::warn!(pod = %pod.name_any(), error = %e, "could not mark pod succeeded");
-                }
+                write_pod_status(&client, &pod, &succeeded_status(&pod)).await;
             });
         }
         if role != Role::Workload {
@@ -939,7 +928,8 @@ async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, c
 /// How long a simulated run-to-completion container runs before it exits 0.
 const RUN_ONCE_DURATION: Duration = Duration::from_secs(1);
 
-async fn mark_succeeded(client: &Client, pod: &Pod) -> anyhow::Result<()> {
+/// The status the kubelet writes when a pod's containers all exit 0.
+fn succeeded_status(pod: &Pod) -> serde_json::Value {
     let now = Utc::now();
     let containers = pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
     let statuses: Vec<_> = containers
@@ -950,26 +940,20 @@ async fn mark_succeeded(client: &Client, pod: &Pod) -> anyhow::Result<()> {
                    "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}}})
         })
         .collect();
-    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": statuses,
+    json!({"status": {"phase": "Succeeded", "containerStatuses": statuses,
         "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
-                       {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}]}});
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
-    Ok(())
+                       {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}]}})
 }
 
-/// Writes the status the kubelet writes for a pod it rejects at admission: `Failed`, with the
+/// The status the kubelet writes for a pod it rejects at admission: `Failed`, with the
 /// rejection's reason and message.
-async fn mark_rejected(client: &Client, pod: &Pod, rejection: &Rejection) -> anyhow::Result<()> {
+fn rejected_status(pod: &Pod, rejection: &Rejection) -> serde_json::Value {
     tracing::info!(pod = %pod.name_any(), reason = %rejection.reason, "pod rejected at admission");
-    let status =
-        json!({"status": {"phase": "Failed", "reason": rejection.reason, "message": rejection.message}});
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
-    Ok(())
+    json!({"status": {"phase": "Failed", "reason": rejection.reason, "message": rejection.message}})
 }
 
-async fn mark_running(client: &Client, pod: &Pod) -> anyhow::Result<()> {
+/// The status the kubelet writes once a pod's containers run and are ready.
+fn running_status(pod: &Pod) -> serde_json::Value {
     let now = Utc::now();
     let containers = pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
     let statuses: Vec<_> = containers
@@ -980,14 +964,49 @@ async fn mark_running(client: &Client, pod: &Pod) -> anyhow::Result<()> {
         })
         .collect();
     let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
-    let status = json!({"status": {
+    json!({"status": {
         "phase": "Running", "hostIP": "127.0.0.1", "podIP": "10.244.0.1", "startTime": now,
         "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("ContainersReady"), cond("Ready"), cond("PodScheduled")],
         "containerStatuses": statuses,
-    }});
+    }})
+}
+
+/// Writes a pod's status as the kubelet's status manager does: it keeps trying until the API
+/// server takes the write, so one sent while the API server restarts does not leave the pod
+/// `Pending` (no later watch event need come to ask again). Stops when the pod is gone or
+/// replaced.
+async fn write_pod_status(client: &Client, pod: &Pod, status: &serde_json::Value) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
-    Ok(())
+    let name = pod.name_any();
+    // The uid is a precondition, as in the kubelet's status patches: a write retried after the
+    // pod was replaced by one of the same name is refused (409) instead of landing on the new pod.
+    let mut patch = status.clone();
+    patch["metadata"] = json!({"uid": pod.uid()});
+    until_taken("status write", &name, || async {
+        pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+    })
+    .await;
+}
+
+/// Repeats a kubelet write, backing off from 250 ms to 2 s, until the API server takes it or
+/// answers that its object is gone (404) or was replaced (409).
+async fn until_taken<F, Fut>(what: &str, pod: &str, mut write: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    let mut retry = Duration::from_millis(250);
+    loop {
+        match write().await {
+            Ok(()) => return,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return,
+            Err(e) => {
+                tracing::debug!(pod, error = %e, "{what} failed; retrying");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
 }
 
 /// Keeps each node's device-plugin resources and DRA slices in line with the plugin pods that
