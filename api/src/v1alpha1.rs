@@ -433,7 +433,8 @@ pub struct GpuPoolMigrationStatus {
 
     /// Ready, Reconciling and Stalled (kstatus), and PrerequisitesMet, DeviceClassesReady,
     /// PlacementReady, BackendOverlap (True is a fault), NodeConflict (nodes another migration
-    /// also selects) and InventoryFindings (warnings that do not block).
+    /// also selects), InventoryFindings (warnings that do not block) and, going forward,
+    /// DevicePluginRemovable (the device plugin serves no node any more and may be deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

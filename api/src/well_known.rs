@@ -75,6 +75,8 @@ pub const TAINT_KEY_DEVICE_PLUGIN_ACTIVE: &str = "device-plugin-active";
 
 /// The extended resource the NVIDIA device plugin advertises for a full GPU.
 pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The driver name of NVIDIA's DRA driver for GPUs (`k8s-dra-driver-gpu`).
+pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
 
 /// Label on every ResourceSlice the driver agent writes, valued [`AGENT_FIELD_MANAGER`]. The agent
 /// lists by it (plus node name and driver) to find and delete its own stale slices, and never touches

@@ -227,6 +227,7 @@ fn render_placement(out: &mut String, r: &Report) {
             }
             PlacementAction::UseGpuOperatorPlacement => "REFUSED: set spec.placement: GpuOperator",
             PlacementAction::Missing => "MISSING: the DaemonSet does not exist",
+            PlacementAction::Removed => "removed, and no longer needed",
         };
         let _ = writeln!(out, "  {} DaemonSet {}: {what}", pl.role, pl.daemon_set);
         for line in pl.message.lines() {

@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub failed: Vec<FailedLine>,
     /// `lastTransitionTime` of `Reconciling` while it is True: when nodes began moving.
     pub moving_since: Option<Timestamp>,
+    /// The `DevicePluginRemovable` message while it is True: the runbook's last step may run.
+    pub device_plugin_removable: Option<String>,
 }
 
 /// A condition that explains why a migration does not move.
@@ -182,6 +184,8 @@ pub fn snapshot(gpm: &GpuPoolMigration, now: Timestamp) -> Snapshot {
             })
             .collect(),
         moving_since: reconciling.map(|c| c.last_transition_time.0),
+        device_plugin_removable: find(ConditionType::DevicePluginRemovable, "True")
+            .map(|c| one_line(&c.message)),
     }
 }
 
@@ -375,13 +379,20 @@ pub fn final_line(s: &Snapshot, elapsed: Option<u64>) -> String {
     out
 }
 
-/// What `--once` prints: the pool line, the nodes in flight and the failed nodes.
+/// What `--once` prints: the pool line, the nodes in flight, the failed nodes, and the device
+/// plugin's removal once it may go.
 pub fn once_lines(s: &Snapshot) -> Vec<String> {
     let width = s.nodes.iter().map(|n| n.name.len()).max().unwrap_or(0);
     let mut out = vec![pool_line(s)];
     out.extend(s.nodes.iter().map(|n| format!("  {}", node_column_text(n, width))));
     out.extend(s.failed.iter().map(|f| format!("  {}", failed_text(f))));
+    out.extend(device_plugin_line(s));
     out
+}
+
+/// `device plugin removable: ...` while the `DevicePluginRemovable` condition is True.
+pub fn device_plugin_line(s: &Snapshot) -> Option<String> {
+    s.device_plugin_removable.as_ref().map(|m| format!("device plugin removable: {m}"))
 }
 
 /// How long the migration took, for the final line. The start is the earliest
@@ -687,7 +698,11 @@ async fn follow(
         }
         if let Some(code) = done {
             view.clear()?;
-            writeln!(std::io::stdout().lock(), "{}", final_line(&snap, stopwatch.elapsed(now)))?;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{}", final_line(&snap, stopwatch.elapsed(now)))?;
+            if let Some(line) = device_plugin_line(&snap) {
+                writeln!(out, "{line}")?;
+            }
             return Ok(code);
         }
         tokio::select! {
@@ -1005,6 +1020,24 @@ mod tests {
         let s = snapshot(&completed, at(0));
         assert_eq!(final_line(&s, Some(134)), "migration demo Completed: 6/6 nodes on DRA in 2m14s");
         assert_eq!(final_line(&s, None), "migration demo Completed: 6/6 nodes on DRA");
+        assert_eq!(device_plugin_line(&s), None, "no DevicePluginRemovable condition");
+        let removable = with_status(completed.clone(), |st| {
+            st["conditions"] = json!([cond(
+                "DevicePluginRemovable",
+                "True",
+                "DevicePluginUnused",
+                "DaemonSet gpu/plugin runs on no node: delete it (the runbook's last step)",
+                0
+            )]);
+        });
+        let s = snapshot(&removable, at(0));
+        assert_eq!(
+            device_plugin_line(&s).as_deref(),
+            Some(
+                "device plugin removable: DaemonSet gpu/plugin runs on no node: delete it (the runbook's last step)"
+            )
+        );
+        assert_eq!(once_lines(&s).last(), device_plugin_line(&s).as_ref());
         let failed = with_status(progressing(), |st| {
             st["phase"] = json!("Failed");
             st["nodes"] = json!({"total": 6, "pending": 0, "inProgress": 0, "migrated": 4, "failed": 2});

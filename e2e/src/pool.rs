@@ -295,6 +295,22 @@ impl Pool {
         Ok(name)
     }
 
+    /// Adds one more node to the pool, `gpus` GPUs and `labels` (GPU Feature Discovery's, say)
+    /// besides the pool's, without waiting for a device plugin: for a node that joins after the
+    /// device plugin was removed. Returns its name.
+    pub async fn add_unserved_node(
+        &mut self,
+        gpus: u32,
+        labels: BTreeMap<String, String>,
+    ) -> anyhow::Result<String> {
+        let name = format!("{}-n{}", self.id, self.nodes.len());
+        let mut labels = labels;
+        labels.insert("pool".to_owned(), self.id.clone());
+        self.sim().add_node(SimNode { name: name.clone(), labels, layout: GpuLayout::gpus(gpus) }).await?;
+        self.nodes.push(name.clone());
+        Ok(name)
+    }
+
     pub fn sim(&self) -> &Simulator {
         self.sim.as_ref().expect("simulator runs until cleanup")
     }

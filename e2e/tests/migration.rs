@@ -1146,6 +1146,77 @@ async fn an_api_server_restart_mid_migration_delays_it_by_the_downtime_only() ->
     .await
 }
 
+/// The runbook's last step: once the device plugin serves no node the migration says it may go;
+/// deleting it leaves the completed migration Completed and Ready, `switchyard plan` passes, and a
+/// node that joins the pool afterwards, with no device plugin on it, moves to DRA and serves pods.
+#[tokio::test]
+async fn deleting_the_device_plugin_after_completion_keeps_the_pool_ready_and_a_new_node_moves()
+-> anyhow::Result<()> {
+    with_pool("dpgone", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("trainer", 2, 1).await?;
+        pool.wait_running(2).await?;
+        migrate_forward(pool, &name, json!({})).await?;
+        let removable = |g: &GpuPoolMigration, reason: &str| {
+            condition(g, "DevicePluginRemovable").is_some_and(|c| c.status == "True" && c.reason == reason)
+        };
+        let g = pool
+            .wait_status(&name, "DevicePluginRemovable=True (DevicePluginUnused)", MIGRATION, |g| {
+                removable(g, "DevicePluginUnused")
+            })
+            .await?;
+        let message = &condition(&g, "DevicePluginRemovable").unwrap().message;
+        assert!(message.contains(pool::DEVICE_PLUGIN_DS) && message.contains("runs on no node"), "{message}");
+        assert!(
+            event_reasons(pool, &name).await?.iter().any(|(r, _)| r == "DevicePluginRemovable"),
+            "no DevicePluginRemovable event"
+        );
+
+        // The runbook's last step.
+        let daemon_sets: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        daemon_sets.delete(pool::DEVICE_PLUGIN_DS, &DeleteParams::default()).await?;
+        let g = pool
+            .wait_status(&name, "DevicePluginRemovable=True (DevicePluginRemoved)", MIGRATION, |g| {
+                removable(g, "DevicePluginRemoved")
+            })
+            .await?;
+        let st = g.status.as_ref().unwrap();
+        assert_eq!(st.phase, Some(Phase::Completed));
+        for (t, want) in [("Ready", "True"), ("Stalled", "False"), ("PrerequisitesMet", "True")] {
+            let c = condition(&g, t).unwrap();
+            assert_eq!(c.status, want, "{t}: {} {}", c.reason, c.message);
+        }
+        let (code, report) = plan_json(&name).await?;
+        assert_eq!(code, 0, "switchyard plan after the device plugin went: {report}");
+
+        // A node joins with no device plugin; GPU Feature Discovery labelled its 2 GPUs.
+        let gfd = std::collections::BTreeMap::from([("nvidia.com/gpu.count".to_owned(), "2".to_owned())]);
+        let joined = pool.add_unserved_node(2, gfd).await?;
+        pool.wait_status(&name, "the joined node migrated", MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| s.phase == Some(Phase::Completed) && s.nodes.migrated == 3)
+        })
+        .await?;
+        let node = Api::<Node>::all(pool.client.clone()).get(&joined).await?;
+        assert_eq!(backend(&node), "dra");
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{joined} left cordoned");
+        // Its GPUs serve pods through DRA: six one-GPU replicas fit only with its two.
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        deployments
+            .patch("trainer", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 6}})))
+            .await?;
+        let pods = pool.wait_running(6).await?;
+        assert_gpu_pods_on_dra(pool, &pods).await?;
+        assert!(
+            pods.iter()
+                .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(joined.as_str())),
+            "no pod runs on {joined}"
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
 async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())

@@ -201,11 +201,18 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
 }
 
 /// The GPUs a node must publish through DRA to count as switched, per resource: what the device
-/// plugin advertises, except that a shared `nvidia.com/gpu` counts its physical GPUs.
+/// plugin advertises, except that a shared `nvidia.com/gpu` counts its physical GPUs. A node the
+/// device plugin does not serve at all (it joined after the plugin was removed) counts GFD's
+/// `nvidia.com/gpu.count`, where GFD labelled it.
 pub fn gpus_to_publish(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
     let mut counts = overlap::device_plugin_gpus(node, resources);
-    if let (Some(s), Some(n)) = (sharing(node), counts.get_mut(NVIDIA_GPU_RESOURCE)) {
-        *n = s.physical;
+    let unserved = counts.values().all(|&n| n == 0);
+    if let Some(n) = counts.get_mut(NVIDIA_GPU_RESOURCE) {
+        if let Some(s) = sharing(node) {
+            *n = s.physical;
+        } else if unserved && let Some(physical) = label_u64(node, LABEL_GPU_COUNT) {
+            *n = physical;
+        }
     }
     counts
 }
@@ -323,5 +330,36 @@ mod tests {
         assert_eq!(gpus_to_publish(&shared, MAPPED)["nvidia.com/gpu"], 8);
         let plain = node("p", json!({}), json!({"nvidia.com/gpu": "8"}));
         assert_eq!(gpus_to_publish(&plain, MAPPED)["nvidia.com/gpu"], 8);
+    }
+
+    #[test]
+    fn a_node_no_device_plugin_serves_counts_what_gfd_labelled() {
+        let mapped = &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
+        // (case, labels, advertised, expected nvidia.com/gpu to publish)
+        let cases = [
+            (
+                "joined after the plugin went, GFD labelled it",
+                json!({"nvidia.com/gpu.count": "4"}),
+                json!({}),
+                4,
+            ),
+            ("no plugin and no label: unknown", json!({}), json!({}), 0),
+            (
+                "the plugin serves it: its count wins over the label",
+                json!({"nvidia.com/gpu.count": "4"}),
+                json!({"nvidia.com/gpu": "3"}),
+                3,
+            ),
+            (
+                "the plugin serves only MIG devices (mixed strategy): no full GPU to add",
+                json!({"nvidia.com/gpu.count": "1"}),
+                json!({"nvidia.com/mig-1g.10gb": "7"}),
+                0,
+            ),
+        ];
+        for (case, labels, advertised, want) in cases {
+            let n = node("n", labels, advertised);
+            assert_eq!(gpus_to_publish(&n, mapped)["nvidia.com/gpu"], want, "{case}");
+        }
     }
 }

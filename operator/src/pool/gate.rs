@@ -10,7 +10,9 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::ResourceExt;
 
-use crate::api::v1alpha1::{DaemonSetRef, DeviceClassStatus, Direction, GpuPoolMigrationSpec, NodeState};
+use crate::api::v1alpha1::{
+    DaemonSetRef, DeviceClassStatus, Direction, FailurePolicy, GpuPoolMigrationSpec, NodeState,
+};
 use crate::node::record::{self, PoolNode};
 use crate::node::slim::SlimNode;
 use crate::node::state::Hold;
@@ -25,7 +27,27 @@ pub(crate) fn resources(spec: &GpuPoolMigrationSpec) -> Vec<&str> {
     spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect()
 }
 
-/// What the prerequisite checks judge for `spec`.
+/// Whether the migration still needs the device plugin's DaemonSet.
+///
+/// A rollback returns nodes to it, and so may a failure under `onFailure: Rollback` while a node
+/// is left to move. A forward migration needs it while a node it has not moved yet advertises
+/// device-plugin GPUs: the DaemonSet it names must then be the one that serves them, or the switch
+/// would leave another plugin running beside the driver. Once no such node is left (the runbook's
+/// last step deletes the device plugin), the migration does not need it: a node that joins the
+/// pool afterwards, with no plugin on it, moves to DRA.
+pub fn device_plugin_needed(spec: &GpuPoolMigrationSpec, nodes: &[impl Borrow<SlimNode>]) -> bool {
+    let res = resources(spec);
+    let mut unmoved =
+        nodes.iter().map(Borrow::borrow).filter(|n| record::node_state(n) != NodeState::Migrated);
+    match spec.direction {
+        Direction::Rollback => true,
+        Direction::Forward if spec.strategy.on_failure == FailurePolicy::Rollback => unmoved.next().is_some(),
+        Direction::Forward => {
+            unmoved.any(|n| crate::pool::overlap::device_plugin_gpus(n, &res).values().any(|&g| g > 0))
+        }
+    }
+}
+
 /// Whether the pool may start: the cluster's prerequisites, then what its nodes advertise.
 pub fn pool_verdict(
     spec: &GpuPoolMigrationSpec,
@@ -33,15 +55,10 @@ pub fn pool_verdict(
     versions: Vec<NodeVersions>,
     nodes: &[impl std::borrow::Borrow<SlimNode>],
     driver_daemonset_exists: bool,
-    device_plugin_daemonset_exists: bool,
+    device_plugin: DevicePluginFacts,
 ) -> prerequisites::Verdict {
-    let verdict = prerequisites::check(&cluster_facts(
-        spec,
-        facts,
-        versions,
-        driver_daemonset_exists,
-        device_plugin_daemonset_exists,
-    ));
+    let verdict =
+        prerequisites::check(&cluster_facts(spec, facts, versions, driver_daemonset_exists, device_plugin));
     let check = match spec.direction {
         Direction::Forward => {
             crate::pool::capacity::check(nodes.iter().map(|n| n.borrow()), &resources(spec))
@@ -52,12 +69,20 @@ pub fn pool_verdict(
     prerequisites::with_capacity(verdict, &check, spec.acknowledge.gpu_sharing_loss)
 }
 
+/// What the prerequisites know of the device plugin's DaemonSet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePluginFacts {
+    pub exists: bool,
+    /// See [`device_plugin_needed`].
+    pub needed: bool,
+}
+
 pub fn cluster_facts(
     spec: &GpuPoolMigrationSpec,
     facts: &ServerFacts,
     nodes: Vec<NodeVersions>,
     driver_daemonset_exists: bool,
-    device_plugin_daemonset_exists: bool,
+    device_plugin: DevicePluginFacts,
 ) -> ClusterFacts {
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     ClusterFacts {
@@ -66,11 +91,12 @@ pub fn cluster_facts(
         nodes,
         probe: facts.probe,
         rollback_possible: spec.direction == Direction::Rollback
-            || spec.strategy.on_failure == crate::api::v1alpha1::FailurePolicy::Rollback,
+            || spec.strategy.on_failure == FailurePolicy::Rollback,
         driver_daemonset: Some(format!("{}/{}", dn.namespace, dn.name)),
         device_plugin_daemonset: Some(format!("{}/{}", dp.namespace, dp.name)),
         driver_daemonset_exists,
-        device_plugin_daemonset_exists,
+        device_plugin_daemonset_exists: device_plugin.exists,
+        device_plugin_daemonset_needed: device_plugin.needed,
     }
 }
 
@@ -130,8 +156,11 @@ pub struct Gate {
     pub placement_patches: Vec<PlacementPatch>,
     /// What a person must change in a DaemonSet's placement.
     pub placement_problems: Vec<String>,
-    /// Both DaemonSets exist and keep to their backend.
+    /// Both DaemonSets exist and keep to their backend (the device plugin's need not exist once
+    /// nothing needs it: [`device_plugin_needed`]).
     pub placement_ready: bool,
+    /// See [`device_plugin_needed`].
+    pub device_plugin_needed: bool,
     /// The condition reason of a placement a person must change.
     pub placement_reason: &'static str,
     /// Nodes served by both backends (a node mid-switch is allowed both for the seconds it takes).
@@ -229,8 +258,9 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let spec = i.spec;
     let res = resources(spec);
     let versions = i.nodes.iter().map(|n| node_versions(n.borrow())).collect();
-    let verdict =
-        pool_verdict(spec, i.facts, versions, i.nodes, i.driver_ds.is_some(), i.plugin_ds.is_some());
+    let device_plugin =
+        DevicePluginFacts { exists: i.plugin_ds.is_some(), needed: device_plugin_needed(spec, i.nodes) };
+    let verdict = pool_verdict(spec, i.facts, versions, i.nodes, i.driver_ds.is_some(), device_plugin);
 
     let (class_applies, class_statuses, (classes, classes_message)) = device_class_gate(i);
 
@@ -260,7 +290,7 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let placement_ready = placement_problems.is_empty()
         && placement_patches.is_empty()
         && i.driver_ds.is_some()
-        && i.plugin_ds.is_some();
+        && (i.plugin_ds.is_some() || !device_plugin.needed);
     // A GPU Operator device plugin under a mode that edits it is a prerequisite the admin must
     // change, and says so where admins look first; an earlier block stays the one shown.
     let placement_reason = if gpu_operator_owned.is_some() {
@@ -301,6 +331,7 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
         placement_patches,
         placement_problems,
         placement_ready,
+        device_plugin_needed: device_plugin.needed,
         placement_reason,
         overlaps,
         pool,
@@ -442,6 +473,46 @@ mod tests {
             assert_eq!(g.needs_human().map(|(r, _)| r), human, "{name}");
             assert_eq!(g.hold(), hold, "{name}");
             assert_eq!(g.open, hold != Some(Hold::GateClosed), "{name}: {g:?}");
+        }
+    }
+
+    #[test]
+    fn the_device_plugin_is_needed_while_a_node_left_to_move_is_on_it() {
+        let moved = || {
+            gpu_node(
+                "m",
+                &json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "dra"},
+                    "annotations": {ANNOTATION_MIGRATION_STATE: "Migrated"}}}),
+            )
+        };
+        let unserved = || {
+            gpu_node(
+                "u",
+                &json!({"status": {"capacity": {"nvidia.com/gpu": "0"}, "allocatable": {"nvidia.com/gpu": "0"}}}),
+            )
+        };
+        let served = || gpu_node("s", &json!({}));
+        // (case, spec patch, nodes, needed)
+        let cases: Vec<(&str, Value, Vec<SlimNode>, bool)> = vec![
+            ("every node moved", json!({}), vec![moved(), moved()], false),
+            ("a node left on the device plugin", json!({}), vec![moved(), served()], true),
+            ("a node left that no plugin serves", json!({}), vec![moved(), unserved()], false),
+            ("a rollback returns nodes to it", json!({"direction": "Rollback"}), vec![moved()], true),
+            (
+                "onFailure: Rollback with a node left to move",
+                json!({"strategy": {"onFailure": "Rollback"}}),
+                vec![moved(), unserved()],
+                true,
+            ),
+            (
+                "onFailure: Rollback with every node moved",
+                json!({"strategy": {"onFailure": "Rollback"}}),
+                vec![moved()],
+                false,
+            ),
+        ];
+        for (case, patch, nodes, want) in cases {
+            assert_eq!(device_plugin_needed(&spec(patch), &nodes), want, "{case}");
         }
     }
 

@@ -52,6 +52,9 @@ pub struct ClusterFacts {
     pub device_plugin_daemonset: Option<String>,
     pub driver_daemonset_exists: bool,
     pub device_plugin_daemonset_exists: bool,
+    /// Whether the migration needs the device plugin's DaemonSet at all: a forward migration
+    /// whose nodes the plugin no longer serves does not (see `pool::gate::device_plugin_needed`).
+    pub device_plugin_daemonset_needed: bool,
 }
 
 /// The verdict: `met` drives the PrerequisitesMet condition, `reason` and `message` are its
@@ -275,7 +278,7 @@ fn nodes(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
     Ok(())
 }
 
-/// Both DaemonSets the spec names exist.
+/// Both DaemonSets the spec names exist; the device plugin's only while the migration needs it.
 fn daemon_sets(f: &ClusterFacts, _warnings: &mut Vec<String>) -> Result<(), Blocked> {
     let mut missing_ds = Vec::new();
     if !f.driver_daemonset_exists {
@@ -284,7 +287,7 @@ fn daemon_sets(f: &ClusterFacts, _warnings: &mut Vec<String>) -> Result<(), Bloc
             f.driver_daemonset.as_deref().unwrap_or("?")
         ));
     }
-    if !f.device_plugin_daemonset_exists {
+    if !f.device_plugin_daemonset_exists && f.device_plugin_daemonset_needed {
         missing_ds.push(format!(
             "the device plugin DaemonSet {} (spec.devicePlugin.daemonSet)",
             f.device_plugin_daemonset.as_deref().unwrap_or("?")
@@ -362,6 +365,7 @@ mod tests {
             device_plugin_daemonset: Some("gpu/nvidia-device-plugin".into()),
             driver_daemonset_exists: true,
             device_plugin_daemonset_exists: true,
+            device_plugin_daemonset_needed: true,
         }
     }
 
@@ -535,6 +539,23 @@ mod tests {
                 false,
                 "DaemonSetMissing",
                 "switchyard/driver (spec.driver.daemonSet)",
+            ),
+            (
+                "the device plugin is gone and nothing needs it (the runbook's last step)",
+                |f| {
+                    f.device_plugin_daemonset_exists = false;
+                    f.device_plugin_daemonset_needed = false;
+                },
+                true,
+                "AllMet",
+                "",
+            ),
+            (
+                "the device plugin is gone while nodes still need it",
+                |f| f.device_plugin_daemonset_exists = false,
+                false,
+                "DaemonSetMissing",
+                "gpu/nvidia-device-plugin (spec.devicePlugin.daemonSet)",
             ),
             (
                 "both ds missing",

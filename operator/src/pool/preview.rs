@@ -210,6 +210,9 @@ pub enum PlacementAction {
     UseGpuOperatorPlacement,
     /// The DaemonSet does not exist.
     Missing,
+    /// The device plugin's DaemonSet is gone and the migration no longer needs it: it serves no
+    /// node the migration has still to move (the runbook's last step deleted it).
+    Removed,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -457,6 +460,11 @@ fn placement_plans(inputs: &Inputs, judged: &gate::Gate) -> Vec<PlacementPlan> {
                 (Some(_), Some(Need::GpuOperatorOwned { message })) => {
                     (PlacementAction::UseGpuOperatorPlacement, String::new(), message.clone())
                 }
+                (None, _) if role == Role::DevicePlugin && !judged.device_plugin_needed => (
+                    PlacementAction::Removed,
+                    String::new(),
+                    "no node left to move is on the device plugin, so the migration does not need it".to_owned(),
+                ),
                 (None, _) | (_, None) => (PlacementAction::Missing, String::new(), String::new()),
             };
             PlacementPlan {
@@ -631,7 +639,7 @@ fn blockers(
     for pl in placement {
         match pl.action {
             // A missing DaemonSet is already a failed prerequisite.
-            PlacementAction::Missing => {}
+            PlacementAction::Missing | PlacementAction::Removed => {}
             PlacementAction::AddByHand | PlacementAction::UseGpuOperatorPlacement => {
                 blockers.push(format!("placement: {}", pl.message.lines().next().unwrap_or_default()))
             }

@@ -41,10 +41,14 @@ pub enum ConditionType {
     /// also selects them; the message names the nodes and the other migrations. The other
     /// nodes of the pool still move.
     NodeConflict,
+    /// Forward migrations only: True when the device plugin's DaemonSet serves no node any more
+    /// (it schedules on none, or it is gone), so the runbook's last step may delete it. False
+    /// names how many nodes it still runs on.
+    DevicePluginRemovable,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 9] = [
+    pub const ALL: [ConditionType; 10] = [
         ConditionType::Ready,
         ConditionType::Reconciling,
         ConditionType::Stalled,
@@ -54,6 +58,7 @@ impl ConditionType {
         ConditionType::BackendOverlap,
         ConditionType::InventoryFindings,
         ConditionType::NodeConflict,
+        ConditionType::DevicePluginRemovable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +72,7 @@ impl ConditionType {
             ConditionType::BackendOverlap => "BackendOverlap",
             ConditionType::InventoryFindings => "InventoryFindings",
             ConditionType::NodeConflict => "NodeConflict",
+            ConditionType::DevicePluginRemovable => "DevicePluginRemovable",
         }
     }
 

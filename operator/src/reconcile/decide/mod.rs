@@ -211,6 +211,12 @@ mod tests {
         crate::testing::placed_daemon_set(ns, name, role)
     }
 
+    /// A pool node the migration moved: on DRA, uncordoned, state Migrated.
+    fn migrated(name: &str) -> SlimNode {
+        let on_dra = json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}});
+        node(name, Some("Migrated"), on_dra)
+    }
+
     fn slice(node: &str, devices: usize) -> ResourceSlice {
         let devs: Vec<_> = (0..devices).map(|i| json!({"name": format!("gpu-{i}")})).collect();
         from(json!({
@@ -798,10 +804,6 @@ mod tests {
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NodesRefused"));
 
         // One node moved, the other belongs to another migration: not Completed either.
-        let migrated = |name: &str| {
-            let on_dra = json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false}});
-            node(name, Some("Migrated"), on_dra)
-        };
         let mut w = world(json!({}));
         w.nodes = vec![
             migrated("n1"),
@@ -819,6 +821,104 @@ mod tests {
         let d = decide(&w);
         assert_eq!((d.status.phase, d.status.nodes.refused), (Some(Phase::Completed), 0));
         assert_eq!(condition(&d, ConditionType::Ready).status, "True");
+    }
+
+    /// The runbook's last step deletes the device plugin once it serves no node: a completed
+    /// forward migration does not need it, says when it may go, and moves a node that joins later.
+    #[test]
+    fn a_completed_pool_does_not_need_the_device_plugin_and_says_when_it_may_go() {
+        let removable = |d: &Decision| {
+            let c = condition(d, ConditionType::DevicePluginRemovable);
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        let announced =
+            |d: &Decision| d.events.iter().filter(|e| e.reason == "DevicePluginRemovable").count();
+        let scheduled_on = |n: i32| {
+            let mut ds = daemon_set("gpu", "plugin", Role::DevicePlugin);
+            ds.metadata.generation = Some(2);
+            ds.status = Some(from(json!({"observedGeneration": 2, "desiredNumberScheduled": n,
+                "currentNumberScheduled": n, "numberMisscheduled": 0, "numberReady": n})));
+            ds
+        };
+
+        // Completed, the plugin scheduled on no node: it may go, and one event says so.
+        let mut w = world(json!({}));
+        w.nodes = vec![migrated("n1"), migrated("n2")];
+        w.plugin_ds = Some(scheduled_on(0));
+        let d = decide(&w);
+        let (status, reason, message) = removable(&d);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "DevicePluginUnused"), "{message}");
+        assert!(message.contains("gpu/plugin runs on no node"), "{message}");
+        assert!(!message.contains("gpuResourcesEnabledOverride"), "not NVIDIA's driver: {message}");
+        assert_eq!(announced(&d), 1);
+        w.gpm.status = Some(d.status.clone());
+        assert_eq!(announced(&decide(&w)), 0, "announced once, not once per reconcile");
+
+        // Deleted: still Completed and Ready, nothing Stalled, the prerequisites and placement met.
+        w.plugin_ds = None;
+        let d = decide(&w);
+        assert_eq!(d.status.phase, Some(Phase::Completed));
+        for (t, want, why) in [
+            (ConditionType::Ready, "True", "Complete"),
+            (ConditionType::Stalled, "False", "NoHumanNeeded"),
+            (ConditionType::PrerequisitesMet, "True", "AllMet"),
+            (ConditionType::PlacementReady, "True", "Placed"),
+        ] {
+            let c = condition(&d, t);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), (want, why), "{t:?}: {}", c.message);
+        }
+        assert_eq!(removable(&d).1, "DevicePluginRemoved");
+
+        // A node that joins afterwards has no device plugin; GFD labelled its 8 GPUs. It moves,
+        // and the switch is verified against those 8.
+        let unserved = json!({"metadata": {"labels": {"nvidia.com/gpu.count": "8"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "0"}, "capacity": {"nvidia.com/gpu": "0"}}});
+        w.nodes.push(node("n3", None, unserved));
+        let d = decide(&w);
+        assert!(d.gate_open, "{:?}", condition(&d, ConditionType::Stalled));
+        assert_eq!(actions(&d), vec![("n3", &Action::CordonAndDrain)]);
+        let patch = serde_json::to_value(d.steps[0].patch.as_ref().unwrap()).unwrap();
+        assert_eq!(patch["metadata"]["annotations"][ANNOTATION_GPUS_BEFORE], r#"{"nvidia.com/gpu":8}"#);
+
+        // A node still on the device plugin needs it: the missing DaemonSet blocks then.
+        w.nodes = vec![migrated("n1"), node("n2", None, json!({}))];
+        let d = decide(&w);
+        assert_eq!(condition(&d, ConditionType::PrerequisitesMet).reason, "DaemonSetMissing");
+        assert_eq!(removable(&d).1, "DevicePluginMissing");
+        // So does onFailure: Rollback, while a node is left to move: a rollback returns it there.
+        let mut w = world(json!({"strategy": {"onFailure": "Rollback"}}));
+        w.nodes = vec![
+            migrated("n1"),
+            node(
+                "n3",
+                None,
+                json!({"metadata": {"labels": {"nvidia.com/gpu.count": "8"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "0"}, "capacity": {"nvidia.com/gpu": "0"}}}),
+            ),
+        ];
+        w.plugin_ds = None;
+        assert_eq!(condition(&decide(&w), ConditionType::PrerequisitesMet).reason, "DaemonSetMissing");
+
+        // Still running elsewhere: not yet, and the message says where.
+        let mut w = world(json!({}));
+        w.nodes = vec![migrated("n1"), node("n2", None, json!({}))];
+        w.plugin_ds = Some(scheduled_on(3));
+        let (status, reason, message) = removable(&decide(&w));
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "DevicePluginInUse"));
+        assert!(message.contains("runs on 3 node(s); 1 node(s) of this pool are still to move"), "{message}");
+        w.nodes = vec![migrated("n1"), migrated("n2")];
+        let message = removable(&decide(&w)).2;
+        assert!(message.contains("still runs on 3 node(s) outside this pool"), "{message}");
+
+        // NVIDIA's DRA driver: the chart's coexistence override is named.
+        let mut w = world(json!({"driver": {"name": NVIDIA_DRA_DRIVER}}));
+        w.nodes = vec![migrated("n1"), migrated("n2")];
+        w.plugin_ds = Some(scheduled_on(0));
+        assert!(removable(&decide(&w)).2.contains("gpuResourcesEnabledOverride=true"));
+
+        // A rollback returns nodes to the device plugin: no such condition.
+        let d = decide(&world(json!({"direction": "Rollback"})));
+        assert!(d.status.conditions.iter().all(|c| c.type_ != "DevicePluginRemovable"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::pool::readers::{self, Finding, Severity};
 use crate::pool::rollout::{self};
 use crate::reconcile::observe::Snapshot;
 use crate::report::conditions::{self, ConditionType, Desired, Progress};
+use crate::well_known::NVIDIA_DRA_DRIVER;
 
 use std::collections::HashSet;
 
@@ -63,7 +64,8 @@ pub(super) fn report(
         conditions: conditions::merge(&old.conditions, &desired, s.gpm.metadata.generation, &Time(s.now)),
     };
     let mut events = removed_nodes(s);
-    events.extend(changes(&old, gate, p, &findings, conflict));
+    let removable = desired.iter().find(|d| d.type_ == ConditionType::DevicePluginRemovable);
+    events.extend(changes(&old, gate, p, &findings, conflict, removable));
     Report { status, events, metrics: metrics(s, pool, p, gate) }
 }
 
@@ -235,18 +237,83 @@ fn conditions(
     } else {
         Desired::new(ConditionType::InventoryFindings, false, "NoFindings", findings.text.clone())
     });
+    desired.extend(device_plugin_removable(s, gate, p));
     desired
+}
+
+/// What NVIDIA's DRA driver chart no longer needs once the device plugin is gone.
+const NVIDIA_COEXISTENCE_OVERRIDE: &str = "; NVIDIA's DRA driver chart no longer needs gpuResourcesEnabledOverride=true, which lets it serve GPUs beside the device plugin: drop it from the release's values";
+
+/// The DevicePluginRemovable condition of a forward migration: whether the runbook's last step
+/// may delete the device plugin now. A rollback returns nodes to it, so it says nothing there.
+fn device_plugin_removable(s: &Snapshot<'_>, gate: &Gate, p: &Plan) -> Option<Desired> {
+    let spec = &s.gpm.spec;
+    if spec.direction != Direction::Forward {
+        return None;
+    }
+    let dp = &spec.device_plugin.daemon_set;
+    let name = format!("{}/{}", dp.namespace, dp.name);
+    let nvidia = if spec.driver.name == NVIDIA_DRA_DRIVER { NVIDIA_COEXISTENCE_OVERRIDE } else { "" };
+    let to_move = p.counts.total.saturating_sub(p.counts.migrated);
+    let still = |reason: &str, message: String| {
+        Desired::new(ConditionType::DevicePluginRemovable, false, reason, message)
+    };
+    let Some(ds) = &s.plugin_ds else {
+        return Some(if gate.device_plugin_needed {
+            still("DevicePluginMissing", format!("DaemonSet {name} is missing; see PrerequisitesMet"))
+        } else {
+            Desired::new(
+                ConditionType::DevicePluginRemovable,
+                true,
+                "DevicePluginRemoved",
+                format!(
+                    "DaemonSet {name} is gone and no node left to move needs it; nodes that join the pool move to DRA{nvidia}"
+                ),
+            )
+        });
+    };
+    // The DaemonSet controller's count, once it has seen the DaemonSet's current generation.
+    let scheduled = ds
+        .status
+        .as_ref()
+        .filter(|st| st.observed_generation.is_some_and(|g| Some(g) >= ds.metadata.generation))
+        .map(|st| st.desired_number_scheduled);
+    Some(match scheduled {
+        None => still(
+            "DevicePluginInUse",
+            format!("the DaemonSet controller has not reported where DaemonSet {name} runs yet"),
+        ),
+        Some(0) if !gate.device_plugin_needed => Desired::new(
+            ConditionType::DevicePluginRemovable,
+            true,
+            "DevicePluginUnused",
+            format!("DaemonSet {name} runs on no node: delete it (the runbook's last step){nvidia}"),
+        ),
+        Some(n) if to_move > 0 => still(
+            "DevicePluginInUse",
+            format!("DaemonSet {name} runs on {n} node(s); {to_move} node(s) of this pool are still to move"),
+        ),
+        Some(0) => still("DevicePluginInUse", format!("nodes left to move still need DaemonSet {name}")),
+        Some(n) => still(
+            "DevicePluginInUse",
+            format!(
+                "DaemonSet {name} still runs on {n} node(s) outside this pool; move them (a GpuPoolMigration that selects them) before deleting it"
+            ),
+        ),
+    })
 }
 
 /// The migration's events that say what changed since the last status: the findings, nodes that
 /// joined a completed pool, an acknowledged capacity change, a pool its nodes keep from
-/// starting, a conflict with another migration. Each once, not once per reconcile.
+/// starting, a device plugin that may go, a conflict with another migration. Each once, not once
+/// per reconcile.
 fn changes(
     old: &GpuPoolMigrationStatus,
     gate: &Gate,
     p: &Plan,
     findings: &Findings,
     conflict: Option<String>,
+    removable: Option<&Desired>,
 ) -> Vec<MigrationEvent> {
     let mut events = Vec::new();
     // One event when the inventory's findings change, so GitOps users see them in `kubectl describe`.
@@ -293,6 +360,17 @@ fn changes(
             gate.verdict.reason,
             "CheckPrerequisites",
             gate.verdict.message.clone(),
+        ));
+    }
+    // One event when the device plugin becomes removable, so the runbook's last step is announced.
+    let was_removable =
+        old.conditions.iter().any(|c| c.type_ == "DevicePluginRemovable" && c.status == "True");
+    if let Some(now) = removable.filter(|d| d.status && !was_removable) {
+        events.push(on_migration(
+            EventType::Normal,
+            "DevicePluginRemovable",
+            "CheckDevicePlugin",
+            now.message.clone(),
         ));
     }
     // One Warning event when the conflict starts (or changes), not one per reconcile.
