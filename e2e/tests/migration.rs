@@ -215,8 +215,8 @@ async fn migrate_forward(
 }
 
 #[tokio::test]
-async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_leaves() -> anyhow::Result<()>
-{
+async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_leaves_and_other_drivers_claims_kept()
+-> anyhow::Result<()> {
     with_pool("rollback", 3, 2, async |pool| {
         let name = pool.id.clone();
         pool.deployment("trainer", 3, 1).await?;
@@ -224,6 +224,10 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
         migrate_forward(pool, &name, json!({})).await?;
         let on_dra = pool.wait_running(3).await?;
         assert_gpu_pods_on_dra(pool, &on_dra).await?;
+
+        // A pod on a migrated node holds a second driver's device (a NIC): the rollback's rule
+        // does not evict it, and the rollback must not wait for it.
+        let nic_user = nic_claim_holder(pool, &pool.nodes[0].clone()).await?;
 
         let sampler = pool.sample();
         patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
@@ -268,6 +272,11 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
             "the DRA claim holders were not evicted: {:?}",
             samples.deleted_pods
         );
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        let still = pods.get(&nic_user.name_any()).await?;
+        assert_eq!(still.uid(), nic_user.uid(), "the NIC claim holder was replaced");
+        assert_eq!(still.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+        assert!(still.metadata.deletion_timestamp.is_none(), "the NIC claim holder was evicted");
         let back = pool.wait_running(3).await?;
         for p in &back {
             assert!(
@@ -285,6 +294,55 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
             }
         }
         record_state("rolledback", &done)
+    })
+    .await
+}
+
+/// A second DRA driver's device on `node` (a NIC, published here as its driver would), its
+/// DeviceClass, and a pod in the pool's system namespace pinned to `node` that holds the device
+/// through a claim of its own, once Running.
+async fn nic_claim_holder(pool: &Pool, node: &str) -> anyhow::Result<Pod> {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let nic_driver = format!("{}.nic.example.com", pool.id);
+    let class_name = format!("{}-nic", pool.id);
+    let owner = Api::<Node>::all(pool.client.clone()).get(node).await?;
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-nic"), "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner.uid()}]},
+        "spec": {"driver": nic_driver, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "nic-0"}]}
+    }))?;
+    Api::<ResourceSlice>::all(pool.client.clone()).create(&PostParams::default(), &slice).await?;
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": class_name, "labels": {"pool": pool.id}},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{nic_driver}'")}}]}
+    }))?;
+    Api::<DeviceClass>::all(pool.client.clone()).create(&PostParams::default(), &class).await?;
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "nic"},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": class_name}}]}}
+    }))?;
+    Api::<ResourceClaim>::namespaced(pool.client.clone(), &pool.system_ns)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nic-user"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "nic", "resourceClaimName": "nic"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "nic"}]}}]
+        }
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    switchyard_e2e::wait::until("the NIC claim holder to run", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("nic-user").await?;
+            Ok((p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(p))
+        }
     })
     .await
 }

@@ -13,6 +13,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("reading ResourceClaim {namespace}/{name}: {source}")]
+    GetResourceClaim {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("listing pods on node {node}: {source}")]
     ListPods {
         node: String,
@@ -127,6 +134,7 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::EvictPod { .. } => "EvictPod",
+            Error::GetResourceClaim { .. } => "GetResourceClaim",
             Error::ListPods { .. } => "ListPods",
             Error::ListBoundPods { .. } => "ListBoundPods",
             Error::ListNodes { .. } => "ListNodes",
@@ -201,6 +209,7 @@ impl Error {
                 finalizer::Error::UnnamedObject | finalizer::Error::InvalidFinalizer => false,
             },
             Error::EvictPod { source, .. }
+            | Error::GetResourceClaim { source, .. }
             | Error::ListPods { source, .. }
             | Error::ListBoundPods { source }
             | Error::ListNodes { source }

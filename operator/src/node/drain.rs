@@ -7,6 +7,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta};
 use kube::api::{Api, PostParams};
 
@@ -56,6 +57,11 @@ pub struct Selection {
     pub unmanaged: Vec<PodRef>,
     /// Selected and already terminating: the drain waits for them.
     pub terminating: Vec<PodRef>,
+    /// RollingBack: the pods that hold a device of the migration's driver
+    /// ([`driver_device_holders`]).
+    pub claim_holders: Vec<PodRef>,
+    /// The claim holders whose device is in a pool the rollback's DeviceTaintRule does not select.
+    pub claim_holders_out_of_reach: Vec<PodRef>,
 }
 
 impl Selection {
@@ -187,6 +193,69 @@ pub fn holds_dra_claim(pod: &Pod) -> bool {
     generated || explicit
 }
 
+/// The ResourceClaims a pod's status names, as `namespace/name`: its extended-resource claim and
+/// the one of each `spec.resourceClaims` entry (the scheduler records them before it binds).
+pub fn claim_names(pod: &Pod) -> Vec<String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(status) = pod.status.as_ref() else { return Vec::new() };
+    let extended = status.extended_resource_claim_status.iter().map(|e| e.resource_claim_name.as_str());
+    let listed =
+        status.resource_claim_statuses.iter().flatten().filter_map(|c| c.resource_claim_name.as_deref());
+    extended.chain(listed).map(|name| format!("{ns}/{name}")).collect()
+}
+
+/// The devices a read claim is allocated, as `(driver, pool)`, by `namespace/name`; a claim
+/// without an allocation has none. What a rollback reads to tell which pods hold its driver's
+/// devices.
+pub type ClaimDevices = std::collections::HashMap<String, Vec<(String, String)>>;
+
+/// The `(driver, pool)` of each device allocated to `claim`.
+pub fn allocated_devices(claim: &ResourceClaim) -> Vec<(String, String)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .map(|results| results.iter().map(|r| (r.driver.clone(), r.pool.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `pod` holds a device of `driver` while it [`holds_dra_claim`] at all: one of its
+/// claims, as `claims` read them, is allocated a device of that driver. A claim that was not
+/// found is gone and holds nothing. Devices of other drivers (a NIC's) do not count: the
+/// rollback's DeviceTaintRule does not evict them, and the device plugin does not need them
+/// back. Pure.
+pub fn holds_driver_device(pod: &Pod, claims: &ClaimDevices, driver: &str) -> bool {
+    holds_dra_claim(pod)
+        && claim_names(pod).iter().filter_map(|c| claims.get(c)).flatten().any(|(d, _)| d == driver)
+}
+
+/// The pods of `pods` that [`holds_driver_device`], with those whose device is in a pool other
+/// than `node` (the rollback's DeviceTaintRule selects the pool named after the node, so it cannot
+/// evict them) said apart: `(holders, out of the rule's reach)`.
+pub fn driver_device_holders(
+    pods: &[Pod],
+    claims: &ClaimDevices,
+    driver: &str,
+    node: &str,
+) -> (Vec<PodRef>, Vec<PodRef>) {
+    let mut holders = Vec::new();
+    let mut unreachable = Vec::new();
+    for p in pods.iter().filter(|p| holds_driver_device(p, claims, driver)) {
+        let elsewhere = claim_names(p)
+            .iter()
+            .filter_map(|c| claims.get(c))
+            .flatten()
+            .any(|(d, pool)| d == driver && pool != node);
+        holders.push(pod_ref(p));
+        if elsewhere {
+            unreachable.push(pod_ref(p));
+        }
+    }
+    (holders, unreachable)
+}
+
 /// The policy/v1 Eviction for a pod, with the grace period in `deleteOptions`.
 pub fn eviction(pod: &PodRef, grace_period_seconds: Option<i64>) -> Eviction {
     Eviction {
@@ -278,6 +347,50 @@ mod tests {
         }
         let apf = status(json!([]), "Too many requests, please try again later.");
         assert!(matches!(refused(&apf), Evicted::Throttled(_)));
+    }
+
+    #[test]
+    fn a_rollback_counts_only_the_pods_that_hold_the_drivers_devices() {
+        const DRIVER: &str = "gpu.switchyard.dev";
+        let with_claim = |name: &str, claim: &str| {
+            pod(
+                name,
+                json!({"status": {"extendedResourceClaimStatus": {"resourceClaimName": claim, "requestMappings": []}}}),
+            )
+        };
+        let with_listed = |name: &str, claim: &str| {
+            pod(
+                name,
+                json!({"spec": {"resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "nic"}]},
+                       "status": {"resourceClaimStatuses": [{"name": "nic", "resourceClaimName": claim}]}}),
+            )
+        };
+        let devices = |driver: &str, pool: &str| vec![(driver.to_string(), pool.to_string())];
+        let claims = ClaimDevices::from([
+            ("ml/gpu-claim".to_string(), devices(DRIVER, "n1")),
+            ("ml/nic-claim".to_string(), devices("nic.example.com", "n1")),
+            ("ml/odd-pool".to_string(), devices(DRIVER, "rack-7")),
+            ("ml/unallocated".to_string(), vec![]),
+        ]);
+        let pods = vec![
+            with_claim("trainer", "gpu-claim"),
+            with_listed("nic-user", "nic-claim"),
+            with_claim("claim-gone", "deleted-claim"),
+            with_claim("pending", "unallocated"),
+            with_listed("other-pool", "odd-pool"),
+            pod("cpu-only", json!({})),
+        ];
+        let (holders, out_of_reach) = driver_device_holders(&pods, &claims, DRIVER, "n1");
+        let names = |v: &[PodRef]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&holders), ["trainer", "other-pool"]);
+        assert_eq!(names(&out_of_reach), ["other-pool"], "the rule selects the pool named after the node");
+        // A finished pod nobody deletes was unprepared: it holds nothing, whatever its claim says.
+        let done = pod(
+            "done",
+            json!({"status": {"phase": "Succeeded", "extendedResourceClaimStatus": {"resourceClaimName": "gpu-claim", "requestMappings": []}}}),
+        );
+        assert!(!holds_driver_device(&done, &claims, DRIVER));
+        assert_eq!(claim_names(&with_listed("x", "c")), ["ml/c"]);
     }
 
     fn gpu_limits() -> serde_json::Value {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -93,6 +93,10 @@ pub struct NodeReads {
     /// Whether `pods` was read this reconcile (an empty list read from the API says the node has
     /// no pods; an unread one says nothing).
     pub pods_read: bool,
+    /// The allocations of the claims the node's pods hold, by `namespace/name`: read while
+    /// RollingBack, to tell the pods that hold the driver's devices from those that hold another
+    /// driver's. A claim that is gone is absent.
+    pub claims: drain::ClaimDevices,
     /// The node's rollback DeviceTaintRule exists: read while RollingBack or Failed.
     pub taint_rule_exists: bool,
     /// The node's canary pod, if any: read while Verifying with a canary configured.
@@ -334,6 +338,9 @@ pub async fn node(
         reads.pods.retain(|p| drain::read_by_step(p, &res, &spec.strategy.drain, (&dp.namespace, &dp.name)));
         reads.pods.shrink_to_fit();
         reads.pods_read = true;
+        if state == NodeState::RollingBack {
+            reads.claims = claims_held(client, &reads.pods).await?;
+        }
     }
     if matches!(state, NodeState::RollingBack | NodeState::Failed) {
         let rule_name = taint_rule_name(&pn.name);
@@ -350,6 +357,29 @@ pub async fn node(
             .map_err(|source| Error::CreateCanary { node: pn.name.clone(), source })?;
     }
     Ok(reads)
+}
+
+/// The allocated devices of each claim `pods` hold (one GET per claim: a rolling-back node's
+/// pods hold a handful). A claim that is gone is left out.
+async fn claims_held(client: &kube::Client, pods: &[Pod]) -> Result<drain::ClaimDevices> {
+    let mut claims = drain::ClaimDevices::new();
+    for key in pods.iter().filter(|p| drain::holds_dra_claim(p)).flat_map(drain::claim_names) {
+        if claims.contains_key(&key) {
+            continue;
+        }
+        let (namespace, name) = key.split_once('/').unwrap_or_default();
+        let got = Api::<ResourceClaim>::namespaced(client.clone(), namespace).get_opt(name).await.map_err(
+            |source| Error::GetResourceClaim {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source,
+            },
+        )?;
+        if let Some(claim) = got {
+            claims.insert(key, drain::allocated_devices(&claim));
+        }
+    }
+    Ok(claims)
 }
 
 /// Whether a Switching node's pods are read. Before the device plugin has left (allocatable 0) the

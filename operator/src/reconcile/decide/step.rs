@@ -204,7 +204,7 @@ pub fn node_step(
     let state = pn.state();
     let failure = pn.failure();
 
-    let (selection, claim_holders) = pods_in_play(spec, state, reads, &res);
+    let (selection, claim_holders) = pods_in_play(spec, &name, state, reads, &res);
     // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
     let attempt = parse_since(&pn).map(|t| t.as_second().to_string()).unwrap_or_default();
     let canary = canary(spec, state, reads, &attempt);
@@ -290,9 +290,11 @@ pub fn node_step(
 }
 
 /// The pods a step judges: those a drain moves (a switch looks only at late arrivals; a pod
-/// the scheduler served through a claim is DRA's), or, rolling back, how many hold a DRA claim.
+/// the scheduler served through a claim is DRA's), or, rolling back, those that hold a device of
+/// the migration's driver on `node`, and how many.
 fn pods_in_play(
     spec: &GpuPoolMigrationSpec,
+    node: &str,
     state: NodeState,
     reads: &NodeReads,
     res: &[&str],
@@ -309,7 +311,15 @@ fn pods_in_play(
             (drain::select(&late, res, &spec.strategy.drain), 0)
         }
         NodeState::RollingBack => {
-            (drain::Selection::default(), reads.pods.iter().filter(|p| drain::holds_dra_claim(p)).count())
+            let (holders, out_of_reach) =
+                drain::driver_device_holders(&reads.pods, &reads.claims, &spec.driver.name, node);
+            let count = holders.len();
+            let selection = drain::Selection {
+                claim_holders: holders,
+                claim_holders_out_of_reach: out_of_reach,
+                ..Default::default()
+            };
+            (selection, count)
         }
         _ => (drain::Selection::default(), 0),
     }
@@ -350,6 +360,19 @@ fn beside_the_node(
                 WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
                 _ => None,
             };
+            if *reason == WaitReason::EvictingClaimHolders {
+                // The rule evicts them; those it cannot reach only a person can move.
+                step.message = format!("{} ({})", step.message, drain::names(&selection.claim_holders, 5));
+                let stuck = &selection.claim_holders_out_of_reach;
+                if !stuck.is_empty() {
+                    step.message = format!(
+                        "{}; {} hold devices of {} in a pool not named after the node, which the rollback's DeviceTaintRule does not select: delete them",
+                        step.message,
+                        drain::names(stuck, 5),
+                        spec.driver.name
+                    );
+                }
+            }
             if let Some(pods) = named {
                 step.message = format!("{} ({})", step.message, drain::names(pods, 5));
                 // Only a person can unblock these: say so once per change, not per reconcile.
