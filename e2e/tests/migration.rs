@@ -1275,6 +1275,63 @@ async fn deleting_the_device_plugin_after_completion_keeps_the_pool_ready_and_a_
     .await
 }
 
+/// One GPU takes a critical XID while its node switches: the device plugin counted it, the
+/// driver publishes it tainted. The node switches on all its GPUs, the unhealthy one counted and
+/// named in an UnhealthyDevices event, instead of failing with SwitchTimeout and pausing the pool.
+#[tokio::test]
+async fn a_gpu_with_an_xid_during_the_switch_is_counted_and_reported_and_the_pool_completes()
+-> anyhow::Result<()> {
+    let _serial = pool::SERIAL.lock().await;
+    // The device plugin's GPUs stay 10 s after its pod leaves, so the fault lands while the
+    // driver's devices still wait on the interlock.
+    let pool = Pool::with_unregister_delay("xid", 2, 4, Duration::from_secs(10)).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let overrides = json!({"strategy": {"maxUnavailable": 1, "onFailure": "Pause", "verify": {"timeoutSeconds": 60}}});
+        let gpm = pool.migration(&name, overrides)?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let (node, url) =
+            switchyard_e2e::wait::until("the first switching node's agent", Duration::from_secs(60), || async {
+                for n in &pool.nodes {
+                    if let Some(url) = pool.sim().agent_fault_url(n).await {
+                        return Ok(Some((n.clone(), url)));
+                    }
+                }
+                Ok(None)
+            })
+            .await?;
+        let xid = json!({"device": "gpu-1", "kind": "xid", "xid": 79});
+        let (code, _) = switchyard_e2e::measure::http("POST", &url, Some(&xid)).await?;
+        anyhow::ensure!(code == 202, "POST {url} {xid} answered {code}");
+
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let st = done.status.as_ref().unwrap();
+        assert_eq!((st.nodes.migrated, st.nodes.failed), (2, 0), "{:?}", st.failed);
+        let events = object_events(pool, "Node", &node).await?;
+        let unhealthy = events.iter().find(|(r, _)| r == "UnhealthyDevices");
+        assert!(
+            unhealthy.is_some_and(|(_, note)| note.contains("1 unhealthy device(s)") && note.contains("gpu-1")),
+            "{node}: {events:?}"
+        );
+        // The driver still keeps it out of scheduling.
+        let slices = Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(pool.client.clone())
+            .list(&ListParams::default())
+            .await?;
+        let tainted = slices
+            .items
+            .iter()
+            .filter(|s| s.spec.driver == pool.driver && s.spec.node_name.as_deref() == Some(node.as_str()))
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .find(|d| d.name == "gpu-1")
+            .and_then(|d| d.taints.clone())
+            .unwrap_or_default();
+        assert!(tainted.iter().any(|t| t.key.ends_with("/xid") && t.value.as_deref() == Some("79")), "{tainted:?}");
+        Ok(())
+    })
+    .await
+}
+
 /// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
 async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())

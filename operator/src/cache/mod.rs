@@ -151,6 +151,9 @@ pub struct DeviceCounts {
     pub devices: u64,
     /// Devices without a NoSchedule or NoExecute taint.
     pub schedulable: u64,
+    /// Devices the node has to serve, unhealthy ones included ([`crate::pool::overlap::present`]):
+    /// what a switch counts.
+    pub present: u64,
 }
 
 impl DeviceCounts {
@@ -159,6 +162,7 @@ impl DeviceCounts {
         DeviceCounts {
             devices: crate::pool::overlap::dra_devices(slices, driver, node),
             schedulable: crate::pool::overlap::schedulable_dra_devices(slices, driver, node),
+            present: crate::pool::overlap::present(slices, driver, node).count() as u64,
         }
     }
 }
@@ -167,6 +171,7 @@ impl std::ops::AddAssign for DeviceCounts {
     fn add_assign(&mut self, other: Self) {
         self.devices += other.devices;
         self.schedulable += other.schedulable;
+        self.present += other.present;
     }
 }
 
@@ -580,7 +585,7 @@ mod tests {
         let slice = gpu_slice("s-1", "gpu.switchyard.dev", "gpu-1");
         let cached = CachedSlice::new(slice.clone());
         // gpu-1's NoSchedule taint: 3 devices, 2 the scheduler may allocate.
-        assert_eq!(cached.counts(), DeviceCounts { devices: 3, schedulable: 2 });
+        assert_eq!(cached.counts(), DeviceCounts { devices: 3, schedulable: 2, present: 3 });
         assert_eq!(cached.counts(), DeviceCounts::of(&[&slice], "gpu.switchyard.dev", "gpu-1"));
         assert_eq!(
             (cached.name(), cached.driver(), cached.node_name()),

@@ -9,7 +9,9 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use crate::node::slim::SlimNode;
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
+
+use crate::well_known::{TAINT_KEY_DEVICE_PLUGIN_ACTIVE, TAINT_KEY_DRIVER_UNAVAILABLE};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Pool resources in the node's `status.allocatable`, by name. Unparsable or fractional
@@ -60,6 +62,47 @@ pub fn schedulable<'a>(
     node_slices(slices, driver, node)
         .flat_map(|s| s.spec.devices.iter().flatten())
         .filter(|d| !d.taints.iter().flatten().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"))
+}
+
+/// Whether `t` keeps a device out of scheduling.
+fn keeps_out(t: &DeviceTaint) -> bool {
+    t.effect == "NoSchedule" || t.effect == "NoExecute"
+}
+
+/// Whether `t` is one of Switchyard's agent's node-wide taints: the device-plugin interlock, or
+/// the driver shutting down. They say nothing of the GPU itself.
+fn node_wide(t: &DeviceTaint, driver: &str) -> bool {
+    t.key
+        .strip_prefix(driver)
+        .and_then(|k| k.strip_prefix('/'))
+        .is_some_and(|k| k == TAINT_KEY_DEVICE_PLUGIN_ACTIVE || k == TAINT_KEY_DRIVER_UNAVAILABLE)
+}
+
+/// Devices our driver publishes for `node` that are the node's to serve: every device but those a
+/// node-wide taint keeps out (the interlock, a driver shutting down). A device tainted unhealthy
+/// (an XID, an ECC error, a GPU lost) is still one of the node's GPUs: a switch counts it against
+/// the GPUs the device plugin had, which counted it too, and reports it ([`unhealthy`]) instead of
+/// waiting for a GPU that will not come back.
+pub fn present<'a>(
+    slices: &'a [impl Borrow<ResourceSlice>],
+    driver: &'a str,
+    node: &'a str,
+) -> impl Iterator<Item = &'a Device> {
+    node_slices(slices, driver, node)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(move |d| !d.taints.iter().flatten().any(|t| keeps_out(t) && node_wide(t, driver)))
+}
+
+/// The [`present`] devices that a taint keeps out, by name, with the taint's key and value:
+/// `gpu-3 (gpu.switchyard.dev/xid=79)`.
+pub fn unhealthy(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str) -> Vec<String> {
+    present(slices, driver, node)
+        .filter_map(|d| {
+            let t = d.taints.iter().flatten().find(|t| keeps_out(t))?;
+            let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+            Some(format!("{} ({}{value})", d.name, t.key))
+        })
+        .collect()
 }
 
 fn node_slices<'a>(

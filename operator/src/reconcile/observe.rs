@@ -163,7 +163,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     // and those states read nothing. Nodes read side by side, a bounded number at a time.
     let mut runs = Vec::new();
     for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
-        let published = dra_counts.get(&pn.name).map_or(0, |c| c.schedulable);
+        let published = dra_counts.get(&pn.name).map_or(0, |c| c.present);
         runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published).await) });
     }
     let reads: Vec<(String, Result<NodeReads>)> = super::bounded_in_order(runs, NODE_READ_CONCURRENCY).await;
@@ -315,7 +315,8 @@ async fn candidate_counts<'n>(
 
 /// The reads `pn`'s step needs in its state. A node in a state that needs none costs no request.
 /// A Switching node's pods are read only when they can decide something (see [`switch_reads_pods`]);
-/// `published` is how many schedulable devices the driver publishes for it.
+/// `published` is how many devices the driver publishes for it that it has to serve, unhealthy ones
+/// included ([`DeviceCounts::present`]).
 pub async fn node(
     ctx: &Context,
     spec: &GpuPoolMigrationSpec,
@@ -557,8 +558,8 @@ mod tests {
         assert_eq!(
             counts,
             HashMap::from([
-                ("n1".to_string(), DeviceCounts { devices: 4, schedulable: 3 }),
-                ("n2".to_string(), DeviceCounts { devices: 2, schedulable: 1 }),
+                ("n1".to_string(), DeviceCounts { devices: 4, schedulable: 3, present: 4 }),
+                ("n2".to_string(), DeviceCounts { devices: 2, schedulable: 1, present: 2 }),
             ]),
             "every node with our driver's slices, other drivers not counted"
         );

@@ -634,6 +634,44 @@ mod tests {
         assert!(!step.remove_finished_canary);
     }
 
+    /// One GPU with an XID on an 8-GPU node: the device plugin counted it (capacity 8), the
+    /// driver publishes it tainted. The switch counts it and says so; it does not wait for it.
+    #[test]
+    fn a_switch_counts_an_unhealthy_gpu_and_reports_it_but_not_a_device_the_interlock_holds() {
+        let taint =
+            |key: &str, value: Option<&str>| json!([{"key": key, "value": value, "effect": "NoSchedule"}]);
+        let with_taint = |i: usize, taints: Value| {
+            let mut s = slice("n0", 8);
+            let mut devices = serde_json::to_value(&s.spec.devices).unwrap();
+            devices[i]["taints"] = taints;
+            s.spec.devices = serde_json::from_value(devices).unwrap();
+            s
+        };
+        let mut w = switched_world();
+        w.slices = vec![with_taint(3, taint(&format!("{DRIVER}/xid"), Some("79")))];
+        let d = decide(&w);
+        let step = d.steps.iter().find(|s| s.node == "n0").unwrap();
+        assert_eq!(step.action, Action::StartVerify, "{}", step.message);
+        let event =
+            step.events.iter().find(|e| e.reason == "UnhealthyDevices").expect("an UnhealthyDevices event");
+        assert_eq!(event.type_, EventType::Warning);
+        assert!(
+            event.note.contains("1 unhealthy device(s)")
+                && event.note.contains(&format!("gpu-3 ({DRIVER}/xid=79)")),
+            "{}",
+            event.note
+        );
+        assert!(step.message.contains("gpu-3"), "{}", step.message);
+
+        // The interlock's taint holds a device back for a node-wide reason: not counted yet.
+        let mut w = switched_world();
+        w.slices = vec![with_taint(3, taint(&format!("{DRIVER}/device-plugin-active"), None))];
+        let d = decide(&w);
+        let step = d.steps.iter().find(|s| s.node == "n0").unwrap();
+        assert_eq!(waits(&d, "n0"), Some(WaitReason::WaitingForResourceSlices), "{}", step.message);
+        assert!(step.events.iter().all(|e| e.reason != "UnhealthyDevices"));
+    }
+
     #[test]
     fn a_switch_counts_only_the_devices_the_pool_classes_select() {
         let mut w = switched_world();

@@ -180,7 +180,7 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
             continue;
         }
         let reads = s.node_reads.get(n).unwrap_or(&no_reads);
-        let published = node_counts(s, node).schedulable;
+        let published = node_counts(s, node).present;
         steps.push(node_step(&view, node, node_slices(s, node), published, reads, start, last));
     }
     steps
@@ -212,11 +212,12 @@ pub fn node_step(
     let alloc = overlap::allocatable(node, &res);
     // What the pool's classes select of the node's DRA devices: only a switch waiting on its
     // slices needs it.
-    let selected = match (state, pn.backend(), gpus_before_map(&pn)) {
-        (NodeState::Switching, Backend::Dra, Some(before)) => {
-            v.selectors.for_switch(overlap::schedulable(slices, &spec.driver.name, &name), &before)
-        }
-        _ => Selected::default(),
+    let (selected, unhealthy) = match (state, pn.backend(), gpus_before_map(&pn)) {
+        (NodeState::Switching, Backend::Dra, Some(before)) => (
+            v.selectors.for_switch(overlap::present(slices, &spec.driver.name, &name), &before),
+            overlap::unhealthy(slices, &spec.driver.name, &name),
+        ),
+        _ => (Selected::default(), Vec::new()),
     };
     // What DRA must publish for the node to count as switched: a shared GPU counts once.
     let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res);
@@ -241,8 +242,8 @@ pub fn node_step(
         allocatable: alloc.values().sum(),
         device_plugin_gpus: dp_gpus.values().sum(),
         gpus_before: gpus_before(&pn),
-        // Only devices the scheduler can allocate count: the agent keeps them tainted until the
-        // device plugin's capacity is gone.
+        // The node's devices, unhealthy ones included: the agent's interlock keeps them all out
+        // until the device plugin's capacity is gone, and those do not count.
         dra_devices: published,
         dra_selected: selected.counted,
         selection_note: selected.note,
@@ -285,6 +286,24 @@ pub fn node_step(
         let (type_, reason, note) = transition_event(&action, &name, state, &spec.driver.name);
         step.events.push(NodeEvent { type_, reason, note: note.clone() });
         step.message = note;
+    }
+    // A switch that counts unhealthy devices says so once, as it completes: they are the node's
+    // GPUs, and the driver keeps them out of scheduling until they recover.
+    if state == NodeState::Switching
+        && matches!(action, Action::Complete | Action::StartVerify)
+        && !unhealthy.is_empty()
+    {
+        let note = format!(
+            "node {name} switched with {} unhealthy device(s), counted and kept out of scheduling by their taints: {}",
+            unhealthy.len(),
+            unhealthy.join(", ")
+        );
+        step.events.push(NodeEvent {
+            type_: EventType::Warning,
+            reason: "UnhealthyDevices",
+            note: note.clone(),
+        });
+        step.message = format!("{}; {note}", step.message);
     }
     step
 }
