@@ -168,9 +168,9 @@ pub struct DriverSpec {
     pub daemon_set: DaemonSetRef,
 
     /// Whether the driver keeps its own devices unschedulable while the node still advertises
-    /// device-plugin GPUs (`nvidia.com/*` in `status.allocatable`). Switchyard's driver does: it
+    /// device-plugin GPUs (its GPU resources in `status.allocatable`). Switchyard's driver does: it
     /// taints every device `<driver>/device-plugin-active` until the device plugin's resources are
-    /// gone (`--device-plugin-prefix`). With it, a node's switch starts the driver while the device
+    /// gone (`--device-plugin-resources`). With it, a node's switch starts the driver while the device
     /// plugin leaves. Without it (any other driver, such as NVIDIA's `gpu.nvidia.com`), Switchyard
     /// switches in sequence: it first labels the node `switchyard.dev/gpu-backend=none`, so that
     /// neither DaemonSet runs there, waits until the device plugin's pod is gone and allocatable
@@ -198,6 +198,19 @@ pub struct DevicePluginSpec {
     /// The DaemonSet that runs the NVIDIA device plugin. It must not run on nodes labelled
     /// `switchyard.dev/gpu-backend=dra`.
     pub daemon_set: DaemonSetRef,
+
+    /// Extended resources the device plugin advertises for GPUs besides the names it uses by
+    /// default (`nvidia.com/gpu`, `nvidia.com/gpu.shared` and `nvidia.com/mig-*`): a name its
+    /// `resources` config renames a GPU or a MIG profile to. Each is an exact name, or a prefix
+    /// ending in `*`. A pool node that advertises one of these, or a default name, that no
+    /// `spec.resources` entry maps does not start (`UnmappedResources`). Other `nvidia.com/*`
+    /// resources, such as the NVIDIA Network Operator's SR-IOV and RDMA devices, are not GPUs
+    /// and are left alone. Give Switchyard's agent the same names (`--device-plugin-resources`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 253)))]
+    #[x_kube(validation = Rule::new("self.all(r, r.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') || r.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[*]$'))")
+        .message("spec.devicePlugin.gpuResources[] must be an extended resource name such as nvidia.com/a100, or a prefix of one ending in *, such as nvidia.com/a100-*"))]
+    pub gpu_resources: Vec<String>,
 }
 
 /// A reference to a DaemonSet.

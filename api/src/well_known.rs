@@ -75,6 +75,30 @@ pub const TAINT_KEY_DEVICE_PLUGIN_ACTIVE: &str = "device-plugin-active";
 
 /// The extended resource the NVIDIA device plugin advertises for a full GPU.
 pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The extended resources NVIDIA's device plugin advertises for GPUs by default: whole GPUs,
+/// their shared rename (`renameByDefault`), and MIG profiles (`nvidia.com/mig-1g.10gb`, shared or
+/// not). Exact names, or prefixes ending in `*` ([`resource_matches`]). The NVIDIA Network
+/// Operator's `nvidia.com/*` resources (SR-IOV VFs, RDMA devices) are not GPUs.
+pub const DEVICE_PLUGIN_GPU_RESOURCES: [&str; 3] =
+    ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"];
+
+/// Whether the extended resource `name` matches `pattern`: the same name, or, for a pattern
+/// ending in `*`, a name that starts with what comes before it.
+pub fn resource_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == pattern,
+    }
+}
+
+/// Whether the device plugin's resource `name` is a GPU: one of [`DEVICE_PLUGIN_GPU_RESOURCES`]
+/// or of `extra` (a migration's `spec.devicePlugin.gpuResources`, the agent's
+/// `--device-plugin-resources`).
+pub fn is_gpu_resource(name: &str, extra: &[impl AsRef<str>]) -> bool {
+    DEVICE_PLUGIN_GPU_RESOURCES.iter().any(|p| resource_matches(p, name))
+        || extra.iter().any(|p| resource_matches(p.as_ref(), name))
+}
+
 /// The driver name of NVIDIA's DRA driver for GPUs (`k8s-dra-driver-gpu`).
 pub const NVIDIA_DRA_DRIVER: &str = "gpu.nvidia.com";
 
@@ -113,3 +137,29 @@ pub const LABEL_CANARY_ATTEMPT: &str = "switchyard.dev/canary-attempt";
 /// it is deleted or drops it, even a class that did not win the name; an update of the remaining
 /// class is what makes the scheduler map the name again.
 pub const ANNOTATION_SCHEDULER_SYNC: &str = "switchyard.dev/scheduler-sync";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_resources_are_the_device_plugins_names_and_the_extra_ones() {
+        let none: [&str; 0] = [];
+        let cases = [
+            ("nvidia.com/gpu", true),
+            ("nvidia.com/gpu.shared", true),
+            ("nvidia.com/mig-1g.10gb", true),
+            ("nvidia.com/mig-3g.40gb.shared", true),
+            ("nvidia.com/gpus", false),
+            ("nvidia.com/hostdev", false),
+            ("nvidia.com/rdma_shared_device_a", false),
+            ("amd.com/gpu", false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_gpu_resource(name, &none), want, "{name}");
+        }
+        assert!(is_gpu_resource("nvidia.com/a100", &["nvidia.com/a100"]));
+        assert!(is_gpu_resource("nvidia.com/a100-80gb", &["nvidia.com/a100*"]));
+        assert!(!is_gpu_resource("nvidia.com/h100", &["nvidia.com/a100*"]));
+    }
+}

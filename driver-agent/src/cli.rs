@@ -70,12 +70,14 @@ pub struct Args {
     /// Address for /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
-    /// Extended-resource prefixes of the device plugin this driver replaces. While the node
-    /// advertises any of them as allocatable, every device is published with a
-    /// `<driver>/device-plugin-active` NoSchedule taint, so no node is served by both backends.
+    /// The GPU resources of the device plugin this driver replaces: exact names, or prefixes
+    /// ending in `*`. While the node advertises any of them as allocatable, every device is
+    /// published with a `<driver>/device-plugin-active` NoSchedule taint, so no node is served
+    /// by both backends. Add the names the device plugin's config renames GPUs to (as in the
+    /// migration's `spec.devicePlugin.gpuResources`); leave out resources that are not GPUs.
     /// Pass an empty value to turn the interlock off.
-    #[arg(long, value_delimiter = ',', default_value = coexistence::DEFAULT_PREFIX)]
-    pub device_plugin_prefix: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = coexistence::DEFAULT_RESOURCES)]
+    pub device_plugin_resources: Vec<String>,
     /// Seconds a device must stay healthy before its health taints are removed.
     #[arg(long, default_value_t = 300)]
     pub health_hold_seconds: u64,
@@ -358,10 +360,10 @@ async fn run_agent(
     status: Status,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
-    let prefixes = args.device_plugin_prefixes();
-    let coexistence = match prefixes.is_empty() {
+    let patterns = args.device_plugin_resource_patterns();
+    let coexistence = match patterns.is_empty() {
         true => Guard::disabled(),
-        false => Guard::watch(client.clone(), id.node_name.clone(), prefixes),
+        false => Guard::watch(client.clone(), id.node_name.clone(), patterns),
     };
     let slices = SliceWatch::watch(client.clone(), &id);
     let client_for_events = client.clone();
@@ -415,9 +417,15 @@ async fn run_agent(
 }
 
 impl Args {
-    /// The device-plugin prefixes of the interlock; empty (`--device-plugin-prefix=`) turns it off.
-    pub fn device_plugin_prefixes(&self) -> Vec<String> {
-        self.device_plugin_prefix.iter().filter(|p| !p.trim().is_empty()).cloned().collect()
+    /// The device-plugin resources of the interlock; empty (`--device-plugin-resources=`) turns
+    /// it off.
+    pub fn device_plugin_resource_patterns(&self) -> Vec<String> {
+        self.device_plugin_resources
+            .iter()
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
     }
 }
 
@@ -444,13 +452,19 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_device_plugin_prefix_turns_the_interlock_off() {
+    fn an_empty_device_plugin_resource_list_turns_the_interlock_off() {
         let on = parse(&["--node-name", "n1"]).unwrap();
-        assert_eq!(on.device_plugin_prefixes(), [coexistence::DEFAULT_PREFIX]);
-        let off = parse(&["--node-name", "n1", "--device-plugin-prefix="]).unwrap();
-        assert!(off.device_plugin_prefixes().is_empty(), "{:?}", off.device_plugin_prefix);
-        let two = parse(&["--node-name", "n1", "--device-plugin-prefix", "nvidia.com/,amd.com/"]).unwrap();
-        assert_eq!(two.device_plugin_prefixes(), ["nvidia.com/", "amd.com/"]);
+        assert_eq!(
+            on.device_plugin_resource_patterns(),
+            switchyard_api::well_known::DEVICE_PLUGIN_GPU_RESOURCES,
+            "the default is the device plugin's GPU names"
+        );
+        let off = parse(&["--node-name", "n1", "--device-plugin-resources="]).unwrap();
+        assert!(off.device_plugin_resource_patterns().is_empty(), "{:?}", off.device_plugin_resources);
+        let two =
+            parse(&["--node-name", "n1", "--device-plugin-resources", "nvidia.com/gpu, nvidia.com/a100-*"])
+                .unwrap();
+        assert_eq!(two.device_plugin_resource_patterns(), ["nvidia.com/gpu", "nvidia.com/a100-*"]);
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! `status.allocatable` for that name is above zero. During a switch the device plugin's pod is
 //! stopping while this agent is starting, and the kubelet only drops the plugin's capacity a
 //! moment later; on a misconfigured node both may run for good. So the agent watches its own
-//! Node and, while any device-plugin resource (by default every `nvidia.com/` name) is still
-//! allocatable, publishes every device with a `<driver>/device-plugin-active` NoSchedule taint.
-//! The scheduler then allocates nothing from the DRA side until the device plugin is gone.
+//! Node and, while any of the device plugin's GPU resources (by default `nvidia.com/gpu`,
+//! `nvidia.com/gpu.shared` and `nvidia.com/mig-*`) is still allocatable, publishes every device
+//! with a `<driver>/device-plugin-active` NoSchedule taint. The scheduler then allocates nothing
+//! from the DRA side until the device plugin is gone. Other `nvidia.com/*` resources, such as the
+//! NVIDIA Network Operator's SR-IOV and RDMA devices, stay on their node for good and are not
+//! GPUs: they do not hold the taint.
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -15,16 +18,16 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-/// The extended-resource prefix of the NVIDIA device plugin (`nvidia.com/gpu`,
-/// `nvidia.com/mig-1g.10gb`, ...).
-pub const DEFAULT_PREFIX: &str = "nvidia.com/";
+/// The device plugin's GPU resources the interlock watches by default, comma-separated.
+pub const DEFAULT_RESOURCES: &str = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*";
 
-/// The device-plugin resources `node` advertises as allocatable (non-zero), by name. Pure.
-pub fn active_resources(node: &Node, prefixes: &[String]) -> Vec<String> {
+/// The device-plugin resources `node` advertises as allocatable (non-zero), by name: those that
+/// match one of `patterns` (exact names, or prefixes ending in `*`). Pure.
+pub fn active_resources(node: &Node, patterns: &[String]) -> Vec<String> {
     let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) else { return Vec::new() };
     alloc
         .iter()
-        .filter(|(name, _)| prefixes.iter().any(|p| name.starts_with(p.as_str())))
+        .filter(|(name, _)| patterns.iter().any(|p| switchyard_api::well_known::resource_matches(p, name)))
         .filter(|(_, q)| !is_zero(&q.0))
         .map(|(name, _)| name.clone())
         .collect()
@@ -65,7 +68,7 @@ impl Guard {
     /// Watches `node` and keeps the guard current. Until the first observation the device
     /// plugin is assumed active: publishing allocatable devices before knowing is what the
     /// interlock exists to prevent.
-    pub fn watch(client: Client, node: String, prefixes: Vec<String>) -> Self {
+    pub fn watch(client: Client, node: String, patterns: Vec<String>) -> Self {
         let (tx, rx) = watch::channel(Some(Timestamp::now()));
         tokio::spawn(async move {
             let api: Api<Node> = Api::all(client);
@@ -81,7 +84,7 @@ impl Guard {
                         continue;
                     }
                 };
-                let active = active_resources(&n, &prefixes);
+                let active = active_resources(&n, &patterns);
                 let was = *tx.borrow();
                 let now = match (active.is_empty(), was) {
                     (true, _) => None,
@@ -121,8 +124,8 @@ mod tests {
     type Case = (&'static [(&'static str, &'static str)], &'static [&'static str]);
 
     #[test]
-    fn only_non_zero_device_plugin_resources_count() {
-        let prefixes = vec![DEFAULT_PREFIX.to_owned()];
+    fn only_non_zero_device_plugin_gpu_resources_count() {
+        let patterns: Vec<String> = DEFAULT_RESOURCES.split(',').map(str::to_owned).collect();
         let cases: &[Case] = &[
             (&[], &[]),
             (&[("cpu", "32"), ("memory", "256Gi")], &[]),
@@ -130,17 +133,23 @@ mod tests {
             (&[("nvidia.com/gpu", "0")], &[]),
             (&[("nvidia.com/gpu", "0"), ("nvidia.com/mig-1g.10gb", "7")], &["nvidia.com/mig-1g.10gb"]),
             (&[("example.com/gpu", "2")], &[]),
+            (
+                &[("nvidia.com/gpu.shared", "32"), ("nvidia.com/mig-2g.20gb.shared", "6")],
+                &["nvidia.com/gpu.shared", "nvidia.com/mig-2g.20gb.shared"],
+            ),
+            // The NVIDIA Network Operator's resources are not GPUs: they never go away.
+            (&[("nvidia.com/hostdev", "4"), ("nvidia.com/rdma_shared_device_a", "1k")], &[]),
             // A quantity we cannot read is treated as present: failing safe keeps the taint.
             (&[("nvidia.com/gpu", "1k")], &["nvidia.com/gpu"]),
         ];
         for (alloc, want) in cases {
-            assert_eq!(active_resources(&node(alloc), &prefixes), *want, "{alloc:?}");
+            assert_eq!(active_resources(&node(alloc), &patterns), *want, "{alloc:?}");
         }
     }
 
     #[test]
     fn no_status_means_nothing_active() {
         let n: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).unwrap();
-        assert!(active_resources(&n, &[DEFAULT_PREFIX.to_owned()]).is_empty());
+        assert!(active_resources(&n, &["nvidia.com/gpu".to_owned()]).is_empty());
     }
 }

@@ -62,7 +62,7 @@ pub enum DriverFlavor {
     #[default]
     Switchyard,
     /// A driver without the interlock, as NVIDIA's `gpu.nvidia.com` is: the same agent under
-    /// `<pool>.gpu.example.com`, started with `--device-plugin-prefix=`, so it publishes
+    /// `<pool>.gpu.example.com`, started with `--device-plugin-resources=`, so it publishes
     /// untainted devices as soon as it runs. Migrations leave `devicePluginInterlock` unset, so
     /// the operator switches such nodes in sequence.
     ThirdParty,

@@ -264,8 +264,8 @@ pub struct AgentSettings {
     pub work_dir: std::path::PathBuf,
     /// `--health-hold-seconds` for the agent.
     pub health_hold_seconds: u64,
-    /// Run the agent with its device-plugin interlock (the default `--device-plugin-prefix`).
-    /// Without it (`--device-plugin-prefix=`) the agent plays a driver that has none, as
+    /// Run the agent with its device-plugin interlock (the default `--device-plugin-resources`).
+    /// Without it (`--device-plugin-resources=`) the agent plays a driver that has none, as
     /// NVIDIA's `gpu.nvidia.com` has none: it publishes untainted devices as soon as it starts.
     pub device_plugin_interlock: bool,
 }
@@ -1205,7 +1205,7 @@ fn spawn_agent(
         .arg(&inventory)
         .args(["--fault-listen", &fault_addr.to_string(), "--listen", "127.0.0.1:0"])
         .args(["--health-hold-seconds", &settings.health_hold_seconds.to_string()])
-        .args((!settings.device_plugin_interlock).then_some("--device-plugin-prefix="))
+        .args((!settings.device_plugin_interlock).then_some("--device-plugin-resources="))
         .env("KUBECONFIG", &settings.kubeconfig)
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -1332,6 +1332,39 @@ async fn a_gpu_with_an_xid_during_the_switch_is_counted_and_reported_and_the_poo
     .await
 }
 
+/// The NVIDIA Network Operator's SR-IOV device plugin advertises `nvidia.com/hostdev` on a GPU
+/// node. It is not a GPU: it neither blocks the pool as an unmapped resource nor keeps the
+/// agent's `device-plugin-active` taint on the node's GPUs after the switch.
+#[tokio::test]
+async fn a_network_operator_resource_beside_the_gpus_neither_blocks_the_pool_nor_holds_the_interlock()
+-> anyhow::Result<()> {
+    with_pool("hostdev", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let nic_node = pool.nodes[0].clone();
+        let hostdev = json!({"status": {"capacity": {"nvidia.com/hostdev": "4"}, "allocatable": {"nvidia.com/hostdev": "4"}}});
+        Api::<Node>::all(pool.client.clone())
+            .patch_status(&nic_node, &PatchParams::default(), &Patch::Merge(&hostdev))
+            .await?;
+        pool.deployment("trainer", 4, 1).await?;
+        pool.wait_running(4).await?;
+        let done = migrate_forward(pool, &name, json!({})).await?;
+        let prerequisites = condition(&done, "PrerequisitesMet").unwrap();
+        assert_eq!((prerequisites.status.as_str(), prerequisites.reason.as_str()), ("True", "AllMet"));
+        let node = Api::<Node>::all(pool.client.clone()).get(&nic_node).await?;
+        assert_eq!(pool::allocatable(&node, "nvidia.com/hostdev"), 4, "the NIC resource is still there");
+        // Every GPU of the node is allocatable through DRA: four pods fit on the pool's four GPUs.
+        let pods = pool.wait_running(4).await?;
+        assert_gpu_pods_on_dra(pool, &pods).await?;
+        assert_eq!(
+            pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(nic_node.as_str())).count(),
+            2,
+            "both GPUs of {nic_node} serve pods"
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
 async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())

@@ -9,7 +9,8 @@
 //! `none`), `nvidia.com/gpu.replicas` (replicas per GPU) and `nvidia.com/gpu.count` (physical
 //! GPUs). A node whose device plugin advertises more `nvidia.com/gpu` than its `gpu.count` shares
 //! too, labels or not. A renamed shared resource (`renameByDefault` makes it `nvidia.com/gpu.shared`)
-//! is an unmapped resource.
+//! is an unmapped resource. Only the device plugin's GPU resources can be unmapped: the NVIDIA
+//! Network Operator's `nvidia.com/*` resources are not GPUs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,7 +19,7 @@ use kube::ResourceExt;
 
 use crate::node::record::{Backend, node_backend};
 use crate::pool::overlap;
-use crate::well_known::NVIDIA_GPU_RESOURCE;
+use crate::well_known::{NVIDIA_GPU_RESOURCE, is_gpu_resource};
 
 /// GFD: how the device plugin shares each GPU (`none`, `time-slicing`, `mps`).
 pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
@@ -26,8 +27,6 @@ pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
 pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
 /// GFD: the node's physical GPUs.
 pub const LABEL_GPU_COUNT: &str = "nvidia.com/gpu.count";
-/// The vendor prefix whose resources the check looks at.
-const NVIDIA_PREFIX: &str = "nvidia.com/";
 /// How many nodes a message names before it says "and N more".
 const NAMED: usize = 5;
 
@@ -117,7 +116,15 @@ pub fn sharing(node: &SlimNode) -> Option<SharedNode> {
 
 /// Judges the pool nodes that are still to move forward (on the device plugin, not yet
 /// Migrated): a node already on DRA advertises nothing through the device plugin.
-pub fn check<'a>(nodes: impl IntoIterator<Item = &'a SlimNode>, mapped: &[&str]) -> Check {
+///
+/// Only the device plugin's GPU resources count as unmapped: its default names and
+/// `gpu_resources` (`spec.devicePlugin.gpuResources`; see
+/// [`crate::well_known::is_gpu_resource`]). The Network Operator's `nvidia.com/*` are not GPUs.
+pub fn check<'a>(
+    nodes: impl IntoIterator<Item = &'a SlimNode>,
+    mapped: &[&str],
+    gpu_resources: &[String],
+) -> Check {
     let mut out = Check::default();
     for node in nodes {
         if node_backend(node) != Backend::DevicePlugin {
@@ -128,7 +135,7 @@ pub fn check<'a>(nodes: impl IntoIterator<Item = &'a SlimNode>, mapped: &[&str])
         let advertised_keys: BTreeSet<&str> = node
             .capacity()
             .chain(node.allocatable())
-            .filter(|(k, q)| k.starts_with(NVIDIA_PREFIX) && q.0.trim() != "0")
+            .filter(|(k, q)| is_gpu_resource(k, gpu_resources) && q.0.trim() != "0")
             .map(|(k, _)| k)
             .collect();
         for key in advertised_keys.into_iter().filter(|k| !mapped.contains(k)) {
@@ -283,6 +290,24 @@ mod tests {
     }
 
     #[test]
+    fn only_the_device_plugins_gpu_resources_can_be_unmapped() {
+        // The NVIDIA Network Operator's SR-IOV and RDMA resources beside the GPUs.
+        let n = node(
+            "n",
+            json!({}),
+            json!({"nvidia.com/gpu": "8", "nvidia.com/hostdev": "4", "nvidia.com/rdma_shared_device_a": "1k",
+                   "nvidia.com/a100": "8", "nvidia.com/mig-1g.10gb.shared": "14"}),
+        );
+        let unmapped = |extra: &[String]| check([&n], MAPPED, extra).unmapped.into_keys().collect::<Vec<_>>();
+        assert_eq!(unmapped(&[]), ["nvidia.com/mig-1g.10gb.shared"], "network resources are not GPUs");
+        // A GPU the device plugin's config renames is one once the spec says so.
+        assert_eq!(
+            unmapped(&["nvidia.com/a100*".to_string()]),
+            ["nvidia.com/a100", "nvidia.com/mig-1g.10gb.shared"]
+        );
+    }
+
+    #[test]
     fn unmapped_resources_name_the_nodes_and_block_before_sharing() {
         let nodes = [
             node("b", json!({}), json!({"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "7"})),
@@ -293,7 +318,7 @@ mod tests {
                 json!({"nvidia.com/gpu": "16", "example.com/fpga": "1"}),
             ),
         ];
-        let c = check(&nodes, MAPPED);
+        let c = check(&nodes, MAPPED, &[]);
         assert_eq!(c.unmapped.len(), 1, "zero quantities and other vendors do not count: {:?}", c.unmapped);
         assert_eq!(c.unmapped["nvidia.com/mig-1g.10gb"], ["a", "b"]);
         assert_eq!(c.shared.len(), 1);
@@ -303,7 +328,7 @@ mod tests {
         assert!(message.contains("spec.resources"), "{message}");
 
         let mapped = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
-        let c = check(&nodes, &mapped);
+        let c = check(&nodes, &mapped, &[]);
         let (block, message) = blocker(&c, false).unwrap();
         assert_eq!(block, Block::GpuSharingNotAcknowledged);
         assert!(message.contains("from 16 to 4 on 1 node(s)"), "{message}");
@@ -317,7 +342,7 @@ mod tests {
         let mut moved =
             node("m", json!({"nvidia.com/gpu.replicas": "4"}), json!({"nvidia.com/mig-1g.10gb": "7"}));
         moved.labels_mut().insert(crate::well_known::LABEL_GPU_BACKEND.into(), "dra".into());
-        assert_eq!(check([&moved], MAPPED), Check::default());
+        assert_eq!(check([&moved], MAPPED, &[]), Check::default());
     }
 
     #[test]

@@ -60,9 +60,11 @@ pub fn pool_verdict(
     let verdict =
         prerequisites::check(&cluster_facts(spec, facts, versions, driver_daemonset_exists, device_plugin));
     let check = match spec.direction {
-        Direction::Forward => {
-            crate::pool::capacity::check(nodes.iter().map(|n| n.borrow()), &resources(spec))
-        }
+        Direction::Forward => crate::pool::capacity::check(
+            nodes.iter().map(|n| n.borrow()),
+            &resources(spec),
+            &spec.device_plugin.gpu_resources,
+        ),
         // Rollback returns nodes to the device plugin, which serves whatever it served before.
         Direction::Rollback => crate::pool::capacity::Check::default(),
     };
