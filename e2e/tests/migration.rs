@@ -1365,6 +1365,62 @@ async fn a_network_operator_resource_beside_the_gpus_neither_blocks_the_pool_nor
     .await
 }
 
+/// A node relabelled out of `spec.nodeSelector` while Draining (an admin fixing a label, GFD
+/// rewriting one the selector uses) is not abandoned cordoned: the migration lets go of it (back
+/// in service, its records removed, a NodeLeftPool event), drops it from the status, and the
+/// other nodes move.
+#[tokio::test]
+async fn a_node_relabelled_out_of_the_pool_while_draining_goes_back_to_service() -> anyhow::Result<()> {
+    with_pool("leaves", 2, 1, async |pool| {
+        let name = pool.id.clone();
+        // A pod its PDB never lets go holds its node in Draining.
+        pool.deployment("pinned", 1, 1).await?;
+        pool.pdb("pinned", "pinned", 1).await?;
+        let pinned = pool.wait_running(1).await?;
+        let leaving = pinned[0].spec.as_ref().unwrap().node_name.clone().unwrap();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        pool.wait_status(&name, &format!("{leaving} Draining"), MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.in_progress.iter().any(|p| p.name == leaving && p.message.contains("PodDisruptionBudget"))
+            })
+        })
+        .await?;
+
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let relabel = json!({"metadata": {"labels": {"pool": format!("{}-elsewhere", pool.id)}}});
+        nodes.patch(&leaving, &PatchParams::default(), &Patch::Merge(&relabel)).await?;
+        let released = switchyard_e2e::wait::until("the relabelled node to be let go", MIGRATION, || {
+            let nodes = nodes.clone();
+            let leaving = leaving.clone();
+            async move {
+                let n = nodes.get(&leaving).await?;
+                Ok((!n.labels().contains_key(switchyard_operator::well_known::LABEL_MIGRATION)).then_some(n))
+            }
+        })
+        .await?;
+        assert_ne!(released.spec.as_ref().unwrap().unschedulable, Some(true), "{leaving} left cordoned");
+        assert!(
+            !released.annotations().contains_key(switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE),
+            "{leaving} keeps its migration state: {:?}",
+            released.annotations()
+        );
+        assert_eq!(backend(&released), "device-plugin", "it never switched");
+        let events = object_events(pool, "Node", &leaving).await?;
+        assert!(events.iter().any(|(r, n)| r == "NodeLeftPool" && n.contains("Draining")), "{events:?}");
+        // The pinned pod was never evicted, and the rest of the pool moves.
+        let still = pool.wait_running(1).await?;
+        assert_eq!(still[0].uid(), pinned[0].uid());
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let st = done.status.as_ref().unwrap();
+        assert_eq!((st.nodes.total, st.nodes.migrated), (1, 1));
+        assert!(st.in_progress.iter().all(|p| p.name != leaving), "{:?}", st.in_progress);
+        Ok(())
+    })
+    .await
+}
+
 /// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
 async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())

@@ -154,6 +154,7 @@ pub fn snapshot(
         read_errors: Default::default(),
         inventory: Vec::new(),
         canary_namespace: "switchyard-system".into(),
+        departed: Vec::new(),
     }
 }
 

@@ -305,7 +305,7 @@ mod execute {
         let decision = decide::pool(&snapshot).unwrap();
         assert_eq!(decision.steps.len(), 2, "both nodes start: {:?}", decision.steps);
 
-        let requeue = execute::pool(&ctx, &snapshot, decision).await.unwrap();
+        let requeue = execute::pool(&ctx, &snapshot, decision, Vec::new()).await.unwrap();
         assert_eq!(
             requeue,
             kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(5)),

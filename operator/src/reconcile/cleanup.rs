@@ -7,21 +7,141 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::EventType;
 
-use crate::api::v1alpha1::{GpuPoolMigration, NodeState};
+use crate::api::v1alpha1::{GpuPoolMigration, NodeProgress, NodeState};
 use crate::error::{Error, Result};
 use crate::node::patch::{owner_ref, release_patch};
 use crate::node::record::PoolNode;
+use crate::node::slim::SlimNode;
 use crate::node::state;
 use crate::reconcile::context::Context;
+use crate::reconcile::decide::NodeEvent;
 use crate::reconcile::{decide, execute, observe};
 use crate::well_known::*;
+
+/// Lets go of one node the migration holds, as a deleted migration does: a node mid-switch
+/// (Switching, Verifying, RollingBack) finishes its step, and nothing new starts on it; any other
+/// node is released ([`release_patch`]). Returns the busy node's step outcome, or `None` once it
+/// is released. Also what happens to a node that leaves `spec.nodeSelector` mid-move
+/// ([`departed`]).
+pub(crate) async fn settle_node(
+    gpm: &GpuPoolMigration,
+    ctx: &Context,
+    node: &SlimNode,
+    now: Timestamp,
+) -> Result<Option<execute::NodeOutcome>> {
+    let client = &ctx.client;
+    let name = gpm.name_any();
+    let pn = PoolNode::from_node(node);
+    match pn.state() {
+        NodeState::Switching | NodeState::Verifying | NodeState::RollingBack => {
+            // Slices are needed to finish a switch.
+            let slices = Api::<ResourceSlice>::all(client.clone())
+                .list(
+                    &ListParams::default()
+                        .fields(&format!("spec.driver={},spec.nodeName={}", gpm.spec.driver.name, pn.name)),
+                )
+                .await
+                .map_err(|source| Error::ListResourceSlices { driver: gpm.spec.driver.name.clone(), source })?
+                .items;
+            let published =
+                crate::pool::overlap::present(&slices, &gpm.spec.driver.name, &pn.name).count() as u64;
+            let reads = observe::node(ctx, &gpm.spec, &pn, node, published).await?;
+            let step = {
+                let selectors = crate::pool::selectors::Selectors::new(&gpm.spec);
+                let view = decide::NodeView {
+                    spec: &gpm.spec,
+                    migration: &name,
+                    owner: owner_ref(gpm),
+                    canary_namespace: &ctx.config.canary_namespace,
+                    hold: Some(state::Hold::Deleting),
+                    selectors: &selectors,
+                    now,
+                };
+                decide::node_step(&view, node, &slices, published, &reads, false, None)
+            };
+            let out = execute::node_step(ctx, gpm, &step).await?;
+            execute::publish_node_events(ctx, gpm, node, &out.events).await;
+            Ok(Some(out))
+        }
+        _ => {
+            let mut patch = release_patch(&pn);
+            patch.metadata.resource_version = node.metadata.resource_version.clone();
+            execute::patch_node(ctx, &pn.name, &patch).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// The nodes a migration holds (labelled `switchyard.dev/migration=<name>`) that its
+/// `spec.nodeSelector` no longer selects: an admin fixed a label, or GPU Feature Discovery rewrote
+/// one the selector uses, mid-move. The snapshot holds only the nodes that match, so each is let
+/// go here ([`settle_node`]): a node mid-switch finishes its step, any other goes back to service,
+/// with a `NodeLeftPool` Warning event. Returns the busy ones' progress lines for the status.
+pub(crate) async fn departed(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Vec<NodeProgress>> {
+    let name = gpm.name_any();
+    let labelled = kube::core::Selector::from_iter([(LABEL_MIGRATION.to_string(), name.clone())]);
+    let held = observe::cached_nodes(ctx, &labelled).await?;
+    let selector = crate::reads::nodes::node_selector(&gpm.spec)?;
+    let now = Timestamp::now();
+    let mut progress = Vec::new();
+    for node in unselected(&held, &selector) {
+        let pn = PoolNode::from_node(node);
+        let was = pn.state();
+        // An error stays on its node, as a moving node's does: the pool goes on.
+        let settled = match settle_node(gpm, ctx, node, now).await {
+            Ok(settled) => settled,
+            Err(e) => {
+                tracing::warn!(node = %pn.name, error = %e, "letting go of a node that left the pool failed; retrying");
+                progress.push(NodeProgress {
+                    name: pn.name.clone(),
+                    state: was,
+                    since: None,
+                    message: format!(
+                        "{}{e}; it left spec.nodeSelector mid-move, retrying",
+                        execute::STEP_ERROR
+                    ),
+                });
+                continue;
+            }
+        };
+        match settled {
+            Some(out) => progress.push(NodeProgress {
+                name: pn.name.clone(),
+                state: out.state,
+                since: out.since.map(execute::status_time),
+                message: format!(
+                    "left spec.nodeSelector mid-move: it finishes its {was:?} step, then goes back to service; {}",
+                    out.message
+                ),
+            }),
+            None => {
+                let note = format!(
+                    "node {} no longer matches spec.nodeSelector; it was {was:?}: Switchyard let go of it (uncordoned unless it failed after its switch or was cordoned before; its {LABEL_GPU_BACKEND} label stays)",
+                    pn.name
+                );
+                let ev = NodeEvent { type_: EventType::Warning, reason: "NodeLeftPool", note };
+                execute::publish_node_events(ctx, gpm, node, std::slice::from_ref(&ev)).await;
+            }
+        }
+    }
+    Ok(progress)
+}
+
+/// The nodes of `held` that `selector` does not select. Pure.
+fn unselected<'a, N: std::ops::Deref<Target = SlimNode>>(
+    held: &'a [N],
+    selector: &kube::core::Selector,
+) -> impl Iterator<Item = &'a SlimNode> {
+    let query = crate::node::str_map::LabelQuery::from(selector);
+    held.iter().map(|n| &**n).filter(move |n| !query.matches(n.labels()))
+}
 
 /// Before a GpuPoolMigration goes away: nodes mid-switch finish their step (nothing new starts),
 /// nodes that never switched are uncordoned, and our labels and annotations come off. The backend
 /// label stays: it is what keeps a migrated node on DRA. DeviceClasses stay for the same reason.
 pub(crate) async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
-    let client = &ctx.client;
     let name = gpm.name_any();
     // The nodes the migration labelled, from the node cache: a LIST would read every one whole
     // (with managed fields, about 17 KiB a node: 85 MiB at 5,000 nodes).
@@ -30,47 +150,8 @@ pub(crate) async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Req
     let now = Timestamp::now();
     let mut busy = 0;
     for node in &nodes {
-        let pn = PoolNode::from_node(node);
-        match pn.state() {
-            NodeState::Switching | NodeState::Verifying | NodeState::RollingBack => {
-                // Slices are needed to finish a switch.
-                let slices =
-                    Api::<ResourceSlice>::all(client.clone())
-                        .list(&ListParams::default().fields(&format!(
-                            "spec.driver={},spec.nodeName={}",
-                            gpm.spec.driver.name, pn.name
-                        )))
-                        .await
-                        .map_err(|source| Error::ListResourceSlices {
-                            driver: gpm.spec.driver.name.clone(),
-                            source,
-                        })?
-                        .items;
-                let published =
-                    crate::pool::overlap::schedulable_dra_devices(&slices, &gpm.spec.driver.name, &pn.name);
-                let reads = observe::node(ctx, &gpm.spec, &pn, node, published).await?;
-                let step = {
-                    let selectors = crate::pool::selectors::Selectors::new(&gpm.spec);
-                    let view = decide::NodeView {
-                        spec: &gpm.spec,
-                        migration: &name,
-                        owner: owner_ref(gpm),
-                        canary_namespace: &ctx.config.canary_namespace,
-                        hold: Some(state::Hold::Deleting),
-                        selectors: &selectors,
-                        now,
-                    };
-                    decide::node_step(&view, node, &slices, published, &reads, false, None)
-                };
-                let out = execute::node_step(ctx, gpm, &step).await?;
-                execute::publish_node_events(ctx, gpm, node, &out.events).await;
-                busy += 1;
-            }
-            _ => {
-                let mut patch = release_patch(&pn);
-                patch.metadata.resource_version = node.metadata.resource_version.clone();
-                execute::patch_node(ctx, &pn.name, &patch).await?;
-            }
+        if settle_node(gpm, ctx, node, now).await?.is_some() {
+            busy += 1;
         }
     }
     if busy > 0 {
@@ -87,4 +168,32 @@ pub(crate) async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Req
         g.remove(&name);
     }
     Ok(Requeue::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::gpu_node;
+    use serde_json::json;
+
+    #[test]
+    fn a_held_node_relabelled_out_of_the_selector_is_let_go_and_only_it() {
+        let held = |name: &str, pool: &str| {
+            std::sync::Arc::new(gpu_node(
+                name,
+                &json!({"metadata": {"labels": {"pool": pool, LABEL_MIGRATION: "m"}}}),
+            ))
+        };
+        let nodes = vec![held("stays", "a100"), held("fixed-label", "a100-spare"), held("also", "a100")];
+        let spec: crate::api::v1alpha1::GpuPoolMigrationSpec = serde_json::from_value(json!({
+            "nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a100"]}]},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "s", "name": "d"}},
+            "devicePlugin": {"daemonSet": {"namespace": "g", "name": "p"}}
+        }))
+        .unwrap();
+        let selector = crate::reads::nodes::node_selector(&spec).unwrap();
+        let gone: Vec<&str> = unselected(&nodes, &selector).map(SlimNode::name).collect();
+        assert_eq!(gone, ["fixed-label"]);
+    }
 }

@@ -45,7 +45,7 @@ const STEP_CONCURRENCY: usize = 64;
 const EVENT_CONCURRENCY: usize = 32;
 
 /// How the status message of a node whose step failed begins.
-const STEP_ERROR: &str = "StepError: ";
+pub(crate) const STEP_ERROR: &str = "StepError: ";
 
 /// What one node's step did, for status.
 pub struct NodeOutcome {
@@ -138,7 +138,13 @@ fn set_metrics(ctx: &Context, name: &str, m: &PoolMetrics, status: &GpuPoolMigra
 }
 
 /// Carries out `d`, decided on `s`.
-pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeue> {
+/// `departed` are the progress lines of nodes that left the selector and still finish their step.
+pub async fn pool(
+    ctx: &Context,
+    s: &Snapshot<'_>,
+    d: Decision,
+    departed: Vec<NodeProgress>,
+) -> Result<Requeue> {
     let gpm = s.gpm;
     let name = gpm.name_any();
     let mut status = d.status;
@@ -174,6 +180,8 @@ pub async fn pool(ctx: &Context, s: &Snapshot<'_>, d: Decision) -> Result<Requeu
     let (progress, recheck, failed) = progress(&d.steps, outcomes);
     errors += failed;
     status.in_progress = progress;
+    status.in_progress.extend(departed);
+    status.in_progress.truncate(STATUS_LIST_MAX);
 
     // A status that changed only in its progress lines waits for the next write (coalesced); the
     // node annotations hold the truth meanwhile, so nothing is lost.
@@ -231,7 +239,7 @@ fn observe_part(ctx: &Context, phase: &'static str, since: std::time::Instant) {
 /// `at` as the status stores it: a `metav1.Time` has whole seconds. The node annotation keeps the
 /// fraction; a status computed with it would never equal the status read back, and every
 /// reconcile would write it again.
-fn status_time(at: Timestamp) -> Time {
+pub(crate) fn status_time(at: Timestamp) -> Time {
     Time(Timestamp::from_second(at.as_second()).unwrap_or(at))
 }
 

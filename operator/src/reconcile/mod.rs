@@ -33,14 +33,17 @@ pub async fn apply(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Requeue> {
             .observe(since.elapsed().as_secs_f64());
     };
     let t = std::time::Instant::now();
+    // Nodes it holds that left the selector are let go first: the snapshot holds only the pool.
+    let departed = cleanup::departed(gpm, ctx).await?;
     let mut snapshot = observe::pool(ctx, gpm).await?;
+    snapshot.departed = departed.iter().map(|p| p.name.clone()).collect();
     timed("observe", t);
     let t = std::time::Instant::now();
     let decision = decide::pool(&snapshot)?;
     timed("decide", t);
     snapshot.release_decided();
     let t = std::time::Instant::now();
-    let requeue = execute::pool(ctx, &snapshot, decision).await;
+    let requeue = execute::pool(ctx, &snapshot, decision, departed).await;
     timed("execute", t);
     requeue
 }

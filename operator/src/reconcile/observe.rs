@@ -66,6 +66,9 @@ pub struct Snapshot<'a> {
     pub inventory: Vec<Finding>,
     /// Where canary pods run (the operator's namespace).
     pub canary_namespace: String,
+    /// Nodes the migration holds that left `spec.nodeSelector` and are still finishing their
+    /// step (`reconcile::cleanup::departed`): not in `nodes`, and not gone.
+    pub departed: Vec<String>,
 }
 
 impl Snapshot<'_> {
@@ -196,6 +199,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         read_errors,
         inventory,
         canary_namespace: ctx.config.canary_namespace.clone(),
+        departed: Vec::new(),
     })
 }
 

@@ -72,7 +72,12 @@ pub(super) fn report(
 /// A node that was mid-move at the last status and is no longer in the pool was deleted (or
 /// relabelled out of the selector): say so once, on the migration.
 fn removed_nodes(s: &Snapshot<'_>) -> Vec<MigrationEvent> {
-    let pool: HashSet<&str> = s.nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+    let pool: HashSet<&str> = s
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .chain(s.departed.iter().map(String::as_str))
+        .collect();
     let mut gone: Vec<&str> = s
         .gpm
         .status
