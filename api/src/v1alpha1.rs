@@ -330,6 +330,16 @@ pub struct DrainSpec {
     /// `kubectl drain` refuses them without `--force`.
     #[serde(default)]
     pub force: bool,
+
+    /// Rolling a node back drains the pods that hold the driver's devices through the eviction
+    /// API, as the forward drain does: PodDisruptionBudgets are honoured, and a DeviceTaintRule
+    /// with effect NoSchedule keeps new claims off the node's devices meanwhile. When pods are
+    /// still left after `timeoutSeconds` (a budget that allows no eviction), the node fails with
+    /// `RollbackTimeout` and keeps them, unless this is true: then the rule's effect becomes
+    /// NoExecute, and the device-taint-eviction controller evicts them without consulting their
+    /// PodDisruptionBudgets. Default false.
+    #[serde(default)]
+    pub rollback_evicts_past_budgets: bool,
 }
 
 impl Default for DrainSpec {
@@ -340,6 +350,7 @@ impl Default for DrainSpec {
             grace_period_seconds: None,
             delete_empty_dir_data: false,
             force: false,
+            rollback_evicts_past_budgets: false,
         }
     }
 }

@@ -298,6 +298,91 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
     .await
 }
 
+/// Rolling back drains the pods that hold the driver's devices through the eviction API, as the
+/// forward drain does: a PodDisruptionBudget with `minAvailable: 3` of 4 replicas holds, on every
+/// watch event, while two nodes roll back at once. A budget that allows no eviction fails the
+/// node at the drain timeout and keeps its pod, unless `rollbackEvictsPastBudgets` lets the
+/// DeviceTaintRule turn NoExecute.
+#[tokio::test]
+async fn rollback_honours_pod_disruption_budgets_and_evicts_past_them_only_when_the_spec_says_so()
+-> anyhow::Result<()> {
+    with_pool("rbpdb", 4, 1, async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("trainer", 4, 1).await?;
+        pool.pdb("trainer", "trainer", 3).await?;
+        pool.wait_running(4).await?;
+        migrate_forward(pool, &name, json!({"strategy": {"maxUnavailable": 2}})).await?;
+        pool.wait_running(4).await?;
+
+        let sampler = pool.sample();
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        let done = pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.failed, 0);
+        let samples = sampler.stop();
+        let min_ready = samples.min_ready.get("trainer").copied();
+        assert!(min_ready.is_some_and(|m| m >= 3), "the trainer PDB (minAvailable 3) was violated: {min_ready:?}");
+        assert!(samples.overlaps.is_empty(), "{:?}", samples.overlaps);
+        assert!(samples.orphaned_claim_holders.is_empty(), "{:?}", samples.orphaned_claim_holders);
+        pool.wait_running(4).await?;
+
+        // Forward again, then a budget that allows nothing: the rollback fails the node at the
+        // drain timeout and leaves the pod where it runs.
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Forward"})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        pdbs.patch("trainer", &PatchParams::default(), &Patch::Merge(json!({"spec": {"minAvailable": 4}})))
+            .await?;
+        let held = pool.wait_running(4).await?;
+        patch_spec(
+            &pool.migrations(),
+            &name,
+            json!({"direction": "Rollback", "strategy": {"maxUnavailable": 1, "drain": {"timeoutSeconds": 10}}}),
+        )
+        .await?;
+        let failed = pool
+            .wait_status(&name, "a node failed its rollback on the budget", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| s.failed.iter().any(|f| f.reason == "RollbackTimeout"))
+            })
+            .await?;
+        let f = failed.status.as_ref().unwrap().failed.iter().find(|f| f.reason == "RollbackTimeout").unwrap();
+        assert!(f.message.contains("rollbackEvictsPastBudgets"), "{}", f.message);
+        let events = object_events(pool, "Node", &f.name).await?;
+        assert!(events.iter().any(|(r, _)| r == "EvictionBlocked"), "{events:?}");
+        let now = pool.wait_running(4).await?;
+        let uids = |ps: &[Pod]| ps.iter().map(|p| p.uid().unwrap()).collect::<BTreeSet<_>>();
+        assert_eq!(uids(&now), uids(&held), "a pod was evicted past its budget");
+
+        // The spec allows it: the rule turns NoExecute and the rollback finishes.
+        let rule = switchyard_operator::node::patch::taint_rule_name(&f.name);
+        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"rollbackEvictsPastBudgets": true}}}))
+            .await?;
+        Api::<Node>::all(pool.client.clone())
+            .patch(
+                &f.name,
+                &PatchParams::default(),
+                // What the runbook says to do for a failed node once it is mended.
+                &Patch::Merge(json!({"metadata": {"annotations": {switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE: null, switchyard_operator::well_known::ANNOTATION_FAILURE: null}}})),
+            )
+            .await?;
+        let escalated = switchyard_e2e::wait::until("the rule to turn NoExecute", MIGRATION, || {
+            let rules: Api<DeviceTaintRule> = Api::all(pool.client.clone());
+            let rule = rule.clone();
+            async move {
+                Ok(rules.get_opt(&rule).await?.filter(|r| r.spec.taint.effect == "NoExecute").map(|_| ()))
+            }
+        })
+        .await;
+        escalated?;
+        let events = object_events(pool, "Node", &f.name).await?;
+        assert!(events.iter().any(|(r, _)| r == "RollbackEvictsPastBudgets"), "{events:?}");
+        // Each node's holder goes past the budget at its drain timeout; the pool rolls back.
+        let done = pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.failed, 0);
+        Ok(())
+    })
+    .await
+}
+
 /// A second DRA driver's device on `node` (a NIC, published here as its driver would), its
 /// DeviceClass, and a pod in the pool's system namespace pinned to `node` that holds the device
 /// through a claim of its own, once Running.
@@ -1291,19 +1376,21 @@ async fn a_gpu_with_an_xid_during_the_switch_is_counted_and_reported_and_the_poo
         let gpm = pool.migration(&name, overrides)?;
         pool.migrations().create(&PostParams::default(), &gpm).await?;
         pool.start_operator()?;
-        let (node, url) =
-            switchyard_e2e::wait::until("the first switching node's agent", Duration::from_secs(60), || async {
-                for n in &pool.nodes {
-                    if let Some(url) = pool.sim().agent_fault_url(n).await {
-                        return Ok(Some((n.clone(), url)));
-                    }
-                }
-                Ok(None)
-            })
-            .await?;
+        // The first switching node's agent takes the fault as soon as it listens.
         let xid = json!({"device": "gpu-1", "kind": "xid", "xid": 79});
-        let (code, _) = switchyard_e2e::measure::http("POST", &url, Some(&xid)).await?;
-        anyhow::ensure!(code == 202, "POST {url} {xid} answered {code}");
+        let node = switchyard_e2e::wait::until("an agent to take the XID", Duration::from_secs(60), || async {
+            for n in &pool.nodes {
+                let Some(url) = pool.sim().agent_fault_url(n).await else { continue };
+                match switchyard_e2e::measure::http("POST", &url, Some(&xid)).await {
+                    Ok((202, _)) => return Ok(Some(n.clone())),
+                    Ok((code, body)) => anyhow::bail!("POST {url} {xid} answered {code}: {body:?}"),
+                    // Not listening yet.
+                    Err(_) => {}
+                }
+            }
+            Ok(None)
+        })
+        .await?;
 
         let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         let st = done.status.as_ref().unwrap();

@@ -25,8 +25,9 @@ pub(crate) fn owner_ref(gpm: &GpuPoolMigration) -> Option<OwnerReference> {
     gpm.controller_owner_ref(&()).map(|o| OwnerReference { block_owner_deletion: None, ..o })
 }
 
-/// The DeviceTaintRule that evicts DRA claim holders from a node being rolled back.
-pub fn taint_rule(node: &str, driver: &str, migration: &str) -> DeviceTaintRule {
+/// The rollback's DeviceTaintRule for `node`'s devices of `driver`, with `effect`: `NoSchedule`
+/// fences them while the eviction API drains their holders; `NoExecute` evicts what is left.
+pub fn taint_rule(node: &str, driver: &str, migration: &str, effect: &str) -> DeviceTaintRule {
     DeviceTaintRule {
         metadata: ObjectMeta {
             name: Some(taint_rule_name(node)),
@@ -45,7 +46,7 @@ pub fn taint_rule(node: &str, driver: &str, migration: &str) -> DeviceTaintRule 
             taint: DeviceTaint {
                 key: TAINT_KEY_ROLLBACK.to_string(),
                 value: Some(migration.to_string()),
-                effect: "NoExecute".to_string(),
+                effect: effect.to_string(),
                 time_added: None,
             },
         },
@@ -159,6 +160,7 @@ pub fn node_patch(
         | Action::CreateCanary
         | Action::DeleteCanary
         | Action::CreateTaintRule
+        | Action::EscalateTaintRule
         | Action::DeleteTaintRule => return None,
         Action::RecordSince => p.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string())),
         Action::Cordon => {
@@ -550,7 +552,8 @@ mod tests {
 
     #[test]
     fn taint_rule_selects_the_nodes_pool_of_our_driver() {
-        let v = serde_json::to_value(taint_rule("gpu-1", "gpu.switchyard.dev", "pool-a")).unwrap();
+        let v =
+            serde_json::to_value(taint_rule("gpu-1", "gpu.switchyard.dev", "pool-a", "NoExecute")).unwrap();
         assert_eq!(v["apiVersion"], "resource.k8s.io/v1");
         assert_eq!(v["kind"], "DeviceTaintRule");
         assert_eq!(v["metadata"]["name"], "switchyard-rollback-gpu-1");

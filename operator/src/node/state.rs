@@ -242,9 +242,14 @@ pub struct Observed {
     pub dra_selected: u64,
     /// What the DeviceClass selectors found short, for the wait message (empty when nothing is).
     pub selection_note: String,
-    /// Pods on the node holding DRA claims; only observed while RollingBack.
+    /// Pods on the node holding devices of the migration's driver; only observed while
+    /// RollingBack (`drain` then counts them as a drain would: to evict, blocked, terminating).
     pub claim_holders: usize,
     pub taint_rule_exists: bool,
+    /// The rollback's DeviceTaintRule has effect NoExecute: it evicts the holders itself.
+    pub taint_rule_evicts: bool,
+    /// `spec.strategy.drain.rollbackEvictsPastBudgets`.
+    pub evict_past_budgets: bool,
     pub canary: Canary,
     pub drain_timeout_seconds: i64,
     pub verify_timeout_seconds: i64,
@@ -291,8 +296,12 @@ pub enum Action {
     Fail { reason: FailReason, message: String },
     /// Cordon if needed; → RollingBack.
     StartRollback,
-    /// Create the NoExecute DeviceTaintRule for the node's DRA devices.
+    /// Create the DeviceTaintRule for the node's DRA devices, NoSchedule: a fence while the
+    /// eviction API drains the holders.
     CreateTaintRule,
+    /// Turn the rule's effect to NoExecute, so the device-taint-eviction controller evicts the
+    /// holders that PodDisruptionBudgets kept (`rollbackEvictsPastBudgets`).
+    EscalateTaintRule,
     /// Set `switchyard.dev/gpu-backend=device-plugin`.
     SwitchToDevicePlugin,
     /// Delete the DeviceTaintRule.
@@ -557,29 +566,53 @@ fn failed(o: &Observed) -> Action {
     }
 }
 
-/// RollingBack: evict DRA claim holders through the rule, hand the node back to the device
-/// plugin, and wait until the driver has left; fail at the drain and verify timeouts together.
+/// RollingBack: fence the node's DRA devices with a NoSchedule rule, drain the pods that hold
+/// them through the eviction API (PodDisruptionBudgets honoured, as forward), hand the node back
+/// to the device plugin, and wait until the driver has left. Past the drain timeout with holders
+/// left, the rule turns NoExecute if the spec allows it, or the node fails; it fails at the drain
+/// and verify timeouts together in any case.
 fn rolling_back(o: &Observed) -> Action {
     if timed_out(o) {
         return Action::Fail {
             reason: FailReason::RollbackTimeout,
             message: format!(
-                "rollback did not finish within {}s: {} pod(s) still hold DRA claims, allocatable {}",
+                "rollback did not finish within {}s: {} pod(s) still hold the driver's devices, allocatable {}",
                 o.drain_timeout_seconds + o.verify_timeout_seconds,
                 o.claim_holders,
                 o.allocatable
             ),
         };
     }
+    let drain_over = elapsed_seconds(o).is_some_and(|e| e > o.drain_timeout_seconds);
     if !o.unschedulable {
         Action::StartRollback
     } else if o.backend == Backend::Dra && !o.taint_rule_exists {
         Action::CreateTaintRule
+    } else if o.claim_holders > 0 && drain_over && !o.taint_rule_evicts {
+        if o.evict_past_budgets {
+            Action::EscalateTaintRule
+        } else {
+            Action::Fail {
+                reason: FailReason::RollbackTimeout,
+                message: format!(
+                    "within spec.strategy.drain.timeoutSeconds ({}s) {} pod(s) holding the driver's devices could not be evicted (see the node's EvictionBlocked events); the node keeps them. Let their PodDisruptionBudgets allow it, or set spec.strategy.drain.rollbackEvictsPastBudgets: true to evict them with a NoExecute DeviceTaintRule",
+                    o.drain_timeout_seconds, o.claim_holders
+                ),
+            }
+        }
     } else if o.claim_holders > 0 {
-        wait(
-            WaitReason::EvictingClaimHolders,
-            format!("{} pod(s) still hold DRA claims on the node", o.claim_holders),
-        )
+        match undrained(o) {
+            // The rule evicts what is left once it is NoExecute; the eviction API does before.
+            Some(Action::Evict) if o.taint_rule_evicts => wait(
+                WaitReason::EvictingClaimHolders,
+                format!("{} pod(s) still hold the driver's devices on the node", o.claim_holders),
+            ),
+            Some(action) => action,
+            None => wait(
+                WaitReason::EvictingClaimHolders,
+                format!("{} pod(s) still hold the driver's devices on the node", o.claim_holders),
+            ),
+        }
     } else if o.backend != Backend::DevicePlugin {
         // From `dra`, or from `none` (a sequential switch that never started the driver).
         Action::SwitchToDevicePlugin
@@ -689,6 +722,8 @@ mod tests {
             selection_note: String::new(),
             claim_holders: 0,
             taint_rule_exists: false,
+            taint_rule_evicts: false,
+            evict_past_budgets: false,
             canary: Canary::NotConfigured,
             drain_timeout_seconds: 600,
             verify_timeout_seconds: 300,
@@ -1096,6 +1131,67 @@ mod tests {
                     o.backend = Backend::Dra;
                     o.taint_rule_exists = true;
                     o.claim_holders = 2
+                },
+                "Wait:EvictingClaimHolders",
+            ),
+            (
+                "rolling back, holders the eviction API can move: evicted, PDBs honoured",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 2;
+                    o.drain.to_evict = 2
+                },
+                "Evict",
+            ),
+            (
+                "rolling back, a holder without a controller waits for a person",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 1;
+                    o.drain.unmanaged = 1
+                },
+                "Wait:UnmanagedPodsBlockDrain",
+            ),
+            (
+                "rolling back, holders a PDB keeps past the drain timeout: the node fails, keeping them",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 2;
+                    o.drain.to_evict = 2;
+                    o.now = Timestamp::from_second(1_601).unwrap()
+                },
+                "Fail:RollbackTimeout",
+            ),
+            (
+                "rolling back, past the drain timeout, the spec allows the rule to evict",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 2;
+                    o.drain.to_evict = 2;
+                    o.evict_past_budgets = true;
+                    o.now = Timestamp::from_second(1_601).unwrap()
+                },
+                "EscalateTaintRule",
+            ),
+            (
+                "rolling back, the NoExecute rule evicts: no eviction API call on top",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.taint_rule_evicts = true;
+                    o.claim_holders = 2;
+                    o.drain.to_evict = 2;
+                    o.evict_past_budgets = true;
+                    o.now = Timestamp::from_second(1_601).unwrap()
                 },
                 "Wait:EvictingClaimHolders",
             ),

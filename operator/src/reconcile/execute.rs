@@ -434,6 +434,12 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(source) => return Err(Error::CreateDeviceTaintRule { name: rule_name, source }),
         }
+    } else if step.escalate_taint_rule {
+        let effect = serde_json::json!({"spec": {"taint": {"effect": "NoExecute"}}});
+        rules
+            .patch(&rule_name, &PatchParams::default(), &Patch::Merge(&effect))
+            .await
+            .map_err(|source| Error::CreateDeviceTaintRule { name: rule_name.clone(), source })?;
     } else if step.delete_taint_rule {
         match rules.delete(&rule_name, &DeleteParams::default()).await {
             Ok(_) => {}

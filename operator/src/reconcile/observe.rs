@@ -102,6 +102,8 @@ pub struct NodeReads {
     pub claims: drain::ClaimDevices,
     /// The node's rollback DeviceTaintRule exists: read while RollingBack or Failed.
     pub taint_rule_exists: bool,
+    /// That rule's effect is NoExecute: it evicts the holders itself.
+    pub taint_rule_evicts: bool,
     /// The node's canary pod, if any: read while Verifying with a canary configured.
     pub canary: Option<Pod>,
 }
@@ -349,11 +351,12 @@ pub async fn node(
     }
     if matches!(state, NodeState::RollingBack | NodeState::Failed) {
         let rule_name = taint_rule_name(&pn.name);
-        reads.taint_rule_exists = Api::<DeviceTaintRule>::all(client.clone())
+        let rule = Api::<DeviceTaintRule>::all(client.clone())
             .get_opt(&rule_name)
             .await
-            .map_err(|source| Error::CreateDeviceTaintRule { name: rule_name.clone(), source })?
-            .is_some();
+            .map_err(|source| Error::CreateDeviceTaintRule { name: rule_name.clone(), source })?;
+        reads.taint_rule_exists = rule.is_some();
+        reads.taint_rule_evicts = rule.is_some_and(|r| r.spec.taint.effect == "NoExecute");
     }
     if spec.strategy.verify.canary.is_some() && state == NodeState::Verifying {
         reads.canary = Api::<Pod>::namespaced(client.clone(), &ctx.config.canary_namespace)

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 
-use crate::api::v1alpha1::{GpuPoolMigrationSpec, NodeState};
+use crate::api::v1alpha1::{DrainSpec, GpuPoolMigrationSpec, NodeState, PodSelection};
 use crate::node::drain::{self, PodRef};
 use crate::node::patch::{NodePatch, node_patch, owner_ref, taint_rule};
 use crate::node::record::{Backend, Failure, PoolNode};
@@ -50,6 +50,8 @@ pub struct NodeStep {
     pub delete_canary: bool,
     /// The rollback DeviceTaintRule to create (`Action::CreateTaintRule`).
     pub create_taint_rule: Option<DeviceTaintRule>,
+    /// Turn the rule's effect to NoExecute (`Action::EscalateTaintRule`).
+    pub escalate_taint_rule: bool,
     pub delete_taint_rule: bool,
     /// The node patch, conditional on the resourceVersion the step was decided on.
     pub patch: Option<NodePatch>,
@@ -90,6 +92,7 @@ impl NodeStep {
             create_canary: None,
             delete_canary: false,
             create_taint_rule: None,
+            escalate_taint_rule: false,
             delete_taint_rule: false,
             patch: None,
             remove_finished_canary: false,
@@ -249,6 +252,8 @@ pub fn node_step(
         selection_note: selected.note,
         claim_holders,
         taint_rule_exists: reads.taint_rule_exists,
+        taint_rule_evicts: reads.taint_rule_evicts,
+        evict_past_budgets: spec.strategy.drain.rollback_evicts_past_budgets,
         canary,
         drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
         verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
@@ -330,14 +335,21 @@ fn pods_in_play(
             (drain::select(&late, res, &spec.strategy.drain), 0)
         }
         NodeState::RollingBack => {
+            // The holders drain as a forward drain would, whatever pods it selects: each holds
+            // a device the device plugin is about to serve again.
+            let holding: Vec<Pod> = reads
+                .pods
+                .iter()
+                .filter(|p| drain::holds_driver_device(p, &reads.claims, &spec.driver.name))
+                .cloned()
+                .collect();
+            let every_pod = DrainSpec { pod_selection: PodSelection::All, ..spec.strategy.drain.clone() };
+            let mut selection = drain::select(&holding, res, &every_pod);
             let (holders, out_of_reach) =
-                drain::driver_device_holders(&reads.pods, &reads.claims, &spec.driver.name, node);
+                drain::driver_device_holders(&holding, &reads.claims, &spec.driver.name, node);
             let count = holders.len();
-            let selection = drain::Selection {
-                claim_holders: holders,
-                claim_holders_out_of_reach: out_of_reach,
-                ..Default::default()
-            };
+            selection.claim_holders = holders;
+            selection.claim_holders_out_of_reach = out_of_reach;
             (selection, count)
         }
         _ => (drain::Selection::default(), 0),
@@ -428,17 +440,30 @@ fn beside_the_node(
             step.message = "deleting the canary of an earlier attempt".into();
         }
         Action::CreateTaintRule => {
-            let mut rule = taint_rule(&name, &spec.driver.name, v.migration);
+            let mut rule = taint_rule(&name, &spec.driver.name, v.migration, "NoSchedule");
             rule.metadata.owner_references = v.owner.clone().map(|o| vec![o]);
             step.events.push(NodeEvent {
                 type_: EventType::Normal,
                 reason: "DeviceTaintRuleCreated",
                 note: format!(
-                    "evicting DRA claim holders from {name} with {}",
+                    "fencing the devices of {} on {name} with {} (NoSchedule) while the eviction API drains their holders",
+                    spec.driver.name,
                     rule.metadata.name.as_deref().unwrap_or_default()
                 ),
             });
             step.create_taint_rule = Some(rule);
+        }
+        Action::EscalateTaintRule => {
+            step.escalate_taint_rule = true;
+            step.events.push(NodeEvent {
+                type_: EventType::Warning,
+                reason: "RollbackEvictsPastBudgets",
+                note: format!(
+                    "{} pod(s) on {name} still hold the devices of {} after spec.strategy.drain.timeoutSeconds; rollbackEvictsPastBudgets is set, so the rollback's DeviceTaintRule turns NoExecute and evicts them without consulting their PodDisruptionBudgets",
+                    selection.claim_holders.len(),
+                    spec.driver.name
+                ),
+            });
         }
         Action::DeleteTaintRule => step.delete_taint_rule = true,
         _ => {}
