@@ -226,6 +226,7 @@ fn render_placement(out: &mut String, r: &Report) {
                 "the GPU Operator's; no DaemonSet is edited (placement: GpuOperator)"
             }
             PlacementAction::UseGpuOperatorPlacement => "REFUSED: set spec.placement: GpuOperator",
+            PlacementAction::AddonManaged => "REFUSED: the cluster's addon manager keeps it",
             PlacementAction::Missing => "MISSING: the DaemonSet does not exist",
             PlacementAction::Removed => "removed, and no longer needed",
         };

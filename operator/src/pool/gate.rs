@@ -270,7 +270,8 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let mut placement = Vec::new();
     let mut placement_patches = Vec::new();
     let mut placement_problems = Vec::new();
-    let mut gpu_operator_owned = None;
+    // A device plugin someone else keeps (reason, message): no edit of ours would stick.
+    let mut kept_by_other: Option<(&'static str, String)> = None;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     for (ds, role, r) in [(i.plugin_ds, Role::DevicePlugin, dp), (i.driver_ds, Role::Driver, dn)] {
         let need = ds.map(|ds| placement::need(spec.placement, ds, role, sequential));
@@ -284,7 +285,11 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
             Some(Need::ByHand { message, .. }) => placement_problems.push(message.clone()),
             Some(Need::GpuOperatorOwned { message }) => {
                 placement_problems.push(message.clone());
-                gpu_operator_owned = Some(message.clone());
+                kept_by_other = Some((placement::REASON_GPU_OPERATOR_OWNED, message.clone()));
+            }
+            Some(Need::AddonManaged { message }) => {
+                placement_problems.push(message.clone());
+                kept_by_other = Some((placement::REASON_ADDON_MANAGED, message.clone()));
             }
         }
         placement.push((role, r.clone(), need));
@@ -293,17 +298,12 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
         && placement_patches.is_empty()
         && i.driver_ds.is_some()
         && (i.plugin_ds.is_some() || !device_plugin.needed);
-    // A GPU Operator device plugin under a mode that edits it is a prerequisite the admin must
-    // change, and says so where admins look first; an earlier block stays the one shown.
-    let placement_reason = if gpu_operator_owned.is_some() {
-        placement::REASON_GPU_OPERATOR_OWNED
-    } else {
-        "NodeAffinityMissing"
-    };
-    let verdict = match gpu_operator_owned {
-        Some(message) if verdict.met => {
-            Verdict { met: false, reason: placement::REASON_GPU_OPERATOR_OWNED, message, ..verdict }
-        }
+    // A device plugin the GPU Operator or an addon manager keeps, under a mode that would edit
+    // it, is a prerequisite the admin must change, and says so where admins look first; an
+    // earlier block stays the one shown.
+    let placement_reason = kept_by_other.as_ref().map_or("NodeAffinityMissing", |(reason, _)| reason);
+    let verdict = match kept_by_other {
+        Some((reason, message)) if verdict.met => Verdict { met: false, reason, message, ..verdict },
         _ => verdict,
     };
 
@@ -515,6 +515,28 @@ mod tests {
         ];
         for (case, patch, nodes, want) in cases {
             assert_eq!(device_plugin_needed(&spec(patch), &nodes), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_device_plugin_an_addon_manager_keeps_is_a_prerequisite_whatever_the_mode() {
+        for mode in ["Managed", "Verify", "GpuOperator"] {
+            let mut pool = Pool::ready(json!({"placement": mode}));
+            pool.plugin = Some(
+                serde_json::from_value(
+                    json!({"metadata": {"namespace": "kube-system", "name": "nvidia-gpu-device-plugin",
+                    "labels": {placement::LABEL_ADDON_MANAGER_MODE: "Reconcile"}},
+                    "spec": {"selector": {}, "template": {"spec": {"containers": []}}}}),
+                )
+                .unwrap(),
+            );
+            let g = pool.judge();
+            assert!(!g.open, "{mode}");
+            assert_eq!(g.verdict.reason, placement::REASON_ADDON_MANAGED, "{mode}: {:?}", g.verdict);
+            assert!(g.verdict.message.contains("new node pool"), "{mode}: {}", g.verdict.message);
+            assert_eq!(g.placement_reason, placement::REASON_ADDON_MANAGED, "{mode}");
+            assert!(g.placement_patches.is_empty(), "{mode}: nothing is patched");
+            assert_eq!(g.needs_human().map(|(r, _)| r), Some("PrerequisitesNotMet"), "{mode}");
         }
     }
 

@@ -167,10 +167,28 @@ pub enum Need {
     /// The NVIDIA GPU Operator owns the device plugin and the mode is not `GpuOperator`: an edit
     /// would be reverted, so the pool must not start.
     GpuOperatorOwned { message: String },
+    /// A managed cluster's addon manager reconciles the device plugin
+    /// (`addonmanager.kubernetes.io/mode: Reconcile`, as GKE's GPU device plugin): it reverts any
+    /// edit and no label turns it off per node, so no placement mode can move the pool in place.
+    AddonManaged { message: String },
 }
 
 /// The reason PrerequisitesMet and PlacementReady carry for [`Need::GpuOperatorOwned`].
 pub const REASON_GPU_OPERATOR_OWNED: &str = "GpuOperatorOwnsDevicePlugin";
+/// The reason PrerequisitesMet and PlacementReady carry for [`Need::AddonManaged`].
+pub const REASON_ADDON_MANAGED: &str = "AddonManagerOwnsDevicePlugin";
+/// The label Kubernetes' addon manager reads on the objects it keeps; `Reconcile` reverts edits,
+/// `EnsureExists` only creates the object when it is missing.
+pub const LABEL_ADDON_MANAGER_MODE: &str = "addonmanager.kubernetes.io/mode";
+
+/// Whether the addon manager reverts edits to `ds`.
+fn addon_managed(ds: &DaemonSet) -> bool {
+    ds.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ADDON_MANAGER_MODE))
+        .is_some_and(|m| m == "Reconcile")
+}
 
 /// What `ds` in `role` needs under `mode`; `sequential` when the switch goes through backend
 /// `none` (a driver without the device-plugin interlock), so the device plugin must avoid `none`
@@ -182,6 +200,13 @@ pub fn need(mode: PlacementMode, ds: &DaemonSet, role: Role, sequential: bool) -
         ds.metadata.name.as_deref().unwrap_or_default()
     );
     let placed = has_placement(ds, role, sequential);
+    if role == Role::DevicePlugin && !placed && addon_managed(ds) {
+        return Need::AddonManaged {
+            message: format!(
+                "device plugin DaemonSet {id} is kept by the cluster's addon manager ({LABEL_ADDON_MANAGER_MODE}: Reconcile, as on a managed cluster's GPU node pools), which reverts edits to it, so no spec.placement can keep it off DRA nodes; move the workloads to a new node pool created with DRA instead (the provider's supported path), or turn the provider's device plugin off for this pool"
+            ),
+        };
+    }
     if role == Role::DevicePlugin && mode == PlacementMode::GpuOperator {
         if placed || selects_by_deploy_label(ds) {
             return Need::Placed;
@@ -505,9 +530,26 @@ mod tests {
             Need::Patch(_) => "Patch",
             Need::ByHand { .. } => "ByHand",
             Need::GpuOperatorOwned { .. } => "GpuOperatorOwned",
+            Need::AddonManaged { .. } => "AddonManaged",
         };
+        let mut addon = plain.clone();
+        addon.metadata.labels =
+            Some([(LABEL_ADDON_MANAGER_MODE.to_string(), "Reconcile".to_string())].into_iter().collect());
+        let mut ensure_exists = plain.clone();
+        ensure_exists.metadata.labels =
+            Some([(LABEL_ADDON_MANAGER_MODE.to_string(), "EnsureExists".to_string())].into_iter().collect());
         // (name, mode, daemonset, role, what it needs)
         let cases = vec![
+            ("Managed refuses an addon-managed plugin", Managed, &addon, Role::DevicePlugin, "AddonManaged"),
+            ("so does Verify", Verify, &addon, Role::DevicePlugin, "AddonManaged"),
+            ("and GpuOperator", GpuOperator, &addon, Role::DevicePlugin, "AddonManaged"),
+            (
+                "EnsureExists keeps no edit from sticking",
+                Managed,
+                &ensure_exists,
+                Role::DevicePlugin,
+                "Patch",
+            ),
             ("Managed patches a plain plugin", Managed, &plain, Role::DevicePlugin, "Patch"),
             ("Verify asks for it", Verify, &plain, Role::DevicePlugin, "ByHand"),
             (

@@ -208,6 +208,9 @@ pub enum PlacementAction {
     /// The GPU Operator owns the device plugin and the mode would edit it: use
     /// `placement: GpuOperator` (`message` says why).
     UseGpuOperatorPlacement,
+    /// A managed cluster's addon manager keeps the device plugin (`addonmanager.kubernetes.io/mode:
+    /// Reconcile`): no mode can move the pool in place (`message` says what to do instead).
+    AddonManaged,
     /// The DaemonSet does not exist.
     Missing,
     /// The device plugin's DaemonSet is gone and the migration no longer needs it: it serves no
@@ -460,6 +463,9 @@ fn placement_plans(inputs: &Inputs, judged: &gate::Gate) -> Vec<PlacementPlan> {
                 (Some(_), Some(Need::GpuOperatorOwned { message })) => {
                     (PlacementAction::UseGpuOperatorPlacement, String::new(), message.clone())
                 }
+                (Some(_), Some(Need::AddonManaged { message })) => {
+                    (PlacementAction::AddonManaged, String::new(), message.clone())
+                }
                 (None, _) if role == Role::DevicePlugin && !judged.device_plugin_needed => (
                     PlacementAction::Removed,
                     String::new(),
@@ -621,8 +627,12 @@ fn blockers(
     let spec = &inputs.spec;
     let (p, verdict) = (&judged.plan, &judged.verdict);
     let mut blockers = Vec::new();
-    // A device plugin the GPU Operator owns is a prerequisite too; its placement line says it.
-    if !verdict.met && verdict.reason != placement::REASON_GPU_OPERATOR_OWNED {
+    // A device plugin the GPU Operator or an addon manager keeps is a prerequisite too; its
+    // placement line says it.
+    if !verdict.met
+        && verdict.reason != placement::REASON_GPU_OPERATOR_OWNED
+        && verdict.reason != placement::REASON_ADDON_MANAGED
+    {
         blockers.push(format!("prerequisites: {}", verdict.message));
     }
     for c in device_classes {
@@ -640,7 +650,9 @@ fn blockers(
         match pl.action {
             // A missing DaemonSet is already a failed prerequisite.
             PlacementAction::Missing | PlacementAction::Removed => {}
-            PlacementAction::AddByHand | PlacementAction::UseGpuOperatorPlacement => {
+            PlacementAction::AddByHand
+            | PlacementAction::UseGpuOperatorPlacement
+            | PlacementAction::AddonManaged => {
                 blockers.push(format!("placement: {}", pl.message.lines().next().unwrap_or_default()))
             }
             PlacementAction::AlreadyPlaced
