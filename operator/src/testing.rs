@@ -82,6 +82,7 @@ pub fn server_v1_37() -> crate::pool::prerequisites::ServerFacts {
     use crate::pool::prerequisites::{ExtendedResourceProbe, ServedApis};
     crate::pool::prerequisites::ServerFacts {
         git_version: "v1.37.2".into(),
+        control_plane: Vec::new(),
         served: ServedApis {
             device_classes: true,
             resource_slices: true,

@@ -89,6 +89,7 @@ pub fn cluster_facts(
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     ClusterFacts {
         server_git_version: facts.git_version.clone(),
+        control_plane: facts.control_plane.clone(),
         served: facts.served,
         nodes,
         probe: facts.probe,

@@ -37,11 +37,29 @@ pub struct NodeVersions {
     pub container_runtime_version: String,
 }
 
+/// The version of a control-plane component besides the API server, as the cluster shows it:
+/// the image tag of its pod in kube-system where it runs as one (kubeadm, kops, most
+/// self-managed clusters). `None` where it is not visible: a managed control plane (EKS, AKS,
+/// GKE) runs it out of sight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComponentVersion {
+    /// `kube-controller-manager` or `kube-scheduler`.
+    pub component: &'static str,
+    pub version: Option<String>,
+}
+
+/// The components whose versions [`ComponentVersion`] reads: the scheduler creates a pod's
+/// generated ResourceClaim, and the controller manager's device-taint-eviction controller serves
+/// a rollback.
+pub const CONTROL_PLANE_COMPONENTS: [&str; 2] = ["kube-controller-manager", "kube-scheduler"];
+
 /// Everything the checks look at.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterFacts {
     /// The API server's `gitVersion`, for example `v1.37.2`.
     pub server_git_version: String,
+    /// The controller manager's and the scheduler's versions, where visible.
+    pub control_plane: Vec<ComponentVersion>,
     pub served: ServedApis,
     pub nodes: Vec<NodeVersions>,
     pub probe: ExtendedResourceProbe,
@@ -136,7 +154,7 @@ type Check = fn(&ClusterFacts, &mut Vec<String>) -> Result<(), Blocked>;
 /// Runs every check; the first blocking one decides reason and message.
 pub fn check(f: &ClusterFacts) -> Verdict {
     let mut warnings = Vec::new();
-    let checks: [Check; 4] = [server_version, resource_apis, nodes, daemon_sets];
+    let checks: [Check; 5] = [server_version, control_plane, resource_apis, nodes, daemon_sets];
     for check in checks {
         if let Err((reason, message)) = check(f, &mut warnings) {
             return block(reason, message, warnings);
@@ -193,6 +211,41 @@ fn server_version(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Bl
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The scheduler (which creates a pod's generated ResourceClaim) and the controller manager
+/// (whose device-taint-eviction controller serves a rollback) serve DRA extended resources too.
+/// A visible one older than 1.36 blocks; on a 1.36 API server, where the feature is a gate, a 1.36
+/// or unknown one is a warning, since the dry-run probe reaches only the API server. Where a
+/// managed control plane hides them on 1.37, they follow the API server and nothing is said.
+fn control_plane(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
+    let server_beta = parse_major_minor(&f.server_git_version) == Some((1, BETA_MINOR));
+    let mut too_old = Vec::new();
+    for c in &f.control_plane {
+        match c.version.as_deref().map(|v| (v, parse_major_minor(v))) {
+            Some((v, Some((1, m)))) if m < BETA_MINOR => too_old.push(format!("{} {v}", c.component)),
+            Some((v, Some((1, BETA_MINOR)))) => warnings.push(format!(
+                "{} {v} runs DRA extended resources as beta: make sure its DRAExtendedResource gate is on (the dry-run probe checks only the API server), or upgrade it to 1.37",
+                c.component
+            )),
+            Some(_) => {}
+            None if server_beta => warnings.push(format!(
+                "{} version unknown (a managed control plane does not show it): on 1.36 its DRAExtendedResource gate must be on too",
+                c.component
+            )),
+            None => {}
+        }
+    }
+    if !too_old.is_empty() {
+        return Err((
+            "ControlPlaneTooOld",
+            format!(
+                "{} cannot serve DRA extended resources: upgrade the control plane to 1.37",
+                too_old.join(" and ")
+            ),
+        ));
     }
     Ok(())
 }
@@ -333,6 +386,8 @@ pub fn probe_needed(server_git_version: &str, nodes: &[NodeVersions]) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct ServerFacts {
     pub git_version: String,
+    /// The controller manager's and the scheduler's versions, where visible.
+    pub control_plane: Vec<ComponentVersion>,
     pub served: ServedApis,
     pub probe: ExtendedResourceProbe,
 }
@@ -366,7 +421,69 @@ mod tests {
             driver_daemonset_exists: true,
             device_plugin_daemonset_exists: true,
             device_plugin_daemonset_needed: true,
+            control_plane: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_control_plane_is_judged_where_it_shows() {
+        let cp = |scheduler: Option<&str>, cm: Option<&str>| {
+            vec![
+                ComponentVersion { component: "kube-controller-manager", version: cm.map(str::to_owned) },
+                ComponentVersion { component: "kube-scheduler", version: scheduler.map(str::to_owned) },
+            ]
+        };
+        // (case, server, probe, control plane, met, reason, warning fragment)
+        type Case =
+            (&'static str, &'static str, Vec<ComponentVersion>, bool, &'static str, Option<&'static str>);
+        let cases: Vec<Case> = vec![
+            ("managed 1.37: hidden, follows the server", "v1.37.2", cp(None, None), true, "AllMet", None),
+            ("visible and current", "v1.37.2", cp(Some("v1.37.2"), Some("v1.37.1")), true, "AllMet", None),
+            (
+                "a scheduler left behind at 1.35",
+                "v1.37.2",
+                cp(Some("v1.35.9"), Some("v1.37.2")),
+                false,
+                "ControlPlaneTooOld",
+                None,
+            ),
+            (
+                "a 1.36 scheduler mid-upgrade: its gate",
+                "v1.37.2",
+                cp(Some("v1.36.3"), Some("v1.37.2")),
+                true,
+                "AllMet",
+                Some("kube-scheduler v1.36.3 runs DRA extended resources as beta"),
+            ),
+            (
+                "managed 1.36: unknown, and the gate matters",
+                "v1.36.5",
+                cp(None, None),
+                true,
+                "AllMet",
+                Some("kube-scheduler version unknown"),
+            ),
+        ];
+        for (case, server, control_plane, met, reason, warning) in cases {
+            let f = ClusterFacts {
+                server_git_version: server.into(),
+                probe: ExtendedResourceProbe::Kept,
+                control_plane,
+                ..good()
+            };
+            let v = check(&f);
+            assert_eq!((v.met, v.reason), (met, reason), "{case}: {}", v.message);
+            match warning {
+                Some(w) => assert!(v.warnings.iter().any(|x| x.contains(w)), "{case}: {:?}", v.warnings),
+                None if server == "v1.37.2" => assert!(v.warnings.is_empty(), "{case}: {:?}", v.warnings),
+                None => {}
+            }
+        }
+        let v = check(&ClusterFacts { control_plane: cp(Some("v1.34.0"), Some("v1.35.1")), ..good() });
+        assert_eq!(
+            v.message,
+            "kube-controller-manager v1.35.1 and kube-scheduler v1.34.0 cannot serve DRA extended resources: upgrade the control plane to 1.37"
+        );
     }
 
     #[test]
