@@ -340,6 +340,16 @@ pub struct DrainSpec {
     /// PodDisruptionBudgets. Default false.
     #[serde(default)]
     pub rollback_evicts_past_budgets: bool,
+
+    /// A DaemonSet's pod that holds one of the node's device-plugin GPUs (a monitoring or
+    /// inference agent that requests `nvidia.com/gpu`) is not drained, as `kubectl drain` leaves
+    /// DaemonSet pods; but once the driver publishes that GPU, the scheduler could hand it out a
+    /// second time. So the switch waits for such pods, names them in the node's status and an
+    /// event, and the node stays on the device plugin until they are gone. When true, Switchyard
+    /// evicts them itself once the device plugin has left the node: the DaemonSet's new pod then
+    /// gets its GPU through DRA. A static pod holding one always waits for a person.
+    #[serde(default)]
+    pub evict_daemon_set_gpu_pods: bool,
 }
 
 impl Default for DrainSpec {
@@ -351,6 +361,7 @@ impl Default for DrainSpec {
             delete_empty_dir_data: false,
             force: false,
             rollback_evicts_past_budgets: false,
+            evict_daemon_set_gpu_pods: false,
         }
     }
 }

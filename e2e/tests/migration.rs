@@ -1508,6 +1508,101 @@ async fn a_node_relabelled_out_of_the_pool_while_draining_goes_back_to_service()
     .await
 }
 
+/// A DaemonSet whose pods each hold one device-plugin GPU (a monitoring agent): the drain leaves
+/// DaemonSet pods, so the switch waits for them, names them, and never publishes the GPU they hold;
+/// once the spec lets Switchyard evict them, it does so after the device plugin has left, and the
+/// DaemonSet's new pods get their GPUs through DRA claims. No pod on a DRA node holds a GPU
+/// without a claim, and no device is allocated twice.
+#[tokio::test]
+async fn a_daemon_set_pod_holding_a_gpu_holds_the_switch_until_evicted_and_comes_back_through_dra()
+-> anyhow::Result<()> {
+    with_pool("dsgpu", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "gpu-agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "gpu-agent"}},
+                    "spec": {
+                        "nodeSelector": {"pool": pool.id},
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10",
+                                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+                    }
+                }
+            }
+        }))?;
+        let daemon_sets: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        daemon_sets.create(&PostParams::default(), &ds).await?;
+        let agents: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        let running_agents = || {
+            let agents = agents.clone();
+            async move {
+                let list = agents.list(&ListParams::default().labels("app=gpu-agent")).await?;
+                let running: Vec<Pod> = list
+                    .items
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .collect();
+                anyhow::Ok(running)
+            }
+        };
+        switchyard_e2e::wait::until("a gpu-agent on each node", Duration::from_secs(60), || async {
+            Ok((running_agents().await?.len() == 2).then_some(()))
+        })
+        .await?;
+
+        let sampler = pool.sample();
+        let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 1}}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let held = pool
+            .wait_status(&name, "a node waiting on the DaemonSet pod", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| p.message.starts_with("GpuHeldByDaemonSetPod"))
+                })
+            })
+            .await?;
+        let line = held.status.as_ref().unwrap().in_progress.iter().find(|p| p.message.starts_with("GpuHeldByDaemonSetPod")).unwrap().clone();
+        assert!(line.message.contains("gpu-agent-") && line.message.contains("evictDaemonSetGpuPods"), "{}", line.message);
+        let node = Api::<Node>::all(pool.client.clone()).get(&line.name).await?;
+        assert_eq!(backend(&node), "device-plugin", "the node stays on the device plugin while its GPU is held");
+        let events = object_events(pool, "Node", &line.name).await?;
+        assert!(events.iter().any(|(r, _)| r == "GpuHeldByDaemonSetPod"), "{events:?}");
+        let (code, report) = plan_json(&name).await?;
+        let blockers = report["blockers"].to_string();
+        assert!(blockers.contains("DaemonSet pod(s) hold device-plugin GPUs"), "exit {code}: {blockers}");
+
+        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"evictDaemonSetGpuPods": true}}})).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.migrated, 2);
+        let agents_now = switchyard_e2e::wait::until("the gpu-agents back through DRA", MIGRATION, || async {
+            let running = running_agents().await?;
+            let all_claimed = running.iter().all(|p| {
+                p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some()
+            });
+            Ok((running.len() == 2 && all_claimed).then_some(running))
+        })
+        .await?;
+        // Each holds its own device: no device allocated twice on a node.
+        let mut devices = BTreeSet::new();
+        for p in &agents_now {
+            let claim_name = &p.status.as_ref().unwrap().extended_resource_claim_status.as_ref().unwrap().resource_claim_name;
+            let claim = Api::<ResourceClaim>::namespaced(pool.client.clone(), &pool.system_ns).get(claim_name).await?;
+            for r in claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap_or_default() {
+                assert!(devices.insert((r.pool.clone(), r.device.clone())), "{}/{} allocated twice", r.pool, r.device);
+            }
+        }
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        Ok(())
+    })
+    .await
+}
+
 /// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
 async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())

@@ -57,6 +57,10 @@ pub struct Selection {
     pub unmanaged: Vec<PodRef>,
     /// Selected and already terminating: the drain waits for them.
     pub terminating: Vec<PodRef>,
+    /// DaemonSet pods that hold the node's device-plugin GPUs ([`gpu_holders_left`]).
+    pub daemon_set_gpu_holders: Vec<PodRef>,
+    /// Static (mirror) pods that hold them.
+    pub static_gpu_holders: Vec<PodRef>,
     /// RollingBack: the pods that hold a device of the migration's driver
     /// ([`driver_device_holders`]).
     pub claim_holders: Vec<PodRef>,
@@ -71,6 +75,8 @@ impl Selection {
             blocked: self.blocked_by_empty_dir.len(),
             terminating: self.terminating.len(),
             unmanaged: self.unmanaged.len(),
+            daemon_set_holders: self.daemon_set_gpu_holders.len(),
+            static_holders: self.static_gpu_holders.len(),
         }
     }
 }
@@ -164,6 +170,25 @@ pub fn select(pods: &[Pod], resources: &[&str], drain: &DrainSpec) -> Selection 
     s
 }
 
+/// The pods a drain leaves that still hold the node's device-plugin GPUs: DaemonSet and static
+/// (mirror) pods that request one of `resources` and were not served through DRA (no
+/// `extendedResourceClaimStatus`). Once the driver publishes that GPU the scheduler could hand it
+/// out again, so the switch must not finish while any is left. `(daemon set, static)`. Pure.
+pub fn gpu_holders_left(pods: &[Pod], resources: &[&str]) -> (Vec<PodRef>, Vec<PodRef>) {
+    let holds = |p: &&Pod| {
+        !is_finished(p)
+            && consumes_any(p, resources)
+            && p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none())
+    };
+    let mut daemon_set: Vec<PodRef> =
+        pods.iter().filter(|p| is_daemonset_pod(p)).filter(holds).map(pod_ref).collect();
+    let mut mirror: Vec<PodRef> =
+        pods.iter().filter(|p| is_mirror_pod(p)).filter(holds).map(pod_ref).collect();
+    daemon_set.sort();
+    mirror.sort();
+    (daemon_set, mirror)
+}
+
 /// Whether any step of a moving node reads `pod`: one [`select`] could pick, one of the device
 /// plugin's DaemonSet `plugin` (`namespace`, `name`), or one that may hold a DRA claim. A node's
 /// pods are read through this (`reconcile::observe::node`), so a reconcile of hundreds of moving
@@ -173,7 +198,8 @@ pub fn read_by_step(pod: &Pod, resources: &[&str], drain: &DrainSpec, plugin: (&
         && !is_mirror_pod(pod)
         && !is_finished(pod)
         && (drain.pod_selection != PodSelection::ResourceConsumers || consumes_any(pod, resources));
-    selectable || owned_by_daemon_set(pod, plugin.0, plugin.1) || holds_dra_claim(pod)
+    let left_holding = (is_daemonset_pod(pod) || is_mirror_pod(pod)) && consumes_any(pod, resources);
+    selectable || left_holding || owned_by_daemon_set(pod, plugin.0, plugin.1) || holds_dra_claim(pod)
 }
 
 /// True while a pod may still hold a prepared DRA claim: a generated one for an extended
@@ -393,6 +419,43 @@ mod tests {
         assert_eq!(claim_names(&with_listed("x", "c")), ["ml/c"]);
     }
 
+    #[test]
+    fn daemon_set_and_static_pods_that_hold_device_plugin_gpus_are_found() {
+        let ds_owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dcgm", "uid": "u", "controller": true}]);
+        let gpu = |extra: serde_json::Value| {
+            let mut v = gpu_limits();
+            crate::testing::merge_patch(&mut v, &extra);
+            v
+        };
+        let pods = vec![
+            pod("exporter", gpu(json!({"metadata": {"ownerReferences": ds_owner}}))),
+            pod("static", gpu(json!({"metadata": {"annotations": {MIRROR_POD_ANNOTATION: "x"}}}))),
+            pod(
+                "exporter-on-dra",
+                gpu(json!({"metadata": {"ownerReferences": ds_owner},
+                           "status": {"extendedResourceClaimStatus": {"resourceClaimName": "c", "requestMappings": []}}})),
+            ),
+            pod("logger", json!({"metadata": {"ownerReferences": ds_owner}})),
+            pod(
+                "done",
+                gpu(json!({"metadata": {"ownerReferences": ds_owner}, "status": {"phase": "Succeeded"}})),
+            ),
+            pod("trainer", gpu_limits()),
+        ];
+        let (ds, mirror) = gpu_holders_left(&pods, &["nvidia.com/gpu"]);
+        let names = |v: &[PodRef]| v.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&ds),
+            ["exporter"],
+            "not the one served through DRA, the one without a GPU, nor a finished one"
+        );
+        assert_eq!(names(&mirror), ["static"]);
+        // The step reads them, or it could not see them.
+        let spec = drain(PodSelection::ResourceConsumers, false);
+        assert!(read_by_step(&pods[0], &["nvidia.com/gpu"], &spec, ("gpu", "plugin")));
+        assert!(read_by_step(&pods[1], &["nvidia.com/gpu"], &spec, ("gpu", "plugin")));
+    }
+
     fn gpu_limits() -> serde_json::Value {
         json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
     }
@@ -557,6 +620,8 @@ mod tests {
                 let plugin_pods =
                     |ps: &[Pod]| ps.iter().filter(|p| owned_by_daemon_set(p, dp.0, dp.1)).count();
                 assert_eq!((plugin_pods(&pods), plugin_pods(&read)), (1, 1), "{case}");
+                // Draining and Switching: the DaemonSet and static pods that hold GPUs.
+                assert_eq!(gpu_holders_left(&pods, &res), gpu_holders_left(&read, &res), "{case}");
                 // RollingBack: the claim holders.
                 let holders = |ps: &[Pod]| ps.iter().filter(|p| holds_dra_claim(p)).count();
                 assert_eq!((holders(&pods), holders(&read)), (2, 2), "{case}");
@@ -573,15 +638,7 @@ mod tests {
             .collect();
         assert_eq!(
             dropped,
-            [
-                "cpu-b",
-                "gpu-ds",
-                "mirror",
-                "gpu-done",
-                "plugin-done",
-                "same-name-other-namespace",
-                "cpu-leaving"
-            ]
+            ["cpu-b", "mirror", "gpu-done", "plugin-done", "same-name-other-namespace", "cpu-leaving"]
         );
     }
 

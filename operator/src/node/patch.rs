@@ -157,6 +157,7 @@ pub fn node_patch(
         Action::Nothing
         | Action::Wait { .. }
         | Action::Evict
+        | Action::EvictGpuHolders
         | Action::CreateCanary
         | Action::DeleteCanary
         | Action::CreateTaintRule

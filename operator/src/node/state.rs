@@ -33,6 +33,10 @@ pub struct DrainCounts {
     pub terminating: usize,
     /// Pods no controller manages, kept because `force` is false: evicting one loses it.
     pub unmanaged: usize,
+    /// DaemonSet pods holding device-plugin GPUs (`drain::gpu_holders_left`).
+    pub daemon_set_holders: usize,
+    /// Static pods holding them.
+    pub static_holders: usize,
 }
 
 /// Where the optional canary pod stands.
@@ -90,6 +94,10 @@ pub enum WaitReason {
     DevicePluginPodRunning,
     /// The driver still offers allocatable devices on the node.
     WaitingForDriverToLeave,
+    /// A DaemonSet's pod holds a device-plugin GPU the switch would publish again.
+    GpuHeldByDaemonSetPod,
+    /// A static pod holds a device-plugin GPU the switch would publish again.
+    GpuHeldByStaticPod,
 }
 
 impl WaitReason {
@@ -113,6 +121,8 @@ impl WaitReason {
             WaitReason::WaitingForDevicePlugin => "WaitingForDevicePlugin",
             WaitReason::DevicePluginPodRunning => "DevicePluginPodRunning",
             WaitReason::WaitingForDriverToLeave => "WaitingForDriverToLeave",
+            WaitReason::GpuHeldByDaemonSetPod => "GpuHeldByDaemonSetPod",
+            WaitReason::GpuHeldByStaticPod => "GpuHeldByStaticPod",
         }
     }
 }
@@ -250,6 +260,8 @@ pub struct Observed {
     pub taint_rule_evicts: bool,
     /// `spec.strategy.drain.rollbackEvictsPastBudgets`.
     pub evict_past_budgets: bool,
+    /// `spec.strategy.drain.evictDaemonSetGpuPods`.
+    pub evict_daemon_set_gpu_pods: bool,
     pub canary: Canary,
     pub drain_timeout_seconds: i64,
     pub verify_timeout_seconds: i64,
@@ -276,6 +288,9 @@ pub enum Action {
     StartDrain,
     /// Evict the selected pods.
     Evict,
+    /// Evict the DaemonSet pods that hold device-plugin GPUs, once the plugin has left
+    /// (`evictDaemonSetGpuPods`).
+    EvictGpuHolders,
     /// Set `switchyard.dev/gpu-backend=dra`; → Switching.
     SwitchToDra,
     /// Set `switchyard.dev/gpu-backend=none`, so that the device plugin leaves while the driver
@@ -365,6 +380,8 @@ fn switching(o: &Observed) -> Action {
                     o.allocatable
                 ),
             )
+        } else if let Some(held) = gpus_held(o, true) {
+            held
         } else {
             match o.device_plugin_pods {
                 Some(0) => Action::StartDriver,
@@ -390,6 +407,9 @@ fn switching(o: &Observed) -> Action {
             WaitReason::DevicePluginStillAdvertising,
             format!("allocatable is still {}; waiting for the device plugin to leave", o.allocatable),
         )
+    } else if let Some(held) = gpus_held(o, true) {
+        // A GPU a DaemonSet or static pod holds would be published again: not before it goes.
+        held
     } else if o.gpus_before.is_none() {
         wait(
             WaitReason::GpuCountUnknown,
@@ -450,6 +470,37 @@ fn switch_action(o: &Observed) -> Action {
     if o.interlock { Action::SwitchToDra } else { Action::StopDevicePlugin }
 }
 
+/// What a node does about the pods a drain leaves that hold its device-plugin GPUs (DaemonSet and
+/// static pods): the switch never finishes while one is left, or the GPU it holds would be
+/// published again. A static pod waits for a person; a DaemonSet's waits too, unless
+/// `evictDaemonSetGpuPods`: then it is evicted once the plugin has left (`plugin_gone`), so the
+/// DaemonSet's new pod gets its GPU through DRA, and before that the switch goes ahead. `None`
+/// when none holds one, or when the switch may go ahead.
+fn gpus_held(o: &Observed, plugin_gone: bool) -> Option<Action> {
+    let d = &o.drain;
+    Some(if d.static_holders > 0 {
+        wait(
+            WaitReason::GpuHeldByStaticPod,
+            format!(
+                "{} static pod(s) hold device-plugin GPUs the switch would publish again; remove their manifests from the node, or take the node out of spec.nodeSelector",
+                d.static_holders
+            ),
+        )
+    } else if d.daemon_set_holders > 0 && !o.evict_daemon_set_gpu_pods {
+        wait(
+            WaitReason::GpuHeldByDaemonSetPod,
+            format!(
+                "{} DaemonSet pod(s) hold device-plugin GPUs the switch would publish again; move their GPU request to DRA, take the node out of spec.nodeSelector, or set spec.strategy.drain.evictDaemonSetGpuPods: true",
+                d.daemon_set_holders
+            ),
+        )
+    } else if d.daemon_set_holders > 0 && plugin_gone {
+        Action::EvictGpuHolders
+    } else {
+        return None;
+    })
+}
+
 /// What a node with selected pods left does: evict them, or wait for what only a person (or the
 /// pods' own termination) resolves. `None` once nothing is left.
 fn undrained(o: &Observed) -> Option<Action> {
@@ -501,7 +552,13 @@ fn cordoned(o: &Observed) -> Action {
 fn draining(o: &Observed) -> Action {
     // A finished drain is never late: the timeout is for the drain, not for a pause.
     let Some(undrained) = undrained(o) else {
-        return if let Some(h) = o.hold { h.wait("drained, before the switch") } else { switch_action(o) };
+        return if let Some(h) = o.hold {
+            h.wait("drained, before the switch")
+        } else if let Some(held) = gpus_held(o, false) {
+            held
+        } else {
+            switch_action(o)
+        };
     };
     if timed_out(o) {
         return Action::Fail {
@@ -724,6 +781,7 @@ mod tests {
             taint_rule_exists: false,
             taint_rule_evicts: false,
             evict_past_budgets: false,
+            evict_daemon_set_gpu_pods: false,
             canary: Canary::NotConfigured,
             drain_timeout_seconds: 600,
             verify_timeout_seconds: 300,
@@ -789,6 +847,64 @@ mod tests {
                     o.since = Some(Timestamp::from_second(0).unwrap())
                 },
                 "Wait:NodeNotReady",
+            ),
+            (
+                "drained, a DaemonSet pod holds a device-plugin GPU",
+                Draining,
+                |o| o.drain.daemon_set_holders = 1,
+                "Wait:GpuHeldByDaemonSetPod",
+            ),
+            (
+                "drained, a static pod holds one: whatever the spec says",
+                Draining,
+                |o| {
+                    o.drain.static_holders = 1;
+                    o.evict_daemon_set_gpu_pods = true
+                },
+                "Wait:GpuHeldByStaticPod",
+            ),
+            (
+                "drained, the spec evicts DaemonSet holders: the switch goes ahead",
+                Draining,
+                |o| {
+                    o.drain.daemon_set_holders = 1;
+                    o.evict_daemon_set_gpu_pods = true
+                },
+                "SwitchToDra",
+            ),
+            (
+                "switching, the plugin gone, a DaemonSet pod still holds a GPU: evicted now",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.drain.daemon_set_holders = 1;
+                    o.evict_daemon_set_gpu_pods = true;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
+                },
+                "EvictGpuHolders",
+            ),
+            (
+                "switching, a late DaemonSet pod holds a GPU: never completes while it does",
+                Switching,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.drain.daemon_set_holders = 1;
+                    o.dra_devices = 8;
+                    o.dra_selected = 8
+                },
+                "Wait:GpuHeldByDaemonSetPod",
+            ),
+            (
+                "switching in sequence: the driver does not start while one holds a GPU",
+                Switching,
+                |o| {
+                    o.backend = Backend::None;
+                    o.interlock = false;
+                    o.drain.daemon_set_holders = 1;
+                    o.device_plugin_pods = Some(0)
+                },
+                "Wait:GpuHeldByDaemonSetPod",
             ),
             ("draining emptyDir", Draining, |o| o.drain.blocked = 1, "Wait:EmptyDirBlocksDrain"),
             ("draining a bare pod", Draining, |o| o.drain.unmanaged = 1, "Wait:UnmanagedPodsBlockDrain"),

@@ -515,15 +515,25 @@ fn judge(inputs: &Inputs) -> Result<gate::Gate, String> {
     })
 }
 
+/// The pods a plan names beside the node plans: those without a controller an eviction would
+/// lose, and the DaemonSet and static pods that hold device-plugin GPUs the switch would publish
+/// again.
+#[derive(Default)]
+struct Named {
+    bare: Vec<String>,
+    gpu_held_by_daemon_sets: Vec<String>,
+    gpu_held_by_static_pods: Vec<String>,
+}
+
 /// Each selected node's part: the nodes that move, in the order and waves the operator starts
 /// them, with the pods each evicts; then those that stay (failed, refused, done). Also the
-/// summary, and the pods without a controller an eviction would lose.
-fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Vec<String>) {
+/// summary, and the pods the plan names ([`Named`]).
+fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
     let by_name: BTreeMap<&str, &SlimNode> =
         inputs.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n)).collect();
     let mut nodes = Vec::new();
     let mut summary = Summary { nodes_selected: inputs.nodes.len() as u32, ..Default::default() };
-    let mut bare = Vec::new();
+    let mut named = Named::default();
     let max = p.max_unavailable.max(1);
     // Wave 0: in flight. Wave 1: what may start now, next to the nodes in flight. Then the queue
     // in groups of maxUnavailable.
@@ -538,6 +548,13 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Vec<String>
         let Some(node) = by_name.get(name.as_str()) else { continue };
         let pn = PoolNode::from_node(node);
         let (evict, stay) = evictions(inputs, name);
+        if inputs.spec.direction == Direction::Forward {
+            let res = crate::pool::gate::resources(&inputs.spec);
+            let pods = inputs.pods.get(name.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let (daemon_set, mirror) = drain::gpu_holders_left(pods, &res);
+            named.gpu_held_by_daemon_sets.extend(daemon_set.iter().map(|p| format!("{p} on {name}")));
+            named.gpu_held_by_static_pods.extend(mirror.iter().map(|p| format!("{p} on {name}")));
+        }
         let g = gpus(inputs, node);
         summary.nodes_to_move += 1;
         summary.waves = summary.waves.max(wave);
@@ -550,7 +567,7 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Vec<String>
                     PodFlag::PdbBlocks { .. } => summary.pods_blocked_by_pdb += 1,
                     PodFlag::NoController => {
                         summary.bare_pods += 1;
-                        bare.push(format!("{}/{}", e.namespace, e.name));
+                        named.bare.push(format!("{}/{}", e.namespace, e.name));
                     }
                     PodFlag::EmptyDir { .. } => summary.empty_dir_pods += 1,
                     PodFlag::Terminating => {}
@@ -612,7 +629,7 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Vec<String>
         nodes.extend(still(name, NodeAction::Done, String::new()));
     }
 
-    (nodes, summary, bare)
+    (nodes, summary, named)
 }
 
 /// What keeps the pool from moving, each said as what to change: the gate's blocks, the class
@@ -622,8 +639,9 @@ fn blockers(
     judged: &gate::Gate,
     device_classes: &[ClassPlan],
     placement: &[PlacementPlan],
-    bare: &[String],
+    named: &Named,
 ) -> Vec<String> {
+    let bare = &named.bare;
     let spec = &inputs.spec;
     let (p, verdict) = (&judged.plan, &judged.verdict);
     let mut blockers = Vec::new();
@@ -680,6 +698,25 @@ fn blockers(
             bare.len()
         ));
     }
+    // The switch never finishes while these hold a GPU it would publish again.
+    let list = |pods: &[String]| {
+        let shown = pods.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        if pods.len() > 5 { format!("{shown} and {} more", pods.len() - 5) } else { shown }
+    };
+    if !named.gpu_held_by_static_pods.is_empty() {
+        blockers.push(format!(
+            "{} static pod(s) hold device-plugin GPUs ({}): their nodes wait until the manifests are removed, or leave them out of spec.nodeSelector",
+            named.gpu_held_by_static_pods.len(),
+            list(&named.gpu_held_by_static_pods)
+        ));
+    }
+    if !named.gpu_held_by_daemon_sets.is_empty() && !spec.strategy.drain.evict_daemon_set_gpu_pods {
+        blockers.push(format!(
+            "{} DaemonSet pod(s) hold device-plugin GPUs ({}): move their GPU request to DRA, leave their nodes out of spec.nodeSelector, or set spec.strategy.drain.evictDaemonSetGpuPods: true",
+            named.gpu_held_by_daemon_sets.len(),
+            list(&named.gpu_held_by_daemon_sets)
+        ));
+    }
     if p.owned.is_empty() {
         blockers.push("spec.nodeSelector selects no node this migration may move".into());
     }
@@ -699,10 +736,10 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     let judged = judge(inputs)?;
     let p = &judged.plan;
     let verdict = &judged.verdict;
-    let (nodes, summary, bare) = node_plans(inputs, p);
+    let (nodes, summary, named) = node_plans(inputs, p);
     let device_classes = class_plans(inputs);
     let placement = placement_plans(inputs, &judged);
-    let blockers = blockers(inputs, &judged, &device_classes, &placement, &bare);
+    let blockers = blockers(inputs, &judged, &device_classes, &placement, &named);
     Ok(Report {
         migration: inputs.name.clone(),
         exists: inputs.exists,
@@ -843,6 +880,33 @@ mod tests {
         assert_eq!(r.summary.gpus_to_move, 28);
         assert_eq!(r.summary.waves, 2);
         assert!(r.blockers.is_empty(), "{:?}", r.blockers);
+    }
+
+    #[test]
+    fn daemon_set_and_static_pods_holding_gpus_are_named_as_blockers() {
+        let mut i = inputs(spec(json!({})));
+        let mut exporter = pod("monitoring", "dcgm-exporter", true, false, false);
+        exporter.metadata.owner_references = Some(vec![from(json!(
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dcgm-exporter", "uid": "u", "controller": true}
+        ))]);
+        let mut static_pod = pod("kube-system", "gpu-burn", true, false, false);
+        static_pod.metadata.annotations =
+            Some([("kubernetes.io/config.mirror".to_string(), "x".to_string())].into_iter().collect());
+        i.pods.get_mut("n1").unwrap().push(exporter);
+        i.pods.get_mut("n3").unwrap().push(static_pod);
+        let r = build(&i).expect("report");
+        let ds = r.blockers.iter().find(|b| b.contains("DaemonSet pod(s) hold")).expect("the DaemonSet pod");
+        assert!(
+            ds.contains("monitoring/dcgm-exporter on n1") && ds.contains("evictDaemonSetGpuPods"),
+            "{ds}"
+        );
+        let st = r.blockers.iter().find(|b| b.contains("static pod(s) hold")).expect("the static pod");
+        assert!(st.contains("kube-system/gpu-burn on n3"), "{st}");
+        // Evicting DaemonSet pods is allowed: only the static pod still needs a person.
+        i.spec.strategy.drain.evict_daemon_set_gpu_pods = true;
+        let r = build(&i).expect("report");
+        assert!(r.blockers.iter().all(|b| !b.contains("DaemonSet pod(s) hold")), "{:?}", r.blockers);
+        assert!(r.blockers.iter().any(|b| b.contains("static pod(s) hold")));
     }
 
     #[test]

@@ -254,6 +254,7 @@ pub fn node_step(
         taint_rule_exists: reads.taint_rule_exists,
         taint_rule_evicts: reads.taint_rule_evicts,
         evict_past_budgets: spec.strategy.drain.rollback_evicts_past_budgets,
+        evict_daemon_set_gpu_pods: spec.strategy.drain.evict_daemon_set_gpu_pods,
         canary,
         drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
         verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
@@ -323,8 +324,14 @@ fn pods_in_play(
     reads: &NodeReads,
     res: &[&str],
 ) -> (drain::Selection, usize) {
+    let with_holders = |mut selection: drain::Selection| {
+        let (daemon_set, mirror) = drain::gpu_holders_left(&reads.pods, res);
+        selection.daemon_set_gpu_holders = daemon_set;
+        selection.static_gpu_holders = mirror;
+        selection
+    };
     match state {
-        NodeState::Draining => (drain::select(&reads.pods, res, &spec.strategy.drain), 0),
+        NodeState::Draining => (with_holders(drain::select(&reads.pods, res, &spec.strategy.drain)), 0),
         NodeState::Switching => {
             let late: Vec<Pod> = reads
                 .pods
@@ -332,7 +339,7 @@ fn pods_in_play(
                 .filter(|p| p.status.as_ref().is_none_or(|s| s.extended_resource_claim_status.is_none()))
                 .cloned()
                 .collect();
-            (drain::select(&late, res, &spec.strategy.drain), 0)
+            (with_holders(drain::select(&late, res, &spec.strategy.drain)), 0)
         }
         NodeState::RollingBack => {
             // The holders drain as a forward drain would, whatever pods it selects: each holds
@@ -389,6 +396,8 @@ fn beside_the_node(
             let named = match *reason {
                 WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
                 WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
+                WaitReason::GpuHeldByDaemonSetPod => Some(&selection.daemon_set_gpu_holders),
+                WaitReason::GpuHeldByStaticPod => Some(&selection.static_gpu_holders),
                 _ => None,
             };
             if *reason == WaitReason::EvictingClaimHolders {
@@ -419,6 +428,14 @@ fn beside_the_node(
         Action::Evict => {
             step.evict = selection.evict.clone();
             step.message = format!("evicting {} pod(s)", step.evict.len());
+        }
+        Action::EvictGpuHolders => {
+            step.evict = selection.daemon_set_gpu_holders.clone();
+            step.message = format!(
+                "evicting {} DaemonSet pod(s) that hold device-plugin GPUs ({}); spec.strategy.drain.evictDaemonSetGpuPods is set, and their new pods get GPUs through DRA",
+                step.evict.len(),
+                drain::names(&step.evict, 5)
+            );
         }
         Action::CreateCanary => {
             if let Some(c) = &spec.strategy.verify.canary {
