@@ -556,13 +556,7 @@ impl Pool {
         wait::until(&format!("{count} running workload pods"), Duration::from_secs(90), || {
             let pods = pods.clone();
             async move {
-                let list = pods.list(&ListParams::default()).await?;
-                let running: Vec<Pod> = list
-                    .items
-                    .into_iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                    .collect();
+                let running = running(pods.list(&ListParams::default()).await?.items);
                 Ok((running.len() == count).then_some(running))
             }
         })
@@ -959,6 +953,14 @@ impl View {
             }
         }
     }
+}
+
+/// The pods of `pods` that run and are not being deleted.
+pub fn running(pods: Vec<Pod>) -> Vec<Pod> {
+    pods.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect()
 }
 
 /// Backend label of a node ("device-plugin" when absent).

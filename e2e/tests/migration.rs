@@ -1541,13 +1541,7 @@ async fn a_daemon_set_pod_holding_a_gpu_holds_the_switch_until_evicted_and_comes
             let agents = agents.clone();
             async move {
                 let list = agents.list(&ListParams::default().labels("app=gpu-agent")).await?;
-                let running: Vec<Pod> = list
-                    .items
-                    .into_iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                    .collect();
-                anyhow::Ok(running)
+                anyhow::Ok(pool::running(list.items))
             }
         };
         switchyard_e2e::wait::until("a gpu-agent on each node", Duration::from_secs(60), || async {

@@ -59,9 +59,16 @@ pub fn schedulable<'a>(
     driver: &'a str,
     node: &'a str,
 ) -> impl Iterator<Item = &'a Device> {
-    node_slices(slices, driver, node)
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .filter(|d| !d.taints.iter().flatten().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute"))
+    devices(slices, driver, node).filter(|d| !d.taints.iter().flatten().any(keeps_out))
+}
+
+/// Every device our driver publishes for `node`, in its node-local slices.
+fn devices<'a>(
+    slices: &'a [impl Borrow<ResourceSlice>],
+    driver: &'a str,
+    node: &'a str,
+) -> impl Iterator<Item = &'a Device> {
+    node_slices(slices, driver, node).flat_map(|s| s.spec.devices.iter().flatten())
 }
 
 /// Whether `t` keeps a device out of scheduling.
@@ -88,8 +95,7 @@ pub fn present<'a>(
     driver: &'a str,
     node: &'a str,
 ) -> impl Iterator<Item = &'a Device> {
-    node_slices(slices, driver, node)
-        .flat_map(|s| s.spec.devices.iter().flatten())
+    devices(slices, driver, node)
         .filter(move |d| !d.taints.iter().flatten().any(|t| keeps_out(t) && node_wide(t, driver)))
 }
 
