@@ -31,3 +31,12 @@ command -v cargo >/dev/null || { echo "install-deps: cargo is required" >&2; exi
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy
 fi
+
+# A cold `make test` writes about 14 GiB: the Rust target (6 GiB), Go's build and module caches
+# (7 GiB, for the upstream control plane and nodes) and the e2e state. A full disk shows up later
+# as a linker killed by SIGBUS or "No space left on device", so say it here, where it is clear.
+avail_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((16 * 1024 * 1024)) ]; then
+  echo "install-deps: warning: $((avail_kib / 1024 / 1024)) GiB free on $(df -P . | awk 'NR == 2 { print $6 }');" \
+    "a cold 'make test' needs about 14 GiB (warm caches need far less)" >&2
+fi
