@@ -88,7 +88,8 @@ for m in switchyard_nodes switchyard_pool_gpus switchyard_backend_overlap_nodes 
          switchyard_agent_publish_failures_total switchyard_agent_event_to_taint_seconds_bucket \
          switchyard_agent_nvml_errors_total scheduler_pending_pods scheduler_plugin_execution_duration_seconds_bucket \
          scheduler_framework_extension_point_duration_seconds_bucket dynamic_resource_allocation_resourceclaim_creates_total \
-         resourceclaim_controller_create_failures_total dynamic_resource_allocation_resource_claims \
+         scheduler_resourceclaim_creates_total resourceclaim_controller_creates_total dynamic_resource_allocation_resource_claims \
+         resourceclaim_controller_resource_claims switchyard_cluster_gpus \
          switchyard_leader switchyard_migration_stalled; do
   grep -q "$m" "$dash" || { echo "dashboard: no panel queries $m" >&2; exit 1; }
 done

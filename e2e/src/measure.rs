@@ -346,6 +346,20 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines().filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).find_map(|v| v.trim().parse().ok())
 }
 
+/// The value of the series of `name` whose labels include every pair of `labels`, in Prometheus
+/// or OpenMetrics text (label values without quotes or commas, as the operator's are).
+pub fn labelled(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let prefix = format!("{name}{{");
+    text.lines().find_map(|l| {
+        let (set, value) = l.strip_prefix(&prefix)?.split_once("} ")?;
+        let pairs: Vec<&str> = set.split(',').collect();
+        labels
+            .iter()
+            .all(|(k, v)| pairs.contains(&format!("{k}=\"{v}\"").as_str()))
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
 /// The cumulative buckets `(le, count)` of a histogram in Prometheus or OpenMetrics text, and its
 /// total count. `name` is the metric name without `_bucket`.
 pub fn histogram(text: &str, name: &str) -> (Vec<(f64, f64)>, f64) {
@@ -400,6 +414,18 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_labelled_series_is_found_by_a_subset_of_its_labels() {
+        let text = "switchyard_pool_gpus{migration=\"a\",backend=\"dra\"} 12\nswitchyard_pool_gpus{migration=\"ab\",backend=\"dra\"} 4\n";
+        assert_eq!(
+            labelled(text, "switchyard_pool_gpus", &[("migration", "ab"), ("backend", "dra")]),
+            Some(4.0)
+        );
+        assert_eq!(labelled(text, "switchyard_pool_gpus", &[("backend", "dra")]), Some(12.0));
+        assert_eq!(labelled(text, "switchyard_pool_gpus", &[("backend", "none")]), None);
+        assert_eq!(labelled(text, "switchyard_pool", &[]), None, "another metric's prefix");
+    }
 
     #[test]
     fn the_machines_cpu_time_is_read_from_the_cpu_line() {

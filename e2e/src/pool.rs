@@ -86,13 +86,15 @@ pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// A running `switchyard-operator` process.
 pub struct Operator {
     child: tokio::process::Child,
+    /// Where it serves `/metrics`, when the pool started it.
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl Operator {
     /// An operator process started with [`Pool::spawn_operator_with`], handed to the pool so
     /// that its cleanup waits for the finalizers with an operator running.
     pub fn from_child(child: tokio::process::Child) -> Self {
-        Self { child }
+        Self { child, metrics: None }
     }
 
     /// Kills the process with SIGKILL, as a node failure or OOM would, and waits for it.
@@ -439,9 +441,19 @@ impl Pool {
 
     /// Starts the real operator binary against the shared cluster, without leader election.
     pub fn start_operator(&mut self) -> anyhow::Result<()> {
-        let child = self.spawn_operator(&["--no-leader-election"], "operator.log")?;
-        self.operator = Some(Operator { child });
+        let (child, metrics) = self.spawn_operator_with(
+            &["--no-leader-election"],
+            "operator.log",
+            "info,switchyard_operator=debug",
+        )?;
+        self.operator = Some(Operator { child, metrics: Some(metrics) });
         Ok(())
+    }
+
+    /// The `/metrics` URL of the operator [`Pool::start_operator`] started.
+    pub fn operator_metrics_url(&self) -> Option<String> {
+        let addr = self.operator.as_ref()?.metrics?;
+        Some(format!("http://{addr}/metrics"))
     }
 
     /// Starts one more operator process with `args`, logging to `log` in the pool's work dir;

@@ -94,10 +94,18 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
     let web_before: BTreeSet<String> =
         before.iter().filter(|p| p.labels()["app"] == "web").map(|p| p.uid().unwrap()).collect();
     let sampler = pool.sample();
+    let nodes: Api<Node> = Api::all(pool.client.clone());
+    let mut gpus = 0;
+    for n in &pool.nodes {
+        gpus += pool::allocatable(&nodes.get(n).await?, "nvidia.com/gpu") as u64;
+    }
 
     let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
     pool.migrations().create(&PostParams::default(), &gpm).await?;
     pool.start_operator()?;
+    let metrics = pool.operator_metrics_url().expect("the pool started the operator");
+    let (stop_scraping, stopped) = tokio::sync::watch::channel(false);
+    let scraper = tokio::spawn(scrape_pool_gpus(metrics.clone(), name.clone(), stopped));
     let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
 
     // Every node is Migrated, on DRA and schedulable again.
@@ -161,8 +169,74 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
         "the trainer PDB (minAvailable 1) was violated or never tested"
     );
 
-    // The state of a completed migration, kept for the Argo CD and kstatus fixtures.
-    record_state("completed", &done)
+    // The GPU gauges: the pool's physical GPUs stayed flat through the move, every node counted
+    // by what served it at each scrape, and the cluster's figure outlives the migration.
+    let _ = stop_scraping.send(true);
+    let figures = scraper.await?;
+    assert!(figures.len() >= 10, "too few scrapes of switchyard_pool_gpus to judge: {figures:?}");
+    let off: Vec<_> = figures.iter().filter(|f| f.iter().sum::<u64>() != gpus).collect();
+    assert!(off.is_empty(), "the pool's GPUs were not flat at {gpus}: {off:?} of {figures:?}");
+    assert!(
+        figures.iter().any(|[plugin, dra, _]| *plugin > 0 && *dra > 0),
+        "no scrape caught the pool mid-move: {figures:?}"
+    );
+    assert_eq!(figures.last(), Some(&[0, gpus, 0]), "device-plugin, dra, none at the end");
+    let recorded = record_state("completed", &done);
+    pool.migrations().delete(&name, &DeleteParams::default()).await?;
+    let cluster = switchyard_e2e::wait::until(
+        "the pool's GPU gauges gone with the migration",
+        Duration::from_secs(60),
+        || {
+            let metrics = metrics.clone();
+            let name = name.clone();
+            async move {
+                let (_, text) = switchyard_e2e::measure::http("GET", &metrics, None).await?;
+                let pool_series =
+                    switchyard_e2e::measure::labelled(&text, "switchyard_pool_gpus", &[("migration", &name)]);
+                let cluster = switchyard_e2e::measure::labelled(
+                    &text,
+                    "switchyard_cluster_gpus",
+                    &[("backend", "dra")],
+                );
+                Ok(pool_series.is_none().then_some(cluster))
+            }
+        },
+    )
+    .await?;
+    // Other GPU nodes of the shared cluster may count too; this pool's are on DRA.
+    assert!(
+        cluster.is_some_and(|dra| dra >= gpus as f64),
+        "switchyard_cluster_gpus{{backend=\"dra\"}} after the migration was deleted: {cluster:?}, want at least {gpus}"
+    );
+    recorded
+}
+
+/// Scrapes the pool's `switchyard_pool_gpus` every 200 ms until `stop`: each scrape's
+/// `[device-plugin, dra, none]`, once the operator has set all three.
+async fn scrape_pool_gpus(
+    url: String,
+    migration: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<[u64; 3]> {
+    let mut figures = Vec::new();
+    loop {
+        if let Ok((200, text)) = switchyard_e2e::measure::http("GET", &url, None).await {
+            let of = |backend| {
+                switchyard_e2e::measure::labelled(
+                    &text,
+                    "switchyard_pool_gpus",
+                    &[("migration", &migration), ("backend", backend)],
+                )
+            };
+            if let (Some(plugin), Some(dra), Some(none)) = (of("device-plugin"), of("dra"), of("none")) {
+                figures.push([plugin as u64, dra as u64, none as u64]);
+            }
+        }
+        tokio::select! {
+            _ = stop.changed() => return figures,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
 }
 
 /// Writes a real CR state for the packaging checks (config/argocd testdata, e2e/kstatus) when

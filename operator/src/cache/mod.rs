@@ -53,6 +53,7 @@ use tokio::sync::Notify;
 use crate::error::{Error, Result};
 use crate::node::slim::SlimNode;
 use crate::node::str_map::LabelQuery;
+use crate::well_known::{AGENT_FIELD_MANAGER, LABEL_MANAGED_BY};
 
 /// How long a reconcile waits for a cache's first LIST before it fails and retries with backoff:
 /// long enough to list every node of a large cluster, short enough that a watch which cannot list
@@ -154,6 +155,9 @@ pub struct DeviceCounts {
     /// Devices the node has to serve, unhealthy ones included ([`crate::pool::overlap::present`]):
     /// what a switch counts.
     pub present: u64,
+    /// The physical GPUs behind the devices ([`crate::pool::overlap::physical_gpus`]): what the
+    /// GPU gauges count.
+    pub physical: u64,
 }
 
 impl DeviceCounts {
@@ -163,6 +167,7 @@ impl DeviceCounts {
             devices: crate::pool::overlap::dra_devices(slices, driver, node),
             schedulable: crate::pool::overlap::schedulable_dra_devices(slices, driver, node),
             present: crate::pool::overlap::present(slices, driver, node).count() as u64,
+            physical: crate::pool::overlap::physical_gpus(slices, driver, node),
         }
     }
 }
@@ -172,6 +177,7 @@ impl std::ops::AddAssign for DeviceCounts {
         self.devices += other.devices;
         self.schedulable += other.schedulable;
         self.present += other.present;
+        self.physical += other.physical;
     }
 }
 
@@ -192,6 +198,8 @@ pub struct CachedSlice {
     driver: Box<str>,
     node_name: Option<Box<str>>,
     counts: DeviceCounts,
+    /// Whether Switchyard's agent wrote it ([`LABEL_MANAGED_BY`]), whatever the driver's name.
+    ours: bool,
     /// `spec.devices` as JSON (`null` when absent), DEFLATE-compressed.
     devices: Box<[u8]>,
 }
@@ -209,6 +217,7 @@ impl CachedSlice {
             // A node-less slice (a network-attached pool) counts for none.
             None => DeviceCounts::default(),
         };
+        let ours = slice.labels().get(LABEL_MANAGED_BY).is_some_and(|v| v == AGENT_FIELD_MANAGER);
         let ResourceSlice { metadata, spec } = slice;
         // Decoded devices always serialize.
         let json = serde_json::to_vec(&spec.devices).unwrap_or_default();
@@ -217,6 +226,7 @@ impl CachedSlice {
             driver: spec.driver.into_boxed_str(),
             node_name: node_name.map(String::into_boxed_str),
             counts,
+            ours,
             devices: miniz_oxide::deflate::compress_to_vec(&json, DEVICES_LEVEL).into_boxed_slice(),
         }
     }
@@ -269,6 +279,11 @@ impl CachedSlice {
     /// Its devices, counted (none for a slice that is not node-local).
     pub fn counts(&self) -> DeviceCounts {
         self.counts
+    }
+
+    /// Whether Switchyard's driver agent wrote it.
+    pub fn ours(&self) -> bool {
+        self.ours
     }
 }
 
@@ -585,12 +600,16 @@ mod tests {
         let slice = gpu_slice("s-1", "gpu.switchyard.dev", "gpu-1");
         let cached = CachedSlice::new(slice.clone());
         // gpu-1's NoSchedule taint: 3 devices, 2 the scheduler may allocate.
-        assert_eq!(cached.counts(), DeviceCounts { devices: 3, schedulable: 2, present: 3 });
+        assert_eq!(cached.counts(), DeviceCounts { devices: 3, schedulable: 2, present: 3, physical: 3 });
         assert_eq!(cached.counts(), DeviceCounts::of(&[&slice], "gpu.switchyard.dev", "gpu-1"));
         assert_eq!(
             (cached.name(), cached.driver(), cached.node_name()),
             ("s-1", "gpu.switchyard.dev", Some("gpu-1"))
         );
+        assert!(!cached.ours(), "no managed-by label");
+        let mut labelled = slice.clone();
+        labelled.labels_mut().insert(LABEL_MANAGED_BY.into(), AGENT_FIELD_MANAGER.into());
+        assert!(CachedSlice::new(labelled).ours(), "the agent's label, whatever the driver");
         // What a switch reads comes back as it was: name, driver, node and every device, with
         // its attributes, capacity and taints.
         let back = cached.with_devices();

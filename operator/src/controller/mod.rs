@@ -296,6 +296,12 @@ pub async fn run(
     let (s, nodes) = (store.clone(), node_reader.clone());
     let map_slice = move |rs: ResourceSlice| migrations_for_slice(&s, &nodes, &rs);
 
+    metrics.set_cluster_source(cluster_gpus(
+        ready.clone(),
+        node_reader.clone(),
+        slice_reader.clone(),
+        store.clone(),
+    ));
     let ctx = Arc::new(Context::new(client.clone(), metrics, config, store.clone(), caches));
     tokio::spawn(readiness(
         ready,
@@ -339,6 +345,43 @@ pub async fn run(
         () = controller => {}
         () = stop_unsynced => info!("stopping before the migrations' cache synced: no reconcile to finish"),
     }
+}
+
+/// `switchyard_cluster_gpus` from the caches: every node, with the DRA devices of the GPU drivers
+/// (every slice Switchyard's agent wrote, whatever its driver name, and NVIDIA's driver's and each
+/// migration's) and the device plugin's GPU resources (the defaults and each migration's
+/// `spec.devicePlugin.gpuResources`). Nothing until the caches have
+/// synced (`ready`): an empty cache would read as every GPU gone.
+fn cluster_gpus(
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    nodes: Store<SlimNode>,
+    slices: Store<cache::CachedSlice>,
+    migrations: Store<GpuPoolMigration>,
+) -> crate::report::metrics::ClusterGpusSource {
+    Box::new(move || {
+        if !ready.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let migrations = migrations.state();
+        let mut drivers = vec![DEFAULT_DRIVER_NAME, NVIDIA_DRA_DRIVER];
+        drivers.extend(migrations.iter().map(|m| m.spec.driver.name.as_str()));
+        let extra: Vec<&str> = migrations
+            .iter()
+            .flat_map(|m| m.spec.device_plugin.gpu_resources.iter().map(String::as_str))
+            .collect();
+        let mut counts: std::collections::HashMap<String, cache::DeviceCounts> = Default::default();
+        for slice in slices.state() {
+            if let Some(node) =
+                slice.node_name().filter(|_| slice.ours() || drivers.contains(&slice.driver()))
+            {
+                *counts.entry(node.to_string()).or_default() += slice.counts();
+            }
+        }
+        let nodes = nodes.state();
+        Some(crate::report::gpus::cluster(nodes.iter().map(AsRef::as_ref), &counts, |r| {
+            is_gpu_resource(r, &extra)
+        }))
+    })
 }
 
 #[cfg(test)]

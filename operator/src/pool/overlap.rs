@@ -6,7 +6,7 @@
 //! `device-plugin-active` taint until the device plugin's capacity is gone).
 
 use std::borrow::Borrow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
@@ -99,6 +99,22 @@ pub fn present<'a>(
         .filter(move |d| !d.taints.iter().flatten().any(|t| keeps_out(t) && node_wide(t, driver)))
 }
 
+/// The physical GPUs behind the devices our driver publishes for `node`, each counted once: a
+/// GPU by its `uuid` attribute, a MIG device by its GPU's (`parentUUID`), so a GPU published whole
+/// and as MIG devices at once still counts once. A device without those attributes counts by its
+/// name. Tainted devices count: an unhealthy GPU is still in the node.
+pub fn physical_gpus(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str) -> u64 {
+    let text =
+        |d: &Device, key: &str| d.attributes.as_ref().and_then(|a| a.get(key)).and_then(|v| v.string.clone());
+    let gpus: BTreeSet<String> = devices(slices, driver, node)
+        .map(|d| {
+            let key = if text(d, "type").as_deref() == Some("mig") { "parentUUID" } else { "uuid" };
+            text(d, key).unwrap_or_else(|| format!("name:{}", d.name))
+        })
+        .collect();
+    gpus.len() as u64
+}
+
 /// The [`present`] devices that a taint keeps out, by name, with the taint's key and value:
 /// `gpu-3 (gpu.switchyard.dev/xid=79)`.
 pub fn unhealthy(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str) -> Vec<String> {
@@ -187,6 +203,61 @@ mod tests {
             ]);
         }
         s
+    }
+
+    #[test]
+    fn physical_gpus_count_each_gpu_once_whole_or_partitioned() {
+        let dev = |name: &str, attrs: serde_json::Value| {
+            let attrs: serde_json::Map<String, serde_json::Value> =
+                attrs.as_object().unwrap().iter().map(|(k, v)| (k.clone(), json!({"string": v}))).collect();
+            json!({"name": name, "attributes": attrs})
+        };
+        let with = |devices: Vec<serde_json::Value>| {
+            let mut s = slice(DRIVER, "n", 0);
+            s.spec.devices = serde_json::from_value(json!(devices)).unwrap();
+            s
+        };
+        // (case, devices, physical GPUs)
+        let cases = [
+            (
+                "whole GPUs",
+                vec![
+                    dev("gpu-0", json!({"type": "gpu", "uuid": "GPU-a"})),
+                    dev("gpu-1", json!({"type": "gpu", "uuid": "GPU-b"})),
+                ],
+                2,
+            ),
+            (
+                "seven MIG devices of one GPU beside a whole one",
+                (0..7)
+                    .map(|i| {
+                        dev(
+                            &format!("gpu-0-mig-{i}"),
+                            json!({"type": "mig", "parentUUID": "GPU-a", "uuid": format!("MIG-{i}")}),
+                        )
+                    })
+                    .chain([dev("gpu-1", json!({"type": "gpu", "uuid": "GPU-b"}))])
+                    .collect(),
+                2,
+            ),
+            (
+                "one GPU published whole and as MIG devices (dynamic MIG)",
+                vec![
+                    dev("gpu-0", json!({"type": "gpu", "uuid": "GPU-a"})),
+                    dev("gpu-0-mig-0", json!({"type": "mig", "parentUUID": "GPU-a"})),
+                ],
+                1,
+            ),
+            ("devices without attributes count by name", vec![dev("a", json!({})), dev("b", json!({}))], 2),
+        ];
+        for (case, devices, want) in cases {
+            assert_eq!(physical_gpus(&[with(devices)], DRIVER, "n"), want, "{case}");
+        }
+        assert_eq!(
+            physical_gpus(&[slice("other.example.com", "n", 3)], DRIVER, "n"),
+            0,
+            "another driver's devices"
+        );
     }
 
     #[test]

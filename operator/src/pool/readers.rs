@@ -619,7 +619,7 @@ fn hpa_findings(o: &Observed) -> Vec<Finding> {
                 format!(
                     "scales on a metric that names {ext}; metrics derived from node capacity drop to zero on migrated nodes"
                 ),
-                "scale on pod-level GPU metrics (DCGM) or on switchyard_pool_gpus, which counts both backends",
+                "scale on pod-level GPU metrics (DCGM) or on switchyard_cluster_gpus, which counts both backends and outlives the migration",
             ));
         }
     }
@@ -642,7 +642,7 @@ fn text_findings(o: &Observed) -> Vec<Finding> {
                     kind,
                     object.clone(),
                     format!("reads {ext} from node capacity or allocatable; migrated nodes report 0 there"),
-                    "count GPUs from ResourceSlices, or use switchyard_pool_gpus{backend=...}, which covers both backends",
+                    "count GPUs from ResourceSlices, or use switchyard_cluster_gpus{backend=...}, which covers both backends and outlives the migration",
                 ));
             }
         }

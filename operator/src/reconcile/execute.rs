@@ -128,7 +128,7 @@ fn progress(
 /// The pool gauges, and which reason stalls the migration.
 fn set_metrics(ctx: &Context, name: &str, m: &PoolMetrics, status: &GpuPoolMigrationStatus) {
     ctx.metrics.set_nodes(name, &m.per_state);
-    ctx.metrics.set_gpus(name, m.device_plugin_gpus, m.dra_gpus);
+    ctx.metrics.set_gpus(name, m.gpus);
     ctx.metrics
         .backend_overlap_nodes
         .get_or_create(&MigrationLabels { migration: name.to_string() })

@@ -565,8 +565,8 @@ mod tests {
         assert_eq!(
             counts,
             HashMap::from([
-                ("n1".to_string(), DeviceCounts { devices: 4, schedulable: 3, present: 4 }),
-                ("n2".to_string(), DeviceCounts { devices: 2, schedulable: 1, present: 2 }),
+                ("n1".to_string(), DeviceCounts { devices: 4, schedulable: 3, present: 4, physical: 4 }),
+                ("n2".to_string(), DeviceCounts { devices: 2, schedulable: 1, present: 2, physical: 2 }),
             ]),
             "every node with our driver's slices, other drivers not counted"
         );

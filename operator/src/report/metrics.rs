@@ -13,6 +13,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::api::v1alpha1::NodeState;
+use crate::report::gpus::GpusByBackend;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
@@ -28,6 +29,17 @@ pub struct NodeLabels {
 /// `backend` label values.
 pub const BACKEND_LABEL_DEVICE_PLUGIN: &str = "device-plugin";
 pub const BACKEND_LABEL_DRA: &str = "dra";
+/// GPUs no backend serves at the moment: a node between backends, or one whose backend is down.
+pub const BACKEND_LABEL_NONE: &str = "none";
+const BACKEND_LABELS: [&str; 3] = [BACKEND_LABEL_DEVICE_PLUGIN, BACKEND_LABEL_DRA, BACKEND_LABEL_NONE];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub backend: &'static str,
+}
+
+/// Computes the cluster's GPUs by backend at each scrape, from the caches of the replica that leads.
+pub type ClusterGpusSource = Box<dyn Fn() -> Option<GpusByBackend> + Send + Sync>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
@@ -82,7 +94,12 @@ pub struct Metrics {
     /// The same time by part of the reconcile, to tell waiting on the API from deciding.
     pub reconcile_phase_duration: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     pub nodes: Family<NodeLabels, Gauge>,
+    /// A pool's physical GPUs by what serves them; the sum is the pool's GPUs.
     pub pool_gpus: Family<GpuLabels, Gauge>,
+    /// Every GPU node's physical GPUs by what serves them, migrations or not. Only the leader,
+    /// whose caches hold the cluster, exports it.
+    pub cluster_gpus: Family<BackendLabels, Gauge>,
+    cluster_source: Mutex<Option<ClusterGpusSource>>,
     pub evictions: Family<EvictionLabels, Counter>,
     pub backend_overlap_nodes: Family<MigrationLabels, Gauge>,
     pub drain_duration: Family<MigrationLabels, Histogram, fn() -> Histogram>,
@@ -169,8 +186,14 @@ impl Metrics {
         let pool_gpus = Family::<GpuLabels, Gauge>::default();
         registry.register(
             "pool_gpus",
-            "GPUs in the pool by serving backend: device-plugin allocatable, or devices in the driver's ResourceSlices",
+            "Physical GPUs of the pool's nodes by what serves them now (device-plugin, dra, or none between backends); the sum is flat across a healthy migration",
             pool_gpus.clone(),
+        );
+        let cluster_gpus = Family::<BackendLabels, Gauge>::default();
+        registry.register(
+            "cluster_gpus",
+            "Physical GPUs of every GPU node of the cluster by what serves them now (device-plugin, dra, or none), whether or not a migration selects it",
+            cluster_gpus.clone(),
         );
         let evictions = Family::<EvictionLabels, Counter>::default();
         registry.register("evictions", "Pod evictions sent, by result", evictions.clone());
@@ -221,6 +244,8 @@ impl Metrics {
             reconcile_phase_duration,
             nodes,
             pool_gpus,
+            cluster_gpus,
+            cluster_source: Mutex::new(None),
             evictions,
             backend_overlap_nodes,
             drain_duration,
@@ -260,10 +285,32 @@ impl Metrics {
         }
     }
 
-    pub fn set_gpus(&self, pool: &str, device_plugin: u64, dra: u64) {
-        let g = |backend| GpuLabels { migration: pool.to_string(), backend };
-        self.pool_gpus.get_or_create(&g(BACKEND_LABEL_DEVICE_PLUGIN)).set(device_plugin as i64);
-        self.pool_gpus.get_or_create(&g(BACKEND_LABEL_DRA)).set(dra as i64);
+    pub fn set_gpus(&self, pool: &str, gpus: GpusByBackend) {
+        for (backend, n) in BACKEND_LABELS.into_iter().zip(by_label(gpus)) {
+            self.pool_gpus.get_or_create(&GpuLabels { migration: pool.to_string(), backend }).set(n);
+        }
+    }
+
+    /// Sets where [`Metrics::refresh_cluster`] reads the cluster's GPUs: the controller's caches,
+    /// once this replica leads.
+    pub fn set_cluster_source(&self, source: ClusterGpusSource) {
+        if let Ok(mut s) = self.cluster_source.lock() {
+            *s = Some(source);
+        }
+    }
+
+    /// Recomputes `switchyard_cluster_gpus` from its source, at a scrape. No source, or caches
+    /// not synced yet: no series, rather than zeros that read as GPUs lost.
+    pub fn refresh_cluster(&self) {
+        let Ok(source) = self.cluster_source.lock() else { return };
+        match source.as_ref().and_then(|f| f()) {
+            Some(gpus) => {
+                for (backend, n) in BACKEND_LABELS.into_iter().zip(by_label(gpus)) {
+                    self.cluster_gpus.get_or_create(&BackendLabels { backend }).set(n);
+                }
+            }
+            None => self.cluster_gpus.clear(),
+        }
     }
 
     /// Drops a deleted pool's series.
@@ -271,7 +318,7 @@ impl Metrics {
         for s in ALL_STATES {
             self.nodes.remove(&NodeLabels { migration: pool.to_string(), state: state_label(s) });
         }
-        for backend in [BACKEND_LABEL_DEVICE_PLUGIN, BACKEND_LABEL_DRA] {
+        for backend in BACKEND_LABELS {
             self.pool_gpus.remove(&GpuLabels { migration: pool.to_string(), backend });
         }
         self.backend_overlap_nodes.remove(&MigrationLabels { migration: pool.to_string() });
@@ -295,6 +342,11 @@ impl Metrics {
     }
 }
 
+/// `gpus` in the order of [`BACKEND_LABELS`].
+fn by_label(gpus: GpusByBackend) -> [i64; 3] {
+    [gpus.device_plugin, gpus.dra, gpus.none].map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,7 +358,11 @@ mod tests {
         m.reconcile_errors.get_or_create(&ErrorLabels { category: "EvictPod" }).inc();
         m.reconcile_duration.observe(0.2);
         m.set_nodes("pool-a", &[(NodeState::Migrated, 3), (NodeState::Draining, 1)]);
-        m.set_gpus("pool-a", 16, 24);
+        m.set_gpus("pool-a", GpusByBackend { device_plugin: 16, dra: 24, none: 4 });
+        m.refresh_cluster();
+        assert!(!m.encode().contains("switchyard_cluster_gpus{"), "no source, no series");
+        m.set_cluster_source(Box::new(|| Some(GpusByBackend { device_plugin: 2, dra: 40, none: 0 })));
+        m.refresh_cluster();
         m.evictions.get_or_create(&EvictionLabels { result: "blocked" }).inc();
         m.backend_overlap_nodes.get_or_create(&MigrationLabels { migration: "pool-a".into() }).set(1);
         m.drain_duration.get_or_create(&MigrationLabels { migration: "pool-a".into() }).observe(42.0);
@@ -323,6 +379,9 @@ mod tests {
             "switchyard_nodes{migration=\"pool-a\",state=\"Pending\"} 0",
             "switchyard_pool_gpus{migration=\"pool-a\",backend=\"device-plugin\"} 16",
             "switchyard_pool_gpus{migration=\"pool-a\",backend=\"dra\"} 24",
+            "switchyard_pool_gpus{migration=\"pool-a\",backend=\"none\"} 4",
+            "switchyard_cluster_gpus{backend=\"dra\"} 40",
+            "switchyard_cluster_gpus{backend=\"none\"} 0",
             "switchyard_evictions_total{result=\"blocked\"} 1",
             "switchyard_backend_overlap_nodes{migration=\"pool-a\"} 1",
             "# UNIT switchyard_drain_duration_seconds seconds",
@@ -335,7 +394,12 @@ mod tests {
         }
         assert!(!text.contains("_total_total"));
         m.forget_pool("pool-a");
-        assert!(!m.encode().contains("pool-a"));
+        let text = m.encode();
+        assert!(!text.contains("pool-a"));
+        assert!(
+            text.contains("switchyard_cluster_gpus{backend=\"dra\"} 40"),
+            "the cluster's outlive the pool's"
+        );
     }
 
     #[test]

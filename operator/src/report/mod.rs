@@ -3,4 +3,5 @@
 
 pub mod conditions;
 pub mod events;
+pub mod gpus;
 pub mod metrics;

@@ -51,6 +51,7 @@ async fn metrics_handler(State(h): State<Health>) -> impl IntoResponse {
     if let Some(bytes) = alloc::heap_in_use() {
         h.metrics.set_heap_in_use(bytes);
     }
+    h.metrics.refresh_cluster();
     (
         [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
         h.metrics.encode(),

@@ -24,6 +24,7 @@ use crate::cache::DeviceCounts;
 use crate::error::{Error, Result};
 use crate::node::state::Hold;
 use crate::pool::gate::{self, PlacementPatch};
+use crate::report::gpus::GpusByBackend;
 
 /// Status lists are capped by the API schema.
 pub const STATUS_LIST_MAX: usize = 64;
@@ -83,8 +84,7 @@ impl NodeEvent {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PoolMetrics {
     pub per_state: Vec<(NodeState, i64)>,
-    pub device_plugin_gpus: u64,
-    pub dra_gpus: u64,
+    pub gpus: GpusByBackend,
     pub overlap_nodes: i64,
 }
 
@@ -616,8 +616,21 @@ mod tests {
         assert_eq!(step.state, NodeState::Verifying);
         assert_eq!(step.since, Some(Timestamp::from_second(NOW).unwrap()));
         assert_eq!(step.events[0].reason, "NodeVerifying");
-        assert_eq!(d.metrics.dra_gpus, 8);
+        // n1 and n2 are still on the device plugin, 8 GPUs each.
+        assert_eq!(d.metrics.gpus, GpusByBackend { device_plugin: 16, dra: 8, none: 0 });
         assert_eq!(d.metrics.overlap_nodes, 0, "a node mid-switch is not an overlap");
+    }
+
+    #[test]
+    fn a_node_between_backends_keeps_its_gpus_in_the_pool_figure() {
+        let mut w = switched_world();
+        w.slices.clear();
+        let d = decide(&w);
+        assert_eq!(
+            d.metrics.gpus,
+            GpusByBackend { device_plugin: 16, dra: 0, none: 8 },
+            "the plugin gone, the driver not publishing yet: its 8 GPUs count under none"
+        );
     }
 
     #[test]

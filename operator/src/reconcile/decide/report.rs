@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 use crate::api::v1alpha1::{
     Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
 };
-use crate::node::record::{self, Backend, PoolNode};
+use crate::node::record::{self, PoolNode};
 use crate::pool::capacity::Block;
 use crate::pool::device_classes::{self};
 use crate::pool::gate::resources;
@@ -19,6 +19,7 @@ use crate::pool::readers::{self, Finding, Severity};
 use crate::pool::rollout::{self};
 use crate::reconcile::observe::Snapshot;
 use crate::report::conditions::{self, ConditionType, Desired, Progress};
+use crate::report::gpus;
 use crate::well_known::NVIDIA_DRA_DRIVER;
 
 use std::collections::HashSet;
@@ -403,13 +404,11 @@ fn metrics(s: &Snapshot<'_>, pool: &[PoolNode], p: &Plan, gate: &Gate) -> PoolMe
         overlap_nodes: gate.overlaps.len() as i64,
         ..Default::default()
     };
-    for (n, pn) in s.nodes.iter().zip(pool) {
-        match pn.backend() {
-            Backend::DevicePlugin => metrics.device_plugin_gpus += overlap::allocatable_total(n, &res),
-            Backend::Dra => metrics.dra_gpus += node_counts(s, n).devices,
-            // Mid-switch: the device plugin has left and the driver has not started.
-            Backend::None => {}
-        }
+    // Every GPU by what serves it now, counted as the physical GPU it is (see `report::gpus`).
+    for n in s.nodes.iter() {
+        let dra = node_counts(s, n);
+        let serving = gpus::serving(overlap::allocatable_total(n, &res) > 0, dra);
+        metrics.gpus.add(serving, gpus::physical(n, dra));
     }
     metrics
 }
