@@ -466,10 +466,17 @@ pub struct GpuPoolMigrationStatus {
     #[schemars(length(max = 16))]
     pub device_classes: Vec<DeviceClassStatus>,
 
+    /// Going forward: the GPU pods running on migrated nodes, each checked against the devices
+    /// that serve it (the runbook's verification step, for every pod and not only the canary).
+    /// Absent until a node has migrated; read at most every 30 seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<PodVerification>,
+
     /// Ready, Reconciling and Stalled (kstatus), and PrerequisitesMet, DeviceClassesReady,
     /// PlacementReady, BackendOverlap (True is a fault), NodeConflict (nodes another migration
     /// also selects), InventoryFindings (warnings that do not block) and, going forward,
-    /// DevicePluginRemovable (the device plugin serves no node any more and may be deleted).
+    /// DevicePluginRemovable (the device plugin serves no node any more and may be deleted) and
+    /// PodsVerified (every GPU pod on a migrated node runs on the driver's devices).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -535,6 +542,54 @@ pub enum NodeState {
     RollingBack,
     /// Served by the device plugin again.
     RolledBack,
+}
+
+/// The GPU pods on migrated nodes, checked (see `status.pods`). A pod is verified when every GPU
+/// resource it requests is served through the claim the scheduler generated for it
+/// (`status.extendedResourceClaimStatus`), and that claim exists and is allocated devices of
+/// `spec.driver.name` on the pod's node.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodVerification {
+    /// Running GPU pods on migrated nodes that are verified.
+    pub verified: i32,
+    /// Running GPU pods on migrated nodes that are not; `unverifiedPods` says why.
+    pub unverified: i32,
+    /// Per migrated node with GPU pods, how many were verified and how many not: nodes with
+    /// unverified pods first, then by name (capped at 64).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub nodes: Vec<NodePods>,
+    /// The pods that are not verified, with the reason (capped at 64; `unverified` has the count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub unverified_pods: Vec<UnverifiedPod>,
+}
+
+/// One migrated node's GPU pods, checked.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePods {
+    /// Node name.
+    pub node: String,
+    pub verified: i32,
+    pub unverified: i32,
+}
+
+/// A GPU pod on a migrated node that is not served as the migration intends.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UnverifiedPod {
+    /// The node it runs on.
+    pub node: String,
+    pub namespace: String,
+    pub name: String,
+    /// `HoldsDevicePluginGpu` (it runs without a claim for a GPU resource: the device plugin
+    /// serves it, an overlap), `ClaimMissing`, `ClaimNotAllocated`, `RequestNotAllocated` or
+    /// `OtherDevices` (allocated from another driver, or another node's devices).
+    pub reason: String,
+    /// What was found, naming the resource, claim and devices.
+    pub message: String,
 }
 
 /// A node in flight.

@@ -74,6 +74,8 @@ pub struct Snapshot {
     pub moving_since: Option<Timestamp>,
     /// The `DevicePluginRemovable` message while it is True: the runbook's last step may run.
     pub device_plugin_removable: Option<String>,
+    /// `status.pods`: the GPU pods on migrated nodes, checked.
+    pub pods: Option<switchyard_api::v1alpha1::PodVerification>,
 }
 
 /// A condition that explains why a migration does not move.
@@ -186,6 +188,7 @@ pub fn snapshot(gpm: &GpuPoolMigration, now: Timestamp) -> Snapshot {
         moving_since: reconciling.map(|c| c.last_transition_time.0),
         device_plugin_removable: find(ConditionType::DevicePluginRemovable, "True")
             .map(|c| one_line(&c.message)),
+        pods: status.and_then(|s| s.pods.clone()),
     }
 }
 
@@ -386,7 +389,33 @@ pub fn once_lines(s: &Snapshot) -> Vec<String> {
     let mut out = vec![pool_line(s)];
     out.extend(s.nodes.iter().map(|n| format!("  {}", node_column_text(n, width))));
     out.extend(s.failed.iter().map(|f| format!("  {}", failed_text(f))));
+    out.extend(pods_lines(s));
     out.extend(device_plugin_line(s));
+    out
+}
+
+/// How many unverified pods `pods_lines` names.
+const PODS_NAMED: usize = 5;
+
+/// `pods on migrated nodes: ...` once the operator has checked them, then one line per pod that
+/// is not verified (the first few).
+pub fn pods_lines(s: &Snapshot) -> Vec<String> {
+    let Some(p) = &s.pods else { return Vec::new() };
+    let mut out = vec![if p.unverified == 0 {
+        format!("pods on migrated nodes: {} GPU pod(s) verified on the driver's devices", p.verified)
+    } else {
+        format!("pods on migrated nodes: {} verified, {} NOT verified", p.verified, p.unverified)
+    }];
+    out.extend(p.unverified_pods.iter().take(PODS_NAMED).map(|u| {
+        format!("  {}/{} on {}: {}: {}", u.namespace, u.name, u.node, u.reason, one_line(&u.message))
+    }));
+    if p.unverified as usize > PODS_NAMED {
+        out.push(format!(
+            "  and {} more (kubectl get gpm {} -o jsonpath='{{.status.pods}}')",
+            p.unverified as usize - PODS_NAMED,
+            s.name
+        ));
+    }
     out
 }
 
@@ -700,6 +729,9 @@ async fn follow(
             view.clear()?;
             let mut out = std::io::stdout().lock();
             writeln!(out, "{}", final_line(&snap, stopwatch.elapsed(now)))?;
+            for line in pods_lines(&snap) {
+                writeln!(out, "{line}")?;
+            }
             if let Some(line) = device_plugin_line(&snap) {
                 writeln!(out, "{line}")?;
             }
@@ -1038,6 +1070,19 @@ mod tests {
             )
         );
         assert_eq!(once_lines(&s).last(), device_plugin_line(&s).as_ref());
+        assert!(pods_lines(&s).is_empty(), "no status.pods");
+        let checked = with_status(completed.clone(), |st| {
+            st["pods"] = json!({"verified": 5, "unverified": 1, "unverifiedPods": [
+                {"node": "gpu-2", "namespace": "ml", "name": "late", "reason": "HoldsDevicePluginGpu",
+                 "message": "container main requests nvidia.com/gpu with no DRA claim behind it"}]});
+        });
+        assert_eq!(
+            pods_lines(&snapshot(&checked, at(0))),
+            [
+                "pods on migrated nodes: 5 verified, 1 NOT verified",
+                "  ml/late on gpu-2: HoldsDevicePluginGpu: container main requests nvidia.com/gpu with no DRA claim behind it"
+            ]
+        );
         let failed = with_status(progressing(), |st| {
             st["phase"] = json!("Failed");
             st["nodes"] = json!({"total": 6, "pending": 0, "inProgress": 0, "migrated": 4, "failed": 2});

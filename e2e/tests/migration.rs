@@ -144,6 +144,16 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
     // The workloads: GPU pods run on DRA through generated claims, non-GPU pods never moved.
     let after = pool.wait_running(8).await?;
     assert_gpu_pods_on_dra(pool, &after).await?;
+    // The operator checked every one of them, not only a canary: 2 trainers and 3 inference pods.
+    let verified = pool
+        .wait_status(&name, "PodsVerified=True for the 5 GPU pods", MIGRATION, |g| {
+            let pods = g.status.as_ref().and_then(|s| s.pods.as_ref());
+            condition(g, "PodsVerified").is_some_and(|c| c.status == "True")
+                && pods.is_some_and(|p| p.verified == 5 && p.unverified == 0)
+        })
+        .await?;
+    let per_node: i32 = verified.status.unwrap().pods.unwrap().nodes.iter().map(|n| n.verified).sum();
+    assert_eq!(per_node, 5, "the per-node counts add up");
     let web_after: BTreeSet<String> =
         after.iter().filter(|p| p.labels()["app"] == "web").map(|p| p.uid().unwrap()).collect();
     assert_eq!(web_before, web_after, "non-GPU pods were evicted");
@@ -452,6 +462,91 @@ async fn rollback_honours_pod_disruption_budgets_and_evicts_past_them_only_when_
         // Each node's holder goes past the budget at its drain timeout; the pool rolls back.
         let done = pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
         assert_eq!(done.status.as_ref().unwrap().nodes.failed, 0);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gpu_pod_on_a_migrated_node_served_by_another_driver_is_named() -> anyhow::Result<()> {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    with_pool("verify", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        pool.deployment("train", 2, 1).await?;
+        pool.wait_running(2).await?;
+        pool.migrations().create(&PostParams::default(), &pool.migration(&name, json!({}))?).await?;
+        pool.start_operator()?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        pool.wait_status(&name, "PodsVerified=True for both trainers", MIGRATION, |g| {
+            let pods = g.status.as_ref().and_then(|s| s.pods.as_ref());
+            condition(g, "PodsVerified").is_some_and(|c| c.status == "True")
+                && pods.is_some_and(|p| p.verified == 2)
+        })
+        .await?;
+
+        // Another driver publishes a GPU on a migrated node, and a newer DeviceClass for it takes
+        // nvidia.com/gpu: the next GPU pod there gets that driver's device.
+        let node = pool.nodes[0].clone();
+        let other = format!("{}.other-gpu.example.com", pool.id);
+        let owner = Api::<Node>::all(pool.client.clone()).get(&node).await?;
+        let slice: ResourceSlice = serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}-other-gpu"), "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner.uid()}]},
+            "spec": {"driver": other, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0"}]}
+        }))?;
+        let slices: Api<ResourceSlice> = Api::all(pool.client.clone());
+        slices.create(&PostParams::default(), &slice).await?;
+        let class: DeviceClass = serde_json::from_value(json!({
+            "metadata": {"name": format!("aaa-{}-other", pool.id), "labels": {"pool": pool.id}},
+            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{other}'")}}],
+                     "extendedResourceName": "nvidia.com/gpu"}
+        }))?;
+        Api::<DeviceClass>::all(pool.client.clone()).create(&PostParams::default(), &class).await?;
+        let stray: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "stray"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            }
+        }))?;
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        pods.create(&PostParams::default(), &stray).await?;
+
+        let flagged = pool
+            .wait_status(&name, "PodsVerified=False naming the stray pod", MIGRATION, |g| {
+                condition(g, "PodsVerified")
+                    .is_some_and(|c| c.status == "False" && c.message.contains("/stray on"))
+            })
+            .await?;
+        let checked = flagged.status.as_ref().unwrap().pods.clone().unwrap();
+        assert_eq!((checked.verified, checked.unverified), (2, 1), "{checked:?}");
+        let bad = &checked.unverified_pods[0];
+        assert_eq!(
+            (bad.name.as_str(), bad.node.as_str(), bad.reason.as_str()),
+            ("stray", node.as_str(), "OtherDevices")
+        );
+        assert!(bad.message.contains(&other), "{}", bad.message);
+        assert_eq!(checked.nodes[0].node, node, "the node with an unverified pod comes first");
+        assert_eq!(checked.nodes[0].unverified, 1);
+        assert_eq!(
+            condition(&flagged, "BackendOverlap").map(|c| c.status.as_str()),
+            Some("False"),
+            "another DRA driver's device is not the device plugin"
+        );
+        let events = event_reasons(pool, &name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "PodsNotVerified" && note.contains("/stray on")),
+            "{events:?}"
+        );
+        pods.delete("stray", &DeleteParams::default()).await?;
+        Api::<DeviceClass>::all(pool.client.clone())
+            .delete(&format!("aaa-{}-other", pool.id), &DeleteParams::default())
+            .await?;
+        slices.delete(&format!("{node}-other-gpu"), &DeleteParams::default()).await?;
         Ok(())
     })
     .await

@@ -156,6 +156,7 @@ pub fn snapshot(
         inventory: Vec::new(),
         canary_namespace: "switchyard-system".into(),
         departed: Vec::new(),
+        pods: None,
     }
 }
 

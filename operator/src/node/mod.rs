@@ -1,6 +1,6 @@
 //! One node of a pool: the fields the operator caches of it ([`slim`]), its state machine
 //! ([`state`]), which of its pods a drain moves ([`drain`]) and the canary that verifies a switch
-//! ([`canary`]).
+//! ([`canary`]), and how its GPU pods are verified once it has migrated ([`verify`]).
 
 pub mod canary;
 pub mod drain;
@@ -9,3 +9,4 @@ pub mod record;
 pub mod slim;
 pub mod state;
 pub mod str_map;
+pub mod verify;

@@ -168,6 +168,9 @@ pub struct Gate {
     pub placement_reason: &'static str,
     /// Nodes served by both backends (a node mid-switch is allowed both for the seconds it takes).
     pub overlaps: Vec<Overlap>,
+    /// A pod on a migrated node that holds a device-plugin GPU, as the pods' check found it (the
+    /// reconcile sets it, see [`Gate::hold_for_pod_overlap`]): an overlap too.
+    pub pod_overlap: Option<String>,
     /// The pool's nodes as the plan read them, with their consuming pods.
     pub pool: Vec<PoolNode>,
     /// The rollout plan of the pool, as if the gate were open.
@@ -177,6 +180,13 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// Closes the gate for a pod that holds a device-plugin GPU on a migrated node (`message`
+    /// names it): no new node starts while the device plugin still serves a migrated one.
+    pub fn hold_for_pod_overlap(&mut self, message: String) {
+        self.pod_overlap = Some(message);
+        self.open = false;
+    }
+
     /// What stops nodes in flight at their next safe point: a pause, a failed node, or a closed
     /// gate (switching a node while its DeviceClass is shadowed, say, would strand its pods).
     pub fn hold(&self) -> Option<Hold> {
@@ -207,6 +217,8 @@ impl Gate {
             Some(("PlacementMissing", self.placement_problems.join("\n")))
         } else if let Some(o) = self.overlaps.first() {
             Some(("BackendOverlap", o.to_string()))
+        } else if let Some(m) = &self.pod_overlap {
+            Some(("BackendOverlap", m.clone()))
         } else if p.done() && !p.failed.is_empty() {
             Some(("NodesFailed", format!("{} node(s) failed to move; see status.failed", p.failed.len())))
         } else if p.done() && !p.refused.is_empty() {
@@ -337,6 +349,7 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
         device_plugin_needed: device_plugin.needed,
         placement_reason,
         overlaps,
+        pod_overlap: None,
         pool,
         plan,
         open,

@@ -34,6 +34,27 @@ pub(crate) const INVENTORY_TTL: Duration = Duration::from_secs(300);
 /// pool pays for it a few times a minute, not on every reconcile.
 pub(crate) const POD_COUNT_TTL: Duration = Duration::from_secs(30);
 
+/// How long a check of the GPU pods on migrated nodes is reused (`status.pods`). A check reads
+/// every bound pod of the cluster in pages, and the claims of the pods not verified before; a new
+/// migrated node, or a new spec, checks again at once.
+pub(crate) const POD_VERIFY_TTL: Duration = Duration::from_secs(30);
+
+/// The last check of a migration's GPU pods on migrated nodes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PodCheck {
+    pub(crate) at: Option<Instant>,
+    pub(crate) generation: Option<i64>,
+    /// How many migrated nodes it covered.
+    pub(crate) migrated: usize,
+    pub(crate) result: crate::api::v1alpha1::PodVerification,
+    /// The pods found verified, by uid: a verified pod's claim does not change, so it is not
+    /// read again.
+    pub(crate) verified: HashSet<String>,
+    /// The result differed from the check before: the reconcile comes back at the TTL until it
+    /// holds still (pods evicted from the last nodes land a moment after the migration ends).
+    pub(crate) settling: bool,
+}
+
 /// An inventory result: when it was read, for which generation, and its findings.
 type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
 /// GPU-pod counts of a migration's candidates: when they were read, for which generation and
@@ -79,6 +100,8 @@ pub struct Context {
     pub(crate) pod_counts: Arc<Mutex<PodCounts>>,
     /// When each migration's status was last written (see `execute::STATUS_COALESCE`).
     pub(crate) status_writes: Mutex<HashMap<String, Instant>>,
+    /// The last check of each migration's GPU pods on migrated nodes (see [`POD_VERIFY_TTL`]).
+    pub(crate) pod_checks: Mutex<HashMap<String, PodCheck>>,
 }
 
 impl Context {
@@ -105,6 +128,7 @@ impl Context {
             inventory: Mutex::new(HashMap::new()),
             pod_counts: Arc::new(Mutex::new(PodCounts::default())),
             status_writes: Mutex::new(HashMap::new()),
+            pod_checks: Mutex::new(HashMap::new()),
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::node::drain;
 use crate::node::patch::NodePatch;
 use crate::node::record::PoolNode;
 use crate::pool::gate::PlacementPatch;
-use crate::reconcile::context::{Context, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE};
+use crate::reconcile::context::{Context, POD_VERIFY_TTL, REQUEUE_ACTIVE, REQUEUE_ERROR, REQUEUE_IDLE};
 use crate::report::conditions::ConditionType;
 use crate::report::events;
 use crate::report::metrics::{ErrorLabels, EvictionLabels, MigrationLabels, PhaseLabels};
@@ -222,7 +222,8 @@ pub async fn pool(
     } else {
         REQUEUE_IDLE
     };
-    for wait in [coalesced, recheck].into_iter().flatten() {
+    let pods = d.pods_settling.then_some(POD_VERIFY_TTL);
+    for wait in [coalesced, recheck, pods].into_iter().flatten() {
         next = next.min(wait);
     }
     Ok(Requeue::requeue(next))

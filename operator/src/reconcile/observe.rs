@@ -16,19 +16,20 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState};
+use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState, PodVerification};
 use crate::cache::{self, DeviceCounts};
 use crate::error::{Error, Result};
 use crate::node::drain;
 use crate::node::patch::taint_rule_name;
 use crate::node::record::{Backend, PoolNode};
+use crate::node::verify;
 use crate::pool::gate::resources;
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding};
 use crate::pool::rollout::{self, OtherMigration};
 use crate::reads::pods::{pods_on_node, pods_on_nodes};
 use crate::reads::reader_objects;
-use crate::reconcile::context::{Context, INVENTORY_TTL, POD_COUNT_TTL};
+use crate::reconcile::context::{Context, INVENTORY_TTL, POD_COUNT_TTL, POD_VERIFY_TTL, PodCheck};
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -69,6 +70,9 @@ pub struct Snapshot<'a> {
     /// Nodes the migration holds that left `spec.nodeSelector` and are still finishing their
     /// step (`reconcile::cleanup::departed`): not in `nodes`, and not gone.
     pub departed: Vec<String>,
+    /// Going forward, the last check of the GPU pods on the pool's migrated nodes, and whether it
+    /// is still settling (see `pods_verified`).
+    pub pods: Option<(PodVerification, bool)>,
 }
 
 impl Snapshot<'_> {
@@ -185,6 +189,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     }
 
     let inventory = inventory_for(ctx, gpm, &nodes).await;
+    let pods = pods_verified(ctx, gpm, &pool).await;
     Ok(Snapshot {
         gpm,
         now,
@@ -202,7 +207,110 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         inventory,
         canary_namespace: ctx.config.canary_namespace.clone(),
         departed: Vec::new(),
+        pods,
     })
+}
+
+/// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): one paged LIST of the
+/// cluster's bound pods, and a GET of the generated claim of each pod not verified before, at
+/// most every [`POD_VERIFY_TTL`] (at once when a node has migrated since, or the spec changed).
+/// Forward migrations only. A failed read keeps the last result and is logged: the check reports,
+/// it moves nothing.
+async fn pods_verified(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    pool: &[PoolNode],
+) -> Option<(PodVerification, bool)> {
+    let spec = &gpm.spec;
+    if spec.direction != Direction::Forward {
+        return None;
+    }
+    let migrated: HashSet<&str> =
+        pool.iter().filter(|p| p.state() == NodeState::Migrated).map(|p| p.name.as_str()).collect();
+    if migrated.is_empty() {
+        return None;
+    }
+    let name = gpm.name_any();
+    let last = ctx.pod_checks.lock().ok().and_then(|g| g.get(&name).cloned()).unwrap_or_default();
+    let fresh = last.at.is_some_and(|at| at.elapsed() < POD_VERIFY_TTL);
+    if fresh && last.generation == gpm.metadata.generation && last.migrated == migrated.len() {
+        return Some((last.result, last.settling));
+    }
+    let previous = last.at.map(|_| (last.result.clone(), last.settling));
+    let res = resources(spec);
+    let pods = match pods_on_nodes(&ctx.client, &migrated, true, |p| {
+        verify::is_checked(&p, &res).then_some(p)
+    })
+    .await
+    {
+        Ok(pods) => pods,
+        Err(e) => {
+            warn!(migration = %name, error = %e, "listing the GPU pods of migrated nodes failed");
+            return previous;
+        }
+    };
+    let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+    let mut to_read: Vec<String> = pods
+        .values()
+        .flatten()
+        .filter(|p| !last.verified.contains(&uid(p)))
+        .filter_map(verify::generated_claim)
+        .collect();
+    to_read.sort();
+    to_read.dedup();
+    let reads = to_read.into_iter().map(|key| {
+        let client = ctx.client.clone();
+        async move {
+            let (namespace, claim) = key.split_once('/').unwrap_or_default();
+            let got = Api::<ResourceClaim>::namespaced(client, namespace).get_opt(claim).await;
+            (key, got)
+        }
+    });
+    let mut claims = HashMap::new();
+    for (key, got) in super::bounded_in_order(reads, NODE_READ_CONCURRENCY).await {
+        match got {
+            Ok(claim) => {
+                claims.insert(key, claim);
+            }
+            Err(e) => {
+                warn!(migration = %name, claim = %key, error = %e, "reading a GPU pod's claim failed");
+                return previous;
+            }
+        }
+    }
+    let mut verified = HashSet::new();
+    let mut checked = Vec::new();
+    for (node, pods) in pods {
+        for pod in pods {
+            let id = uid(&pod);
+            let verdict = if last.verified.contains(&id) {
+                Ok(())
+            } else {
+                let claim = verify::generated_claim(&pod).and_then(|k| claims.get(&k).cloned().flatten());
+                verify::judge(&pod, claim.as_ref(), &res, &spec.driver.name, &node)
+            };
+            if verdict.is_ok() {
+                verified.insert(id);
+            }
+            checked.push((node.clone(), pod.namespace().unwrap_or_default(), pod.name_any(), verdict));
+        }
+    }
+    let result = verify::summarize(checked);
+    let settling = previous.as_ref().is_none_or(|(r, _)| *r != result);
+    if let Ok(mut g) = ctx.pod_checks.lock() {
+        g.insert(
+            name,
+            PodCheck {
+                at: Some(Instant::now()),
+                generation: gpm.metadata.generation,
+                migrated: migrated.len(),
+                result: result.clone(),
+                verified,
+                settling,
+            },
+        );
+    }
+    Some((result, settling))
 }
 
 /// A node's slices with their devices, by node.

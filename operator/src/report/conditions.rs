@@ -45,10 +45,14 @@ pub enum ConditionType {
     /// (it schedules on none, or it is gone), so the runbook's last step may delete it. False
     /// names how many nodes it still runs on.
     DevicePluginRemovable,
+    /// Forward migrations, once a node has migrated: True when every running GPU pod on a
+    /// migrated node is served through its generated claim by the driver's devices on its node
+    /// (`status.pods`); False names the pods that are not.
+    PodsVerified,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 10] = [
+    pub const ALL: [ConditionType; 11] = [
         ConditionType::Ready,
         ConditionType::Reconciling,
         ConditionType::Stalled,
@@ -59,6 +63,7 @@ impl ConditionType {
         ConditionType::InventoryFindings,
         ConditionType::NodeConflict,
         ConditionType::DevicePluginRemovable,
+        ConditionType::PodsVerified,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +78,7 @@ impl ConditionType {
             ConditionType::InventoryFindings => "InventoryFindings",
             ConditionType::NodeConflict => "NodeConflict",
             ConditionType::DevicePluginRemovable => "DevicePluginRemovable",
+            ConditionType::PodsVerified => "PodsVerified",
         }
     }
 

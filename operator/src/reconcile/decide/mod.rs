@@ -49,6 +49,8 @@ pub struct Decision {
     pub metrics: PoolMetrics,
     /// Nodes in flight or starting: the requeue is short while there are any.
     pub moving: usize,
+    /// The last check of the pods on migrated nodes changed: check again soon.
+    pub pods_settling: bool,
 }
 
 /// An event on the migration, about a node where `node` names one.
@@ -93,6 +95,9 @@ pub struct PoolMetrics {
 pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
     let name = s.gpm.name_any();
     let mut gate = judge(s, &name)?;
+    if let Some(message) = report::pod_overlap(s) {
+        gate.hold_for_pod_overlap(message);
+    }
     let hold = gate.hold();
     let needs_human = gate.needs_human();
     let mut p = std::mem::take(&mut gate.plan);
@@ -113,6 +118,7 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         events: report.events,
         metrics: report.metrics,
         moving: p.in_flight.len() + p.to_start.len(),
+        pods_settling: s.pods.as_ref().is_some_and(|(_, settling)| *settling),
     })
 }
 
@@ -259,6 +265,7 @@ mod tests {
         consuming: HashMap<String, u32>,
         others: Vec<OtherMigration>,
         read_errors: Vec<String>,
+        pods: Option<(crate::api::v1alpha1::PodVerification, bool)>,
     }
 
     /// Two fresh nodes, every gate open.
@@ -275,6 +282,7 @@ mod tests {
             consuming: HashMap::new(),
             others: Vec::new(),
             read_errors: Vec::new(),
+            pods: None,
         }
     }
 
@@ -305,6 +313,7 @@ mod tests {
                 })
                 .collect(),
             others: w.others.clone(),
+            pods: w.pods.clone(),
             consuming_pods: w.consuming.clone(),
             node_reads: w.reads.clone(),
             read_errors: w
@@ -619,6 +628,72 @@ mod tests {
         // n1 and n2 are still on the device plugin, 8 GPUs each.
         assert_eq!(d.metrics.gpus, GpusByBackend { device_plugin: 16, dra: 8, none: 0 });
         assert_eq!(d.metrics.overlap_nodes, 0, "a node mid-switch is not an overlap");
+    }
+
+    #[test]
+    fn the_pods_of_migrated_nodes_are_reported_and_a_device_plugin_holder_is_an_overlap() {
+        use crate::node::verify::{Fault, summarize};
+        let mut w = world(json!({}));
+        let moved = |name: &str| {
+            node(
+                name,
+                Some("Migrated"),
+                json!({"metadata": {"labels": {LABEL_GPU_BACKEND: BACKEND_DRA}}, "spec": {"unschedulable": false},
+                       "status": {"allocatable": {"nvidia.com/gpu": "0"}}}),
+            )
+        };
+        w.nodes = vec![moved("n1"), moved("n2")];
+        w.slices = vec![slice("n1", 8), slice("n2", 8)];
+        let pod = |node: &str, name: &str| (node.to_string(), "ml".to_string(), name.to_string(), Ok(()));
+        w.pods = Some((summarize(vec![pod("n1", "a"), pod("n2", "b")]), false));
+        let d = decide(&w);
+        let c = condition(&d, ConditionType::PodsVerified);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "PodsOnDriver"), "{}", c.message);
+        assert!(c.message.starts_with("2 running GPU pod(s)"), "{}", c.message);
+        assert_eq!(d.status.pods.as_ref().map(|p| (p.verified, p.unverified)), Some((2, 0)));
+        assert_eq!(condition(&d, ConditionType::BackendOverlap).status, "False");
+        assert!(!d.pods_settling);
+
+        let holder = (
+            "n2".to_string(),
+            "ml".to_string(),
+            "late".to_string(),
+            Err((
+                Fault::HoldsDevicePluginGpu,
+                "container main requests nvidia.com/gpu with no DRA claim behind it".to_string(),
+            )),
+        );
+        w.pods = Some((summarize(vec![pod("n1", "a"), pod("n2", "b"), holder]), true));
+        let d = decide(&w);
+        let c = condition(&d, ConditionType::PodsVerified);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "PodsNotVerified"));
+        assert!(
+            c.message.contains("1 of 3 running GPU pod(s)")
+                && c.message.contains("ml/late on n2: HoldsDevicePluginGpu"),
+            "{}",
+            c.message
+        );
+        let overlap = condition(&d, ConditionType::BackendOverlap);
+        assert_eq!(
+            (overlap.status.as_str(), overlap.reason.as_str()),
+            ("True", "PodOnDevicePlugin"),
+            "{}",
+            overlap.message
+        );
+        assert_eq!(d.metrics.overlap_nodes, 1, "n2 is served by both");
+        assert!(!d.gate_open, "no node starts while a migrated node's pod holds a device-plugin GPU");
+        let stalled = condition(&d, ConditionType::Stalled);
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "BackendOverlap"));
+        assert!(!d.gate_open, "no node starts while a migrated node's pod holds a device-plugin GPU");
+        let stalled = condition(&d, ConditionType::Stalled);
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "BackendOverlap"));
+        assert!(d.events.iter().any(|e| e.reason == "PodsNotVerified"), "{:?}", d.events);
+        assert!(d.pods_settling, "a changed check is looked at again soon");
+        // Rolling back: not checked, not reported.
+        w.pods = None;
+        let d = decide(&w);
+        assert!(d.status.conditions.iter().all(|c| c.type_ != "PodsVerified"));
+        assert_eq!(d.status.pods, None);
     }
 
     #[test]

@@ -7,9 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 
 use crate::api::v1alpha1::{
-    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase,
+    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase, UnverifiedPod,
 };
 use crate::node::record::{self, PoolNode};
+use crate::node::verify;
 use crate::pool::capacity::Block;
 use crate::pool::device_classes::{self};
 use crate::pool::gate::resources;
@@ -62,11 +63,19 @@ pub(super) fn report(
         in_progress: Vec::new(),
         failed: failed(pool, p),
         device_classes: gate.class_statuses.clone(),
+        pods: s.pods.as_ref().map(|(pods, _)| pods.clone()),
         conditions: conditions::merge(&old.conditions, &desired, s.gpm.metadata.generation, &Time(s.now)),
     };
     let mut events = removed_nodes(s);
     let removable = desired.iter().find(|d| d.type_ == ConditionType::DevicePluginRemovable);
     events.extend(changes(&old, gate, p, &findings, conflict, removable));
+    // One Warning event when the pods that fail verification change, not one per check.
+    let old_pods = old.conditions.iter().find(|c| c.type_ == "PodsVerified").map(|c| &c.message);
+    if let Some(now) = desired.iter().find(|d| d.type_ == ConditionType::PodsVerified && !d.status)
+        && old_pods != Some(&now.message)
+    {
+        events.push(on_migration(EventType::Warning, "PodsNotVerified", "VerifyPods", now.message.clone()));
+    }
     Report { status, events, metrics: metrics(s, pool, p, gate) }
 }
 
@@ -220,14 +229,19 @@ fn conditions(
             gate.placement_problems.join("\n"),
         )
     });
-    desired.push(match gate.overlaps.first() {
-        Some(o) => Desired::new(
+    desired.push(match (gate.overlaps.first(), &gate.pod_overlap) {
+        (Some(o), _) => Desired::new(
             ConditionType::BackendOverlap,
             true,
             "BothBackends",
             format!("{o} ({} node(s) in total)", gate.overlaps.len()),
         ),
-        None => Desired::new(ConditionType::BackendOverlap, false, "NoOverlap", "every node has one backend"),
+        (None, Some(message)) => {
+            Desired::new(ConditionType::BackendOverlap, true, "PodOnDevicePlugin", message.clone())
+        }
+        (None, None) => {
+            Desired::new(ConditionType::BackendOverlap, false, "NoOverlap", "every node has one backend")
+        }
     });
     desired.push(match conflict {
         Some(m) => Desired::new(ConditionType::NodeConflict, true, "NodesRefused", m.to_string()),
@@ -244,7 +258,64 @@ fn conditions(
         Desired::new(ConditionType::InventoryFindings, false, "NoFindings", findings.text.clone())
     });
     desired.extend(device_plugin_removable(s, gate, p));
+    desired.extend(pods_verified(s));
     desired
+}
+
+/// How many unverified pods the PodsVerified message names.
+const PODS_IN_CONDITION: usize = 5;
+
+/// The PodsVerified condition, once the pods of migrated nodes have been checked.
+fn pods_verified(s: &Snapshot<'_>) -> Option<Desired> {
+    let (pods, _) = s.pods.as_ref()?;
+    let driver = &s.gpm.spec.driver.name;
+    if pods.unverified == 0 {
+        return Some(Desired::new(
+            ConditionType::PodsVerified,
+            true,
+            "PodsOnDriver",
+            format!(
+                "{} running GPU pod(s) on migrated nodes, each served through its claim by {driver}'s devices on its node",
+                pods.verified
+            ),
+        ));
+    }
+    let mut lines = vec![format!(
+        "{} of {} running GPU pod(s) on migrated nodes are not served by {driver}'s devices on their node:",
+        pods.unverified,
+        pods.verified + pods.unverified
+    )];
+    lines.extend(
+        pods.unverified_pods
+            .iter()
+            .take(PODS_IN_CONDITION)
+            .map(|p| format!("{}/{} on {}: {}: {}", p.namespace, p.name, p.node, p.reason, p.message)),
+    );
+    if pods.unverified as usize > PODS_IN_CONDITION {
+        lines.push(format!("and {} more (status.pods)", pods.unverified as usize - PODS_IN_CONDITION));
+    }
+    Some(Desired::new(ConditionType::PodsVerified, false, "PodsNotVerified", lines.join("\n")))
+}
+
+/// The BackendOverlap message for the checked pods that hold a device-plugin GPU on a migrated
+/// node, if any: the first one, and how many.
+pub(super) fn pod_overlap(s: &Snapshot<'_>) -> Option<String> {
+    let pods = device_plugin_pods(s);
+    let pod = pods.first()?;
+    Some(format!(
+        "pod {}/{} on migrated node {}: {} ({} pod(s) in total)",
+        pod.namespace,
+        pod.name,
+        pod.node,
+        pod.message,
+        pods.len()
+    ))
+}
+
+/// The checked pods that hold a device-plugin GPU on a migrated node: an overlap.
+fn device_plugin_pods<'a>(s: &'a Snapshot<'_>) -> Vec<&'a UnverifiedPod> {
+    let reason = verify::Fault::HoldsDevicePluginGpu.reason();
+    s.pods.iter().flat_map(|(p, _)| &p.unverified_pods).filter(|p| p.reason == reason).collect()
 }
 
 /// What NVIDIA's DRA driver chart no longer needs once the device plugin is gone.
@@ -399,9 +470,12 @@ fn metrics(s: &Snapshot<'_>, pool: &[PoolNode], p: &Plan, gate: &Gate) -> PoolMe
         let st = n.state();
         per_state.entry(record::state_str(st)).or_insert((st, 0)).1 += 1;
     }
+    // A node whose pod holds a device-plugin GPU after it migrated is served by both too.
+    let mut overlapping: BTreeSet<&str> = gate.overlaps.iter().map(|o| o.node.as_str()).collect();
+    overlapping.extend(device_plugin_pods(s).into_iter().map(|p| p.node.as_str()));
     let mut metrics = PoolMetrics {
         per_state: per_state.into_values().collect(),
-        overlap_nodes: gate.overlaps.len() as i64,
+        overlap_nodes: overlapping.len() as i64,
         ..Default::default()
     };
     // Every GPU by what serves it now, counted as the physical GPU it is (see `report::gpus`).
