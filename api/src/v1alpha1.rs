@@ -103,11 +103,13 @@ pub struct GpuPoolMigrationSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Acknowledge {
-    /// The pool's device plugin shares GPUs (time-slicing or MPS: it advertises more
-    /// `nvidia.com/gpu` than the node has GPUs). DRA allocates whole GPUs, so after the move each
-    /// GPU serves one pod and the pool's `nvidia.com/gpu` capacity drops to its physical GPUs.
-    /// Until this is true, such a pool does not start: `PrerequisitesMet` is False with reason
-    /// `GpuSharingNotAcknowledged` and names the nodes and the capacity before and after.
+    /// The pool's device plugin shares GPUs or MIG devices (time-slicing or MPS: it advertises
+    /// more of a resource than the node has devices, `nvidia.com/gpu`, a MIG profile, or a
+    /// resource renamed `<name>.shared` by `renameByDefault`). DRA allocates whole devices, so
+    /// after the move each serves one pod and each shared resource's capacity drops to its
+    /// physical devices. Until this is true, such a pool does not start: `PrerequisitesMet` is
+    /// False with reason `GpuSharingNotAcknowledged` and names, per resource, the nodes and the
+    /// capacity before and after.
     #[serde(default)]
     pub gpu_sharing_loss: bool,
 }

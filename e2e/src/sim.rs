@@ -21,7 +21,8 @@
 //!   `OutOf<resource>` reason and message.
 //! - **The device-plugin role.** While a pod of the configured device-plugin DaemonSet runs on a
 //!   node, the node's capacity and allocatable for `nvidia.com/gpu` (and `nvidia.com/mig-<profile>`
-//!   for MIG devices) equal its GPUs. Once that pod is gone, they drop to 0 after a configurable
+//!   for MIG devices) equal its GPUs, times the layout's time-slicing replicas, under
+//!   `<name>.shared` with `renameByDefault`. Once that pod is gone, they drop to 0 after a configurable
 //!   delay, as the kubelet's device manager does when a plugin unregisters.
 //! - **The DRA-plugin role.** While a pod of the configured DRA-driver DaemonSet runs on a node,
 //!   one real `switchyard-driver-agent` process runs for that node, with a simulated inventory
@@ -124,11 +125,15 @@ pub struct GpuLayout {
     /// Product name published in DRA attributes.
     #[serde(default = "default_product")]
     pub product: String,
-    /// Time-slicing replicas per full GPU (0 or 1: not shared). The device plugin then advertises
-    /// `gpus × replicas` of `nvidia.com/gpu`, as its `sharing.timeSlicing` config does; the
-    /// driver still discovers `gpus`.
+    /// Time-slicing replicas per device (0 or 1: not shared): per full GPU and per MIG device.
+    /// The device plugin then advertises `devices × replicas` of each resource, as its
+    /// `sharing.timeSlicing` config does; the driver still discovers the devices.
     #[serde(default, skip_serializing_if = "is_unshared")]
     pub time_slicing_replicas: u32,
+    /// The device plugin's `renameByDefault`: a shared resource is advertised as `<name>.shared`
+    /// (`nvidia.com/gpu.shared`). Only with `time_slicing_replicas` above 1.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rename_by_default: bool,
 }
 
 fn is_unshared(replicas: &u32) -> bool {
@@ -150,7 +155,13 @@ fn mig_profile_size(profile: &str) -> (u64, u32) {
 impl GpuLayout {
     /// `n` full GPUs of the default product.
     pub fn gpus(n: u32) -> Self {
-        Self { gpus: n, mig_gpus: Vec::new(), product: default_product(), time_slicing_replicas: 0 }
+        Self {
+            gpus: n,
+            mig_gpus: Vec::new(),
+            product: default_product(),
+            time_slicing_replicas: 0,
+            rename_by_default: false,
+        }
     }
 
     /// `n` GPUs in MIG mode, each split into `profiles`.
@@ -161,18 +172,25 @@ impl GpuLayout {
             mig_gpus: vec![per_gpu; n as usize],
             product: default_product(),
             time_slicing_replicas: 0,
+            rename_by_default: false,
         }
     }
 
     /// The extended resources the device plugin advertises for this layout.
     pub fn device_plugin_resources(&self) -> BTreeMap<String, u32> {
+        let replicas = self.time_slicing_replicas.max(1);
+        let name = |base: String| {
+            if self.rename_by_default && replicas > 1 { format!("{base}.shared") } else { base }
+        };
         let mut out = BTreeMap::new();
         if self.gpus > 0 {
-            let advertised = self.gpus * self.time_slicing_replicas.max(1);
-            out.insert(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(), advertised);
+            out.insert(
+                name(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned()),
+                self.gpus * replicas,
+            );
         }
         for profile in self.mig_gpus.iter().flatten() {
-            *out.entry(format!("nvidia.com/mig-{profile}")).or_default() += 1;
+            *out.entry(name(format!("nvidia.com/mig-{profile}"))).or_default() += replicas;
         }
         out
     }

@@ -1874,6 +1874,83 @@ async fn unmapped_resources_and_shared_gpus_block_until_mapped_and_acknowledged(
 }
 
 #[tokio::test]
+async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_switch_on_physical_counts()
+-> anyhow::Result<()> {
+    use std::collections::BTreeMap;
+    use switchyard_e2e::sim::GpuLayout;
+    let _serial = pool::SERIAL.lock().await;
+    // One full GPU and one MIG GPU with two 1g.10gb instances, every device time-sliced 2 ways
+    // with renameByDefault: the device plugin advertises nvidia.com/gpu.shared: 2 and
+    // nvidia.com/mig-1g.10gb.shared: 4. GFD labels each under the name it had.
+    let gfd = BTreeMap::from([
+        ("nvidia.com/gpu.sharing-strategy".to_owned(), "time-slicing".to_owned()),
+        ("nvidia.com/gpu.replicas".to_owned(), "2".to_owned()),
+        ("nvidia.com/gpu.count".to_owned(), "1".to_owned()),
+        ("nvidia.com/mig-1g.10gb.sharing-strategy".to_owned(), "time-slicing".to_owned()),
+        ("nvidia.com/mig-1g.10gb.replicas".to_owned(), "2".to_owned()),
+        ("nvidia.com/mig-1g.10gb.count".to_owned(), "2".to_owned()),
+    ]);
+    let layout = GpuLayout {
+        gpus: 1,
+        time_slicing_replicas: 2,
+        rename_by_default: true,
+        ..GpuLayout::mig(1, &["1g.10gb", "1g.10gb"])
+    };
+    let pool = Pool::with_layouts("shared", vec![(layout, gfd)]).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let node = pool.nodes[0].clone();
+        let d = &pool.driver;
+        let resources = json!([
+            {"extendedResourceName": "nvidia.com/gpu.shared", "deviceClassName": format!("{}.gpu-shared", pool.id),
+             "selector": format!("device.attributes['{d}'].type == 'gpu'")},
+            {"extendedResourceName": "nvidia.com/mig-1g.10gb.shared", "deviceClassName": format!("{}.mig-shared", pool.id),
+             "selector": format!("device.attributes['{d}'].type == 'mig' && device.attributes['{d}'].profile == '1g.10gb'")},
+        ]);
+        let gpm = pool.migration(&name, json!({"resources": resources}))?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+
+        // Before the move: the condition, the plan and an event give each resource's loss.
+        let blocked = pool
+            .wait_status(&name, "PrerequisitesMet False: GpuSharingNotAcknowledged", MIGRATION, |g| {
+                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "GpuSharingNotAcknowledged")
+            })
+            .await?;
+        let message = &condition(&blocked, "PrerequisitesMet").unwrap().message;
+        for want in [
+            "nvidia.com/gpu.shared capacity drops from 2 to 1 on 1 node(s)".to_string(),
+            "nvidia.com/mig-1g.10gb.shared capacity drops from 4 to 2 on 1 node(s)".to_string(),
+            format!("{node}: 4 on 2 device(s), renamed nvidia.com/mig-1g.10gb.shared (renameByDefault), time-slicing, 2 replicas per device"),
+        ] {
+            assert!(message.contains(&want), "no {want:?} in {message}");
+        }
+        let (code, plan) = plan_json(&name).await?;
+        assert_eq!(code, 2, "plan blocks: {plan}");
+        assert!(plan["blockers"].to_string().contains("nvidia.com/mig-1g.10gb.shared capacity drops from 4 to 2"), "{}", plan["blockers"]);
+        let events = event_reasons(pool, &name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "GpuSharingNotAcknowledged" && note.contains("nvidia.com/gpu.shared capacity drops from 2 to 1")),
+            "{events:?}"
+        );
+        assert_eq!(pool::node_state(&pool.client, &node).await?, "", "{node} was touched");
+
+        // Acknowledged: the switch counts the physical devices, so it completes instead of
+        // waiting for replicas DRA never publishes.
+        patch_spec(&pool.migrations(), &name, json!({"acknowledge": {"gpuSharingLoss": true}})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let n = Api::<Node>::all(pool.client.clone()).get(&node).await?;
+        let before: BTreeMap<String, u64> = serde_json::from_str(&n.annotations()["switchyard.dev/gpus-before"])?;
+        assert_eq!(
+            before,
+            BTreeMap::from([("nvidia.com/gpu.shared".to_string(), 1), ("nvidia.com/mig-1g.10gb.shared".to_string(), 2)])
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
 async fn a_canary_that_never_finishes_fails_its_node_with_verify_timeout_and_the_other_moves()
 -> anyhow::Result<()> {
     with_pool("verifyto", 2, 2, async |pool| {

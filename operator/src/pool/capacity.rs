@@ -52,9 +52,11 @@ impl Block {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SharedNode {
     pub node: String,
-    /// `nvidia.com/gpu` the device plugin advertises (capacity or allocatable, the larger).
+    /// The shared resource: `nvidia.com/gpu`, a renamed `nvidia.com/gpu.shared`, a MIG profile.
+    pub resource: String,
+    /// What the device plugin advertises of `resource` (capacity or allocatable, the larger).
     pub advertised: u64,
-    /// Physical GPUs: what our driver will publish.
+    /// The physical GPUs (or MIG devices) behind it: what our driver will publish.
     pub physical: u64,
     /// How it was told: `time-slicing, 4 replicas per GPU`.
     pub how: String,
@@ -78,13 +80,31 @@ fn advertised(node: &SlimNode, resource: &str) -> u64 {
     overlap::device_plugin_gpus(node, &[resource]).get(resource).copied().unwrap_or(0)
 }
 
-/// Whether `node`'s device plugin shares its GPUs, and how. `None` for a node that does not, or
-/// advertises no `nvidia.com/gpu`.
+/// Whether `node`'s device plugin shares its `nvidia.com/gpu`, and how ([`sharing_of`]).
 pub fn sharing(node: &SlimNode) -> Option<SharedNode> {
-    let now = advertised(node, NVIDIA_GPU_RESOURCE);
-    let strategy = node.labels().get(LABEL_SHARING_STRATEGY).map(|s| s.trim().to_string());
-    let replicas = label_u64(node, LABEL_REPLICAS).filter(|r| *r > 0);
-    let count = label_u64(node, LABEL_GPU_COUNT).filter(|c| *c > 0);
+    sharing_of(node, NVIDIA_GPU_RESOURCE)
+}
+
+/// The suffix `renameByDefault` gives a shared resource: `nvidia.com/gpu.shared`.
+const SHARED_SUFFIX: &str = ".shared";
+
+/// Whether `node`'s device plugin shares the devices behind `resource`, and how. `None` for a
+/// resource it does not share, or does not advertise.
+///
+/// GFD labels each resource under its name, a renamed shared one under the name it had
+/// (`nvidia.com/gpu.replicas` for `nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb.replicas` for a
+/// time-sliced MIG profile): `<name>.sharing-strategy`, `<name>.replicas` and `<name>.count`, the
+/// physical GPUs or MIG devices. The `.shared` suffix says the resource is shared by itself. A
+/// resource advertised beyond its `.count` is shared, labels or not.
+pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
+    let base = resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource);
+    let renamed = base != resource;
+    let label = |suffix: &str| node.labels().get(&format!("{base}.{suffix}")).map(|v| v.trim().to_string());
+    let number = |suffix: &str| label(suffix).and_then(|v| v.parse::<u64>().ok()).filter(|n| *n > 0);
+    let now = advertised(node, resource);
+    let strategy = label("sharing-strategy");
+    let replicas = number("replicas");
+    let count = number("count");
     // GFD's labels outlive a device-plugin restart, while the node advertises 0 for a moment
     // (Managed placement restarts every plugin pod once): judged by its labels, a shared node
     // keeps the pool closed through that window.
@@ -95,23 +115,35 @@ pub fn sharing(node: &SlimNode) -> Option<SharedNode> {
         (n, _, _) => n,
     };
     let over_count = count.is_some_and(|c| now > c);
-    let shared = (labelled && advertised > 0) || over_count;
+    let shared = ((labelled || renamed) && advertised > 0) || over_count;
     if !shared {
         return None;
     }
+    let (one, unit) = if base == NVIDIA_GPU_RESOURCE { ("GPU", "GPU(s)") } else { ("device", "device(s)") };
     let physical =
         count.or_else(|| replicas.map(|r| advertised.div_ceil(r))).unwrap_or(advertised).min(advertised);
     let mut how = Vec::new();
+    if renamed {
+        how.push(format!("renamed {resource} (renameByDefault)"));
+    }
     if let Some(s) = strategy.filter(|s| !s.is_empty() && s != "none") {
         how.push(s);
     }
     if let Some(r) = replicas.filter(|r| *r > 1) {
-        how.push(format!("{r} replicas per GPU"));
+        how.push(format!("{r} replicas per {one}"));
     }
-    if how.is_empty() {
-        how.push(format!("{advertised} advertised on {physical} GPU(s) ({LABEL_GPU_COUNT})"));
+    if renamed && replicas.is_none() && count.is_none() {
+        how.push(format!("replicas unknown (no {base}.replicas or {base}.count label)"));
+    } else if how.is_empty() {
+        how.push(format!("{advertised} advertised on {physical} {unit} ({base}.count)"));
     }
-    Some(SharedNode { node: node.name_any(), advertised, physical, how: how.join(", ") })
+    Some(SharedNode {
+        node: node.name_any(),
+        resource: resource.to_string(),
+        advertised,
+        physical,
+        how: how.join(", "),
+    })
 }
 
 /// Judges the pool nodes that are still to move forward (on the device plugin, not yet
@@ -141,16 +173,14 @@ pub fn check<'a>(
         for key in advertised_keys.into_iter().filter(|k| !mapped.contains(k)) {
             out.unmapped.entry(key.to_string()).or_default().push(name.clone());
         }
-        if mapped.contains(&NVIDIA_GPU_RESOURCE)
-            && let Some(s) = sharing(node)
-        {
-            out.shared.push(s);
+        for resource in mapped.iter().filter(|r| is_gpu_resource(r, gpu_resources)) {
+            out.shared.extend(sharing_of(node, resource));
         }
     }
     for nodes in out.unmapped.values_mut() {
         nodes.sort();
     }
-    out.shared.sort_by(|a, b| a.node.cmp(&b.node));
+    out.shared.sort_by(|a, b| (&a.resource, &a.node).cmp(&(&b.resource, &b.node)));
     out
 }
 
@@ -162,23 +192,35 @@ fn names(nodes: &[String]) -> String {
     s
 }
 
-/// What sharing costs the pool, in one line: `nvidia.com/gpu capacity drops from 32 to 8 on 2
-/// node(s) (gpu-1: time-slicing, 4 replicas per GPU; ...)`.
+/// What sharing costs the pool, a clause per shared resource: `nvidia.com/gpu capacity drops
+/// from 32 to 8 on 2 node(s) that share it through the device plugin (gpu-1: 16 on 4 GPU(s),
+/// time-sliced, 4 replicas per device; ...)`.
 pub fn sharing_summary(shared: &[SharedNode]) -> String {
-    let before: u64 = shared.iter().map(|s| s.advertised).sum();
-    let after: u64 = shared.iter().map(|s| s.physical).sum();
-    let detail: Vec<String> = shared
-        .iter()
-        .take(NAMED)
-        .map(|s| format!("{}: {} on {} GPU(s), {}", s.node, s.advertised, s.physical, s.how))
+    let mut by_resource: BTreeMap<&str, Vec<&SharedNode>> = BTreeMap::new();
+    for s in shared {
+        by_resource.entry(s.resource.as_str()).or_default().push(s);
+    }
+    let clauses: Vec<String> = by_resource
+        .into_iter()
+        .map(|(resource, nodes)| {
+            let before: u64 = nodes.iter().map(|s| s.advertised).sum();
+            let after: u64 = nodes.iter().map(|s| s.physical).sum();
+            let unit = if resource == NVIDIA_GPU_RESOURCE { "GPU(s)" } else { "device(s)" };
+            let detail: Vec<String> = nodes
+                .iter()
+                .take(NAMED)
+                .map(|s| format!("{}: {} on {} {unit}, {}", s.node, s.advertised, s.physical, s.how))
+                .collect();
+            let more =
+                if nodes.len() > NAMED { format!("; and {} more", nodes.len() - NAMED) } else { String::new() };
+            format!(
+                "{resource} capacity drops from {before} to {after} on {} node(s) that share it through the device plugin ({}{more})",
+                nodes.len(),
+                detail.join("; ")
+            )
+        })
         .collect();
-    let more =
-        if shared.len() > NAMED { format!("; and {} more", shared.len() - NAMED) } else { String::new() };
-    format!(
-        "{NVIDIA_GPU_RESOURCE} capacity drops from {before} to {after} on {} node(s) that share GPUs through the device plugin ({}{more}): after the move each GPU serves one pod",
-        shared.len(),
-        detail.join("; ")
-    )
+    format!("{}: after the move each device serves one pod", clauses.join("; "))
 }
 
 /// The reason and message that keep the pool from starting, or `None`. Unmapped resources come
@@ -208,16 +250,20 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
 }
 
 /// The GPUs a node must publish through DRA to count as switched, per resource: what the device
-/// plugin advertises, except that a shared `nvidia.com/gpu` counts its physical GPUs. A node the
+/// plugin advertises, except that a shared resource counts its physical GPUs or MIG devices
+/// ([`sharing_of`]). A node the
 /// device plugin does not serve at all (it joined after the plugin was removed) counts GFD's
 /// `nvidia.com/gpu.count`, where GFD labelled it.
 pub fn gpus_to_publish(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
     let mut counts = overlap::device_plugin_gpus(node, resources);
     let unserved = counts.values().all(|&n| n == 0);
-    if let Some(n) = counts.get_mut(NVIDIA_GPU_RESOURCE) {
-        if let Some(s) = sharing(node) {
+    for (resource, n) in counts.iter_mut() {
+        if let Some(s) = sharing_of(node, resource) {
             *n = s.physical;
-        } else if unserved && let Some(physical) = label_u64(node, LABEL_GPU_COUNT) {
+        } else if unserved
+            && resource == NVIDIA_GPU_RESOURCE
+            && let Some(physical) = label_u64(node, LABEL_GPU_COUNT)
+        {
             *n = physical;
         }
     }
@@ -287,6 +333,86 @@ mod tests {
         let restarting = node("n", labels, json!({"nvidia.com/gpu": "0"}));
         let s = sharing(&restarting).expect("still shared");
         assert_eq!((s.advertised, s.physical), (32, 8));
+    }
+
+    #[test]
+    fn renamed_and_mig_resources_are_judged_each_under_their_own_labels() {
+        // (case, labels, advertised, resource, expected (advertised, physical, how) or None)
+        type Case = (
+            &'static str,
+            serde_json::Value,
+            serde_json::Value,
+            &'static str,
+            Option<(u64, u64, &'static str)>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "renameByDefault, GFD labels under the old name",
+                json!({"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.count": "2"}),
+                json!({"nvidia.com/gpu.shared": "8"}),
+                "nvidia.com/gpu.shared",
+                Some((8, 2, "renamed nvidia.com/gpu.shared (renameByDefault), 4 replicas per GPU")),
+            ),
+            (
+                "renameByDefault without labels: shared, replicas unknown",
+                json!({}),
+                json!({"nvidia.com/gpu.shared": "8"}),
+                "nvidia.com/gpu.shared",
+                Some((
+                    8,
+                    8,
+                    "renamed nvidia.com/gpu.shared (renameByDefault), replicas unknown (no nvidia.com/gpu.replicas or nvidia.com/gpu.count label)",
+                )),
+            ),
+            (
+                "a time-sliced MIG profile",
+                json!({"nvidia.com/mig-1g.10gb.sharing-strategy": "time-slicing", "nvidia.com/mig-1g.10gb.replicas": "2", "nvidia.com/mig-1g.10gb.count": "7"}),
+                json!({"nvidia.com/mig-1g.10gb": "14"}),
+                "nvidia.com/mig-1g.10gb",
+                Some((14, 7, "time-slicing, 2 replicas per device")),
+            ),
+            (
+                "a MIG profile advertised beyond its count, no sharing labels",
+                json!({"nvidia.com/mig-1g.10gb.count": "7"}),
+                json!({"nvidia.com/mig-1g.10gb": "14"}),
+                "nvidia.com/mig-1g.10gb",
+                Some((14, 7, "14 advertised on 7 device(s) (nvidia.com/mig-1g.10gb.count)")),
+            ),
+            (
+                "the GPU's labels say nothing of a MIG profile",
+                json!({"nvidia.com/gpu.replicas": "4"}),
+                json!({"nvidia.com/mig-1g.10gb": "7"}),
+                "nvidia.com/mig-1g.10gb",
+                None,
+            ),
+        ];
+        for (case, labels, advertised, resource, want) in cases {
+            let n = node("n", labels, advertised);
+            let got = sharing_of(&n, resource).map(|s| (s.advertised, s.physical, s.how));
+            assert_eq!(got, want.map(|(a, p, h)| (a, p, h.to_string())), "{case}");
+        }
+        // Mixed MIG and sharing on one node: each resource has its clause, and the switch
+        // counts each resource's physical devices.
+        let mixed = node(
+            "m",
+            json!({"nvidia.com/gpu.replicas": "2", "nvidia.com/gpu.count": "1",
+                   "nvidia.com/mig-1g.10gb.replicas": "2", "nvidia.com/mig-1g.10gb.count": "2"}),
+            json!({"nvidia.com/gpu.shared": "2", "nvidia.com/mig-1g.10gb.shared": "4"}),
+        );
+        let mapped = ["nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb.shared"];
+        let c = check([&mixed], &mapped, &[]);
+        assert_eq!(c.shared.len(), 2, "{:?}", c.shared);
+        let summary = sharing_summary(&c.shared);
+        assert!(
+            summary.contains("nvidia.com/gpu.shared capacity drops from 2 to 1 on 1 node(s)"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("nvidia.com/mig-1g.10gb.shared capacity drops from 4 to 2 on 1 node(s)"),
+            "{summary}"
+        );
+        let publish = gpus_to_publish(&mixed, &mapped);
+        assert_eq!((publish["nvidia.com/gpu.shared"], publish["nvidia.com/mig-1g.10gb.shared"]), (1, 2));
     }
 
     #[test]

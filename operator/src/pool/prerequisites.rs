@@ -492,6 +492,7 @@ mod tests {
         let shared = Check {
             shared: vec![SharedNode {
                 node: "g".into(),
+                resource: "nvidia.com/gpu".into(),
                 advertised: 32,
                 physical: 8,
                 how: "time-slicing".into(),
