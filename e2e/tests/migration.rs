@@ -1951,6 +1951,43 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
 }
 
 #[tokio::test]
+async fn sharing_without_labels_is_found_at_the_switch_and_counted_once_acknowledged()
+-> anyhow::Result<()> {
+    use std::collections::BTreeMap;
+    use switchyard_e2e::sim::GpuLayout;
+    let _serial = pool::SERIAL.lock().await;
+    // 2 GPUs time-sliced 2 ways (nvidia.com/gpu: 4) and no GPU Feature Discovery: nothing says
+    // so before the move.
+    let layout = GpuLayout { time_slicing_replicas: 2, ..GpuLayout::gpus(2) };
+    let pool = Pool::with_layouts("nolabels", vec![(layout, BTreeMap::new())]).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let node = pool.nodes[0].clone();
+        pool.migrations().create(&PostParams::default(), &pool.migration(&name, json!({}))?).await?;
+        pool.start_operator()?;
+        // The switch finds 2 GPUs for the 4 advertised and asks, instead of timing out silently.
+        let waiting = pool
+            .wait_status(&name, "the switch naming the sharing it found", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| p.name == node && p.message.contains("shared 2 ways"))
+                })
+            })
+            .await?;
+        let line = waiting.status.unwrap().in_progress.into_iter().find(|p| p.name == node).unwrap();
+        assert!(line.message.contains("set spec.acknowledge.gpuSharingLoss: true"), "{}", line.message);
+        patch_spec(&pool.migrations(), &name, json!({"acknowledge": {"gpuSharingLoss": true}})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let events = object_events(pool, "Node", &node).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "GpuSharingFound" && note.contains("counted as 2")),
+            "{events:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
 async fn a_canary_that_never_finishes_fails_its_node_with_verify_timeout_and_the_other_moves()
 -> anyhow::Result<()> {
     with_pool("verifyto", 2, 2, async |pool| {

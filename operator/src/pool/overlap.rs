@@ -127,6 +127,23 @@ pub fn unhealthy(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str
         .collect()
 }
 
+/// Whether every slice of `node`'s pools of `driver` is published: for each pool, its newest
+/// generation has as many slices as its `resourceSliceCount` says. False with no slice at all.
+pub fn pool_complete(slices: &[impl Borrow<ResourceSlice>], driver: &str, node: &str) -> bool {
+    let mut pools: BTreeMap<&str, (i64, i64, i64)> = BTreeMap::new();
+    for s in node_slices(slices, driver, node) {
+        let p = &s.spec.pool;
+        let e = pools.entry(p.name.as_str()).or_insert((p.generation, p.resource_slice_count, 0));
+        if p.generation > e.0 {
+            *e = (p.generation, p.resource_slice_count, 0);
+        }
+        if p.generation == e.0 {
+            e.2 += 1;
+        }
+    }
+    !pools.is_empty() && pools.values().all(|(_, want, got)| got >= want)
+}
+
 fn node_slices<'a>(
     slices: &'a [impl Borrow<ResourceSlice>],
     driver: &'a str,
@@ -203,6 +220,25 @@ mod tests {
             ]);
         }
         s
+    }
+
+    #[test]
+    fn a_pool_is_complete_when_its_newest_generation_has_every_slice() {
+        let part = |generation: i64, count: i64, name: &str| {
+            let mut s = slice(DRIVER, "n", 1);
+            s.metadata.name = Some(name.into());
+            s.spec.pool.generation = generation;
+            s.spec.pool.resource_slice_count = count;
+            s
+        };
+        assert!(!pool_complete(&[] as &[ResourceSlice], DRIVER, "n"), "nothing published");
+        assert!(pool_complete(&[part(1, 1, "a")], DRIVER, "n"));
+        assert!(!pool_complete(&[part(2, 2, "a")], DRIVER, "n"), "one of two");
+        assert!(pool_complete(&[part(2, 2, "a"), part(2, 2, "b")], DRIVER, "n"));
+        assert!(
+            !pool_complete(&[part(1, 2, "a"), part(1, 2, "b"), part(2, 2, "c")], DRIVER, "n"),
+            "the old generation does not count"
+        );
     }
 
     #[test]

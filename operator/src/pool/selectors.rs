@@ -88,6 +88,18 @@ pub struct Selected {
     pub counted: u64,
     /// What is short, and why, for the node's message; empty when nothing is.
     pub note: String,
+    /// Resources found shared at the switch and counted as complete (acknowledged), one line
+    /// each, for the node's event.
+    pub shared: Vec<String>,
+}
+
+/// What a switch knows of the node's publication besides its devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Every slice of the node's pool is there (as many as `resourceSliceCount`, one generation).
+    pub complete: bool,
+    /// `spec.acknowledge.gpuSharingLoss`.
+    pub sharing_acknowledged: bool,
 }
 
 impl Selectors {
@@ -150,16 +162,42 @@ impl Selectors {
 
     /// The devices of a switching node that the pool's classes select, against `before` (the
     /// node's `gpus-before`, per resource). Only devices the scheduler may allocate are passed in.
+    ///
+    /// A resource the device plugin advertised an exact multiple (2 or more) of the devices its
+    /// class selects, on a node whose slices are all published, was shared without the labels
+    /// that would have said so before the move (no GPU Feature Discovery). `sharing_acknowledged`
+    /// (`spec.acknowledge.gpuSharingLoss`) lets it count as complete; otherwise the note asks.
     pub fn for_switch<'d>(
         &self,
         devices: impl IntoIterator<Item = &'d Device>,
         before: &BTreeMap<String, u64>,
+        published: Published,
     ) -> Selected {
         let matches = self.evaluate(devices);
         let mut out = Selected::default();
         let mut short = Vec::new();
         for (c, m) in self.classes.iter().zip(&matches) {
             let need = before.get(&c.resource).copied().unwrap_or(0);
+            let ways = (published.complete && m.selected > 0 && m.selected < need && need % m.selected == 0)
+                .then(|| need / m.selected);
+            if let Some(k) = ways {
+                let line = format!(
+                    "{} was advertised {need} times on the {} device(s) DeviceClass {} selects: shared {k} ways without labels to say so (or {} device(s) are missing)",
+                    c.resource,
+                    m.selected,
+                    c.class,
+                    need - m.selected
+                );
+                if published.sharing_acknowledged {
+                    out.counted += need;
+                    out.shared
+                        .push(format!("{line}; counted as {} (spec.acknowledge.gpuSharingLoss)", m.selected));
+                } else {
+                    out.counted += m.selected;
+                    short.push(format!("{line}; set spec.acknowledge.gpuSharingLoss: true if it was shared"));
+                }
+                continue;
+            }
             out.counted += m.selected.min(need);
             if m.selected < need {
                 let mut line = format!(
@@ -432,7 +470,7 @@ mod tests {
         let sel = Selectors::new(&s);
         let before =
             BTreeMap::from([("nvidia.com/gpu".to_string(), 2), ("nvidia.com/mig-1g.10gb".to_string(), 2)]);
-        let got = sel.for_switch(devices.iter(), &before);
+        let got = sel.for_switch(devices.iter(), &before, Published::default());
         // Three GPUs count as the two it had; one MIG device of two.
         assert_eq!(got.counted, 3);
         assert!(
@@ -443,7 +481,41 @@ mod tests {
         assert!(got.note.contains("its selector fails on device"), "the GPUs have no profile: {}", got.note);
         let enough =
             BTreeMap::from([("nvidia.com/gpu".to_string(), 3), ("nvidia.com/mig-1g.10gb".to_string(), 1)]);
-        assert_eq!(sel.for_switch(devices.iter(), &enough), Selected { counted: 4, note: String::new() });
+        assert_eq!(
+            sel.for_switch(devices.iter(), &enough, Published::default()),
+            Selected { counted: 4, ..Default::default() }
+        );
+    }
+
+    #[test]
+    fn sharing_without_labels_is_found_at_the_switch_and_counts_only_when_acknowledged() {
+        let s =
+            spec(NV, &[("nvidia.com/gpu", "gpu", Some("device.attributes['gpu.nvidia.com'].type == 'gpu'"))]);
+        let devices = [gpu("a", "570.1.0"), gpu("b", "570.1.0")];
+        let sel = Selectors::new(&s);
+        // The device plugin advertised 4 on these 2 GPUs: time-sliced 2 ways, no GFD labels.
+        let before = BTreeMap::from([("nvidia.com/gpu".to_string(), 4)]);
+        let published = |complete, sharing_acknowledged| Published { complete, sharing_acknowledged };
+        let waiting = sel.for_switch(devices.iter(), &before, published(true, false));
+        assert_eq!(waiting.counted, 2);
+        assert!(
+            waiting
+                .note
+                .contains("advertised 4 times on the 2 device(s) DeviceClass gpu selects: shared 2 ways"),
+            "{}",
+            waiting.note
+        );
+        assert!(waiting.note.contains("set spec.acknowledge.gpuSharingLoss: true"), "{}", waiting.note);
+        let acknowledged = sel.for_switch(devices.iter(), &before, published(true, true));
+        assert_eq!((acknowledged.counted, acknowledged.note.as_str()), (4, ""));
+        assert_eq!(acknowledged.shared.len(), 1);
+        // Slices still to come: nothing is concluded.
+        let partial = sel.for_switch(devices.iter(), &before, published(false, true));
+        assert_eq!(partial.counted, 2);
+        assert!(partial.note.contains("selects 2 of them for nvidia.com/gpu (need 4)"), "{}", partial.note);
+        // Not a whole multiple: devices are missing, not shared.
+        let odd = BTreeMap::from([("nvidia.com/gpu".to_string(), 3)]);
+        assert_eq!(sel.for_switch(devices.iter(), &odd, published(true, true)).counted, 2);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::node::record::{Backend, Failure, PoolNode};
 use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
 use crate::pool::gate::resources;
 use crate::pool::overlap;
-use crate::pool::selectors::{Selected, Selectors};
+use crate::pool::selectors::{Published, Selected, Selectors};
 use crate::reconcile::observe::{NodeReads, Snapshot};
 use crate::well_known::*;
 
@@ -217,7 +217,14 @@ pub fn node_step(
     // slices needs it.
     let (selected, unhealthy) = match (state, pn.backend(), gpus_before_map(&pn)) {
         (NodeState::Switching, Backend::Dra, Some(before)) => (
-            v.selectors.for_switch(overlap::present(slices, &spec.driver.name, &name), &before),
+            v.selectors.for_switch(
+                overlap::present(slices, &spec.driver.name, &name),
+                &before,
+                Published {
+                    complete: overlap::pool_complete(slices, &spec.driver.name, &name),
+                    sharing_acknowledged: spec.acknowledge.gpu_sharing_loss,
+                },
+            ),
             overlap::unhealthy(slices, &spec.driver.name, &name),
         ),
         _ => (Selected::default(), Vec::new()),
@@ -307,6 +314,20 @@ pub fn node_step(
         step.events.push(NodeEvent {
             type_: EventType::Warning,
             reason: "UnhealthyDevices",
+            note: note.clone(),
+        });
+        step.message = format!("{}; {note}", step.message);
+    }
+    // Sharing found at the switch (no labels said so before the move), acknowledged: on record
+    // once, as the switch completes.
+    if state == NodeState::Switching
+        && matches!(action, Action::Complete | Action::StartVerify)
+        && !selected.shared.is_empty()
+    {
+        let note = format!("node {name} switched on its physical devices: {}", selected.shared.join("; "));
+        step.events.push(NodeEvent {
+            type_: EventType::Warning,
+            reason: "GpuSharingFound",
             note: note.clone(),
         });
         step.message = format!("{}; {note}", step.message);
