@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -194,6 +194,32 @@ pub async fn gpu_workload(
         },
     }))?;
     api.create(&PostParams::default(), &d).await?;
+    Ok(())
+}
+
+/// A DaemonSet of the workload image on every node labelled `pool=<pool>`, each pod asking for
+/// one `nvidia.com/gpu` the plain way: a node agent (a monitoring or health DaemonSet) that holds
+/// a GPU through the device plugin.
+pub async fn gpu_daemon_set(client: &Client, ns: &str, name: &str, pool: &str) -> anyhow::Result<()> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "nodeSelector": {"pool": pool},
+                    "containers": [{
+                        "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }))?;
+    api.create(&PostParams::default(), &ds).await?;
     Ok(())
 }
 

@@ -1951,8 +1951,7 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
 }
 
 #[tokio::test]
-async fn sharing_without_labels_is_found_at_the_switch_and_counted_once_acknowledged()
--> anyhow::Result<()> {
+async fn sharing_without_labels_is_found_at_the_switch_and_counted_once_acknowledged() -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
     let _serial = pool::SERIAL.lock().await;

@@ -15,6 +15,11 @@
 //!   NodePrepareResources (our CDI spec is on the node while the pod runs) and the container got
 //!   the UUIDs and device nodes of that spec; allocatable nvidia.com/gpu fell to 0 through the
 //!   kubelet's device manager;
+//! - a DaemonSet pod holding a device-plugin GPU on every node (a node agent) holds each switch
+//!   until the plugin has left; then, with `evictDaemonSetGpuPods`, it is evicted and its
+//!   replacement gets a GPU through DRA, a different one from the trainer's on the same node
+//!   (no GPU handed out twice, as the containers' UUIDs show);
+//! - every GPU pod on the migrated nodes is verified by the operator (`status.pods`);
 //! - a rollback of one node (a one-node migration with `direction: Rollback`) returns it to the
 //!   device plugin: allocatable comes back, and a GPU pod there runs without a claim;
 //! - no instant, sampled on every watch event, where a node was served by both backends.
@@ -36,6 +41,8 @@ use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
 const DRIVER: &str = "gpu.switchyard.dev";
 const GPU: &str = "nvidia.com/gpu";
 const APP: &str = "trainer";
+/// A node agent that holds a GPU on every node, as a DaemonSet.
+const AGENT_APP: &str = "node-agent";
 
 fn uuids_in_inventory() -> BTreeSet<String> {
     real::INVENTORY.lines().filter_map(|l| l.trim().strip_prefix("uuid: ")).map(str::to_owned).collect()
@@ -279,7 +286,18 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 
     cluster::create_namespace(client, id).await?;
     real::gpu_workload(client, id, APP, names.len() as i32, None).await?;
+    real::gpu_daemon_set(client, id, AGENT_APP, id).await?;
     let before = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(120)).await?;
+    let agents_before =
+        real::wait_workload(client, id, AGENT_APP, names.len(), Duration::from_secs(120)).await?;
+    for p in &agents_before {
+        let (visible, _) = what_the_container_saw(&real::logs(id, &p.name_any())?);
+        assert!(
+            uuids_in_inventory().contains(&visible),
+            "{}: a device-plugin GPU, got {visible:?}",
+            p.name_any()
+        );
+    }
     let inventory = uuids_in_inventory();
     for p in &before {
         let logs = real::logs(id, &p.name_any())?;
@@ -316,7 +334,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             "placement": "Managed",
             "strategy": {
                 "maxUnavailable": 1,
-                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
+                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180, "evictDaemonSetGpuPods": true},
                 "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
             },
         },
@@ -432,6 +450,54 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         // runc created it from the spec's type, major and minor: a character device, major 195.
         assert!(gpus[0].starts_with('c') && gpus[0].contains("195,"), "{name}: {:?} is char 195:N", gpus[0]);
     }
+
+    // The node agents came back through DRA, each on a GPU of its own: not the trainer's.
+    let agents = real::wait_workload(client, id, AGENT_APP, names.len(), Duration::from_secs(180)).await?;
+    let trainers_by_node: std::collections::BTreeMap<String, String> = after
+        .iter()
+        .map(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            Ok((node, what_the_container_saw(&real::logs(id, &p.name_any())?).0))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    for p in &agents {
+        let name = p.name_any();
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        assert!(
+            p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some(),
+            "{name}: the DaemonSet pod on {node} was not replaced through DRA"
+        );
+        let (visible, _) = what_the_container_saw(&real::logs(id, &name)?);
+        assert!(inventory.contains(&visible), "{name}: {visible:?} is a GPU of the inventory");
+        if let Some(trainer) = trainers_by_node.get(&node) {
+            assert_ne!(
+                &visible, trainer,
+                "{name}: {node} handed {visible} to the trainer and the node agent both"
+            );
+        }
+    }
+    // The operator verified every GPU pod on the migrated nodes, trainers and node agents.
+    let checked = wait::until("status.pods to count every GPU pod", Duration::from_secs(120), || {
+        let migrations = migrations.clone();
+        let want = (after.len() + agents.len()) as i32;
+        async move {
+            let pods = status(&migrations.get(id).await?).pods;
+            Ok(pods.filter(|p| p.verified == want))
+        }
+    })
+    .await?;
+    assert_eq!(checked.unverified, 0, "{checked:?}");
+
+    // The node agents go before the rollback: this scenario's rollback is the trainers'.
+    real::kubectl(&["-n", id, "delete", "daemonset", AGENT_APP, "--wait=true", "--timeout=120s"])?;
+    wait::until("the node agents' pods to be gone", Duration::from_secs(120), || {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), id);
+        async move {
+            let left = pods.list(&ListParams::default().labels(&format!("app={AGENT_APP}"))).await?.items;
+            Ok(left.is_empty().then_some(()))
+        }
+    })
+    .await?;
 
     // Rollback of one node: the admin hands the pool migration back (deleting it keeps the nodes
     // on DRA) and moves one node back to the device plugin with a migration of its own. Its
