@@ -164,8 +164,7 @@ pub async fn uninstall_device_plugin(client: &Client) -> anyhow::Result<()> {
 }
 
 /// A Deployment of `replicas` workload pods, each with a plain `nvidia.com/gpu: 1` limit and
-/// nothing else GPU-specific: the same spec before and after the move.
-/// A Deployment of the workload image asking for one `nvidia.com/gpu`, on `node` when given.
+/// nothing else GPU-specific: the same spec before and after the move. On `node` when given.
 pub async fn gpu_workload(
     client: &Client,
     ns: &str,
@@ -180,21 +179,27 @@ pub async fn gpu_workload(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "nodeSelector": node_selector,
-                    "containers": [{
-                        "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }],
-                },
-            },
+            "template": gpu_pod_template(name, node_selector),
         },
     }))?;
     api.create(&PostParams::default(), &d).await?;
     Ok(())
+}
+
+/// The pod template of a GPU workload labelled `app: <app>`: the workload image asking for one
+/// `nvidia.com/gpu` the plain way, on the nodes `node_selector` selects.
+fn gpu_pod_template(app: &str, node_selector: serde_json::Value) -> serde_json::Value {
+    json!({
+        "metadata": {"labels": {"app": app}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "nodeSelector": node_selector,
+            "containers": [{
+                "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }],
+        },
+    })
 }
 
 /// A DaemonSet of the workload image on every node labelled `pool=<pool>`, each pod asking for
@@ -206,17 +211,7 @@ pub async fn gpu_daemon_set(client: &Client, ns: &str, name: &str, pool: &str) -
         "metadata": {"name": name},
         "spec": {
             "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "nodeSelector": {"pool": pool},
-                    "containers": [{
-                        "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }],
-                },
-            },
+            "template": gpu_pod_template(name, json!({"pool": pool})),
         },
     }))?;
     api.create(&PostParams::default(), &ds).await?;
