@@ -36,7 +36,7 @@ pub(crate) const POD_COUNT_TTL: Duration = Duration::from_secs(30);
 
 /// How long a check of the GPU pods on migrated nodes is reused (`status.pods`). A check reads
 /// every bound pod of the cluster in pages, and the claims of the pods not verified before; a new
-/// migrated node, or a new spec, checks again at once.
+/// spec, or the pool's last node migrating, checks again at once.
 pub(crate) const POD_VERIFY_TTL: Duration = Duration::from_secs(30);
 
 /// The last check of a migration's GPU pods on migrated nodes.

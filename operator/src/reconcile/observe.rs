@@ -212,8 +212,9 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
 }
 
 /// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): one paged LIST of the
-/// cluster's bound pods, and a GET of the generated claim of each pod not verified before, at
-/// most every [`POD_VERIFY_TTL`] (at once when a node has migrated since, or the spec changed).
+/// cluster's bound pods, and a GET of the generated claim of each pod not verified before (once
+/// in a pod's life), at most every [`POD_VERIFY_TTL`] (at once when the spec changed, or the
+/// pool's last node has migrated).
 /// Forward migrations only. A failed read keeps the last result and is logged: the check reports,
 /// it moves nothing.
 async fn pods_verified(
@@ -232,8 +233,12 @@ async fn pods_verified(
     }
     let name = gpm.name_any();
     let last = ctx.pod_checks.lock().ok().and_then(|g| g.get(&name).cloned()).unwrap_or_default();
+    // Every TTL, not on each newly migrated node: a reconcile of a pool moving at 10% sees a new
+    // one nearly every time, and a check LISTs the cluster's pods. The last node's arrival checks
+    // at once, so a finished pool reports its pods without waiting out the TTL.
     let fresh = last.at.is_some_and(|at| at.elapsed() < POD_VERIFY_TTL);
-    if fresh && last.generation == gpm.metadata.generation && last.migrated == migrated.len() {
+    let all_arrived = migrated.len() == pool.len() && last.migrated != migrated.len();
+    if fresh && last.generation == gpm.metadata.generation && !all_arrived {
         return Some((last.result, last.settling));
     }
     let previous = last.at.map(|_| (last.result.clone(), last.settling));
