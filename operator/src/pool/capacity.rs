@@ -76,7 +76,7 @@ fn label_u64(node: &SlimNode, key: &str) -> Option<u64> {
 
 /// How many `resource` the device plugin advertises on `node`: capacity or allocatable, the
 /// larger (allocatable drops to 0 while a plugin pod restarts).
-fn advertised(node: &SlimNode, resource: &str) -> u64 {
+pub fn advertised(node: &SlimNode, resource: &str) -> u64 {
     overlap::device_plugin_gpus(node, &[resource]).get(resource).copied().unwrap_or(0)
 }
 

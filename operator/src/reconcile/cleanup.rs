@@ -167,6 +167,9 @@ pub(crate) async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Req
     if let Ok(mut g) = ctx.status_writes.lock() {
         g.remove(&name);
     }
+    if let Ok(mut g) = ctx.pod_checks.lock() {
+        g.remove(&name);
+    }
     Ok(Requeue::await_change())
 }
 

@@ -242,6 +242,8 @@ async fn pods_verified(
         return Some((last.result, last.settling));
     }
     let previous = last.at.map(|_| (last.result.clone(), last.settling));
+    // A pod verified under another spec (other resources, other classes) is judged again.
+    let known = if last.generation == gpm.metadata.generation { last.verified } else { HashSet::new() };
     let res = resources(spec);
     let pods = match pods_on_nodes(&ctx.client, &migrated, true, |p| {
         verify::is_checked(&p, &res).then_some(p)
@@ -258,7 +260,7 @@ async fn pods_verified(
     let mut to_read: Vec<String> = pods
         .values()
         .flatten()
-        .filter(|p| !last.verified.contains(&uid(p)))
+        .filter(|p| !known.contains(&uid(p)))
         .filter_map(verify::generated_claim)
         .collect();
     to_read.sort();
@@ -288,7 +290,7 @@ async fn pods_verified(
     for (node, pods) in pods {
         for pod in pods {
             let id = uid(&pod);
-            let verdict = if last.verified.contains(&id) {
+            let verdict = if known.contains(&id) {
                 Ok(())
             } else {
                 let claim = verify::generated_claim(&pod).and_then(|k| claims.get(&k).cloned().flatten());

@@ -6,7 +6,7 @@
 //! instead of dropping out. The physical count comes from, in order:
 //!
 //! 1. GPU Feature Discovery's `nvidia.com/gpu.count` label, which outlives the switch;
-//! 2. the GPUs behind the DRA devices the node publishes ([`overlap::physical_gpus`]);
+//! 2. the GPUs behind the DRA devices the node publishes ([`crate::pool::overlap::physical_gpus`]);
 //! 3. the `nvidia.com/gpu` count recorded on the node when its drain started
 //!    ([`ANNOTATION_GPUS_BEFORE`], physical GPUs already for a shared node);
 //! 4. what the device plugin advertises, shared GPUs counted once
@@ -23,7 +23,6 @@ use kube::ResourceExt;
 use crate::cache::DeviceCounts;
 use crate::node::slim::SlimNode;
 use crate::pool::capacity::{self, LABEL_GPU_COUNT};
-use crate::pool::overlap;
 use crate::well_known::{ANNOTATION_GPUS_BEFORE, NVIDIA_GPU_RESOURCE};
 
 /// What serves a node's GPUs now, the gauges' `backend` label.
@@ -72,10 +71,7 @@ pub fn physical(node: &SlimNode, dra: DeviceCounts) -> u64 {
     if let Some(n) = before {
         return n;
     }
-    capacity::sharing(node).map_or_else(
-        || overlap::device_plugin_gpus(node, &[NVIDIA_GPU_RESOURCE])[NVIDIA_GPU_RESOURCE],
-        |s| s.physical,
-    )
+    capacity::sharing(node).map_or_else(|| capacity::advertised(node, NVIDIA_GPU_RESOURCE), |s| s.physical)
 }
 
 /// What serves `node` now: the device plugin while it advertises GPUs (`device_plugin_serves`),
@@ -114,6 +110,7 @@ pub fn cluster<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::overlap;
     use serde_json::json;
 
     fn node(
