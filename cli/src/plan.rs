@@ -97,6 +97,7 @@ pub fn render(r: &Report) -> String {
         p.reason,
         p.message
     );
+    let _ = writeln!(out, "  control plane: {}", p.control_plane.join("; "));
     for w in &p.warnings {
         let _ = writeln!(out, "  warning: {w}");
     }

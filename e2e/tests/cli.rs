@@ -231,6 +231,18 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
     let plan: Value = serde_json::from_str(&run.stdout)?;
     assert_eq!(plan["exists"], false);
     assert_eq!(plan["prerequisites"]["met"], true, "{}", plan["prerequisites"]);
+    // This control plane runs its components as processes, not pods, with coordinated leader
+    // election off (the default): like a managed one, it shows only the API server's version.
+    let control_plane: Vec<&str> =
+        plan["prerequisites"]["controlPlane"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(
+        control_plane,
+        [
+            "kube-apiserver v1.37.2",
+            "kube-controller-manager unknown (no pod or LeaseCandidate in kube-system shows it; a managed control plane hides it)",
+            "kube-scheduler unknown (no pod or LeaseCandidate in kube-system shows it; a managed control plane hides it)",
+        ]
+    );
     let planned: Vec<(&str, u64, u64, &str)> = plan["nodes"]
         .as_array()
         .unwrap()
@@ -342,6 +354,7 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
     assert_eq!(human.code, 2);
     for want in [
         "NODES  3 selected, 3 to move in 3 wave(s), 12 GPU(s)",
+        "  control plane: kube-apiserver v1.37.2; kube-controller-manager unknown",
         &format!("PDB {ns}/trainer allows no disruption now"),
         "no controller: nothing recreates it",
         &format!("create  {id}.gpu"),

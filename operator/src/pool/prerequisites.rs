@@ -37,15 +37,55 @@ pub struct NodeVersions {
     pub container_runtime_version: String,
 }
 
-/// The version of a control-plane component besides the API server, as the cluster shows it:
-/// the image tag of its pod in kube-system where it runs as one (kubeadm, kops, most
-/// self-managed clusters). `None` where it is not visible: a managed control plane (EKS, AKS,
-/// GKE) runs it out of sight.
+/// The version of a control-plane component besides the API server, as the cluster shows it
+/// ([`VersionSource`]). `None` where nothing shows it: a managed control plane (EKS, AKS, GKE)
+/// runs it out of sight.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ComponentVersion {
     /// `kube-controller-manager` or `kube-scheduler`.
     pub component: &'static str,
+    /// The version whose feature defaults it runs: its binary's, or the one it emulates.
     pub version: Option<String>,
+    /// Where `version` was read; `None` with it.
+    pub source: Option<VersionSource>,
+}
+
+/// Where a control-plane component's version shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionSource {
+    /// The image tag of its pod in kube-system (`component=<name>`, as kubeadm labels its static
+    /// pods; kops and most self-managed clusters run it so too).
+    PodImage,
+    /// Its LeaseCandidate in kube-system (coordination.k8s.io/v1beta1), which each instance
+    /// writes where coordinated leader election is on. `emulating` is set when the binary
+    /// (`binary`) emulates an older version, whose feature defaults it then runs.
+    LeaseCandidate { binary: String, emulating: bool },
+}
+
+impl ComponentVersion {
+    /// `kube-scheduler v1.36.3`, or `kube-scheduler v1.37.2 emulating 1.36` where it emulates.
+    fn named(&self) -> String {
+        match (&self.version, &self.source) {
+            (Some(v), Some(VersionSource::LeaseCandidate { binary, emulating: true })) => {
+                format!("{} {binary} emulating {v}", self.component)
+            }
+            (Some(v), _) => format!("{} {v}", self.component),
+            (None, _) => format!("{} (version unknown)", self.component),
+        }
+    }
+
+    /// `kube-scheduler v1.37.2 (its pod's image)`, or `kube-scheduler unknown (...)`.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            _ if self.version.is_none() => format!(
+                "{} unknown (no pod or LeaseCandidate in kube-system shows it; a managed control plane hides it)",
+                self.component
+            ),
+            Some(VersionSource::PodImage) => format!("{} (its pod's image)", self.named()),
+            Some(VersionSource::LeaseCandidate { .. }) => format!("{} (its LeaseCandidate)", self.named()),
+            None => self.named(),
+        }
+    }
 }
 
 /// The components whose versions [`ComponentVersion`] reads: the scheduler creates a pod's
@@ -225,10 +265,10 @@ fn control_plane(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blo
     let mut too_old = Vec::new();
     for c in &f.control_plane {
         match c.version.as_deref().map(|v| (v, parse_major_minor(v))) {
-            Some((v, Some((1, m)))) if m < BETA_MINOR => too_old.push(format!("{} {v}", c.component)),
-            Some((v, Some((1, BETA_MINOR)))) => warnings.push(format!(
-                "{} {v} runs DRA extended resources as beta: make sure its DRAExtendedResource gate is on (the dry-run probe checks only the API server), or upgrade it to 1.37",
-                c.component
+            Some((_, Some((1, m)))) if m < BETA_MINOR => too_old.push(c.named()),
+            Some((_, Some((1, BETA_MINOR)))) => warnings.push(format!(
+                "{} runs DRA extended resources as beta: make sure its DRAExtendedResource gate is on (the dry-run probe checks only the API server), or upgrade it to 1.37",
+                c.named()
             )),
             Some(_) => {}
             None if server_beta => warnings.push(format!(
@@ -429,8 +469,16 @@ mod tests {
     fn the_control_plane_is_judged_where_it_shows() {
         let cp = |scheduler: Option<&str>, cm: Option<&str>| {
             vec![
-                ComponentVersion { component: "kube-controller-manager", version: cm.map(str::to_owned) },
-                ComponentVersion { component: "kube-scheduler", version: scheduler.map(str::to_owned) },
+                ComponentVersion {
+                    component: "kube-controller-manager",
+                    version: cm.map(str::to_owned),
+                    source: cm.map(|_| VersionSource::PodImage),
+                },
+                ComponentVersion {
+                    component: "kube-scheduler",
+                    version: scheduler.map(str::to_owned),
+                    source: scheduler.map(|_| VersionSource::PodImage),
+                },
             ]
         };
         // (case, server, probe, control plane, met, reason, warning fragment)
@@ -479,6 +527,20 @@ mod tests {
                 None => {}
             }
         }
+        // A 1.37 binary emulating 1.36 (its LeaseCandidate says so) runs 1.36's feature defaults.
+        let emulating = ComponentVersion {
+            component: "kube-scheduler",
+            version: Some("1.36".into()),
+            source: Some(VersionSource::LeaseCandidate { binary: "1.37.2".into(), emulating: true }),
+        };
+        let v = check(&ClusterFacts { control_plane: vec![emulating], ..good() });
+        assert!(v.met, "{v:?}");
+        assert_eq!(
+            v.warnings,
+            [
+                "kube-scheduler 1.37.2 emulating 1.36 runs DRA extended resources as beta: make sure its DRAExtendedResource gate is on (the dry-run probe checks only the API server), or upgrade it to 1.37"
+            ]
+        );
         let v = check(&ClusterFacts { control_plane: cp(Some("v1.34.0"), Some("v1.35.1")), ..good() });
         assert_eq!(
             v.message,

@@ -82,6 +82,9 @@ pub struct Prerequisites {
     pub reason: String,
     pub message: String,
     pub warnings: Vec<String>,
+    /// The control plane's versions as the cluster shows them, the API server first:
+    /// `kube-scheduler v1.37.2 (its pod's image)`, or `kube-scheduler unknown (...)`.
+    pub control_plane: Vec<String>,
 }
 
 /// What happens to one node.
@@ -750,6 +753,9 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
             reason: verdict.reason.to_string(),
             message: verdict.message.clone(),
             warnings: verdict.warnings.clone(),
+            control_plane: std::iter::once(format!("kube-apiserver {}", inputs.facts.git_version))
+                .chain(inputs.facts.control_plane.iter().map(|c| c.describe()))
+                .collect(),
         },
         nodes,
         device_classes,

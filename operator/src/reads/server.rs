@@ -3,6 +3,7 @@
 //! `extendedResourceName`; and the DaemonSets a migration names. Read-only.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -13,7 +14,7 @@ use tracing::warn;
 use crate::error::{Error, Result};
 use crate::pool::prerequisites::{
     self, CONTROL_PLANE_COMPONENTS, ComponentVersion, ExtendedResourceProbe, NodeVersions, ServedApis,
-    ServerFacts,
+    ServerFacts, VersionSource,
 };
 
 /// The name of the DeviceClass used only in the dry-run probe.
@@ -39,10 +40,17 @@ pub async fn discover_server(client: &Client, nodes: &[NodeVersions]) -> Result<
     Ok(facts)
 }
 
-/// The controller manager's and the scheduler's versions, from their pods in kube-system where
-/// they run as pods (`component=<name>`, as kubeadm labels its static pods). A component with no
-/// such pod, or one whose image tag is no version, is unknown; so is every one when the LIST is
-/// refused (a managed control plane hides them anyway). Read-only.
+/// The controller manager's and the scheduler's versions, where the cluster shows them: the
+/// image tags of their pods in kube-system (`component=<name>`, as kubeadm labels its static
+/// pods), else their LeaseCandidates in kube-system, which each instance writes where
+/// coordinated leader election is on. Of several instances (an HA control plane, mid-upgrade) the
+/// oldest counts: it may be the one that serves. A component neither shows is unknown; so is
+/// every one when the reads are refused or the API is not served (a managed control plane hides
+/// them anyway).
+///
+/// Their `/metrics` (`kubernetes_build_info`) is not scraped: it takes a bearer token, and their
+/// serving certificates are self-signed by default, so the operator would hand its token to an
+/// endpoint it cannot verify. Read-only.
 pub async fn control_plane_versions(client: &Client) -> Vec<ComponentVersion> {
     let selector = format!("component in ({})", CONTROL_PLANE_COMPONENTS.join(","));
     let pods = match Api::<Pod>::namespaced(client.clone(), "kube-system")
@@ -55,16 +63,71 @@ pub async fn control_plane_versions(client: &Client) -> Vec<ComponentVersion> {
             Vec::new()
         }
     };
-    CONTROL_PLANE_COMPONENTS
+    let mut versions: Vec<ComponentVersion> =
+        CONTROL_PLANE_COMPONENTS.iter().map(|&component| from_pods(component, &pods)).collect();
+    if versions.iter().any(|v| v.version.is_none()) {
+        let candidates = match Api::<LeaseCandidate>::namespaced(client.clone(), "kube-system")
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            // Not served: coordinated leader election is off, as it is by default.
+            Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+            Err(e) => {
+                warn!(error = %e, "listing kube-system's LeaseCandidates failed");
+                Vec::new()
+            }
+        };
+        for v in versions.iter_mut().filter(|v| v.version.is_none()) {
+            *v = from_lease_candidates(v.component, &candidates);
+        }
+    }
+    versions
+}
+
+/// `component`'s version from its pods' image tags, the oldest of them. Pure.
+pub fn from_pods(component: &'static str, pods: &[Pod]) -> ComponentVersion {
+    let version = pods
         .iter()
-        .map(|&component| ComponentVersion {
-            component,
-            version: pods
-                .iter()
-                .filter(|p| p.labels().get("component").map(String::as_str) == Some(component))
-                .find_map(image_version),
+        .filter(|p| p.labels().get("component").map(String::as_str) == Some(component))
+        .filter_map(image_version)
+        .min_by_key(|v| version_key(v));
+    let source = version.as_ref().map(|_| VersionSource::PodImage);
+    ComponentVersion { component, version, source }
+}
+
+/// `component`'s version from the LeaseCandidates that name its lease: the version each runs
+/// (its `emulationVersion` where set, else its `binaryVersion`), the oldest of them. Pure.
+pub fn from_lease_candidates(component: &'static str, candidates: &[LeaseCandidate]) -> ComponentVersion {
+    let oldest = candidates
+        .iter()
+        .map(|c| &c.spec)
+        .filter(|s| s.lease_name == component)
+        .filter_map(|s| {
+            let binary = s.binary_version.trim();
+            let emulation = s.emulation_version.as_deref().map(str::trim).filter(|e| !e.is_empty());
+            let runs = emulation.unwrap_or(binary);
+            prerequisites::parse_major_minor(runs)?;
+            let emulating = emulation.is_some_and(|e| {
+                prerequisites::parse_major_minor(e) != prerequisites::parse_major_minor(binary)
+            });
+            Some((runs.to_string(), binary.to_string(), emulating))
         })
-        .collect()
+        .min_by_key(|(runs, _, _)| version_key(runs));
+    match oldest {
+        Some((runs, binary, emulating)) => ComponentVersion {
+            component,
+            version: Some(runs),
+            source: Some(VersionSource::LeaseCandidate { binary, emulating }),
+        },
+        None => ComponentVersion { component, version: None, source: None },
+    }
+}
+
+/// Orders versions by major, minor and patch (`v1.36.10` after `v1.36.9`); an unparsed part is 0.
+fn version_key(v: &str) -> (u32, u32, u32) {
+    let mut parts = v.trim().trim_start_matches('v').split(['.', '-', '+']).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 /// The version in a pod's first container's image tag: `registry.k8s.io/kube-scheduler:v1.37.2`
@@ -145,5 +208,97 @@ mod tests {
         for (image, want) in cases {
             assert_eq!(image_version(&pod(image)).as_deref(), want, "{image}");
         }
+    }
+
+    #[test]
+    fn of_several_instances_the_oldest_counts() {
+        let pod = |component: &str, image: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"labels": {"component": component}},
+                "spec": {"containers": [{"name": "c", "image": image}]},
+            }))
+            .unwrap()
+        };
+        let pods = [
+            pod("kube-scheduler", "registry.k8s.io/kube-scheduler:v1.37.10"),
+            pod("kube-scheduler", "registry.k8s.io/kube-scheduler:v1.37.9"),
+            pod("kube-controller-manager", "registry.k8s.io/kube-controller-manager:v1.36.1"),
+            pod("kube-scheduler", "registry.k8s.io/kube-scheduler@sha256:abc"),
+        ];
+        let s = from_pods("kube-scheduler", &pods);
+        assert_eq!((s.version.as_deref(), s.source), (Some("v1.37.9"), Some(VersionSource::PodImage)));
+        assert_eq!(from_pods("kube-controller-manager", &pods).version.as_deref(), Some("v1.36.1"));
+        let none = from_pods("kube-scheduler", &pods[2..3]);
+        assert_eq!((none.version, none.source), (None, None));
+    }
+
+    #[test]
+    fn lease_candidates_give_the_version_a_component_runs() {
+        let candidate = |lease: &str, binary: &str, emulation: Option<&str>| -> LeaseCandidate {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("{lease}-x"), "namespace": "kube-system"},
+                "spec": {
+                    "leaseName": lease,
+                    "binaryVersion": binary,
+                    "emulationVersion": emulation,
+                    "strategy": "OldestEmulationVersion",
+                },
+            }))
+            .unwrap()
+        };
+        // (case, candidates, component, want version, want source)
+        type Case =
+            (&'static str, Vec<LeaseCandidate>, &'static str, Option<&'static str>, Option<VersionSource>);
+        let lc = |binary: &str, emulating| {
+            Some(VersionSource::LeaseCandidate { binary: binary.into(), emulating })
+        };
+        let cases: Vec<Case> = vec![
+            (
+                "its binary's version",
+                vec![candidate("kube-scheduler", "1.37.2", None)],
+                "kube-scheduler",
+                Some("1.37.2"),
+                lc("1.37.2", false),
+            ),
+            (
+                "a 1.37 binary emulating 1.36 runs 1.36's defaults",
+                vec![candidate("kube-scheduler", "1.37.2", Some("1.36"))],
+                "kube-scheduler",
+                Some("1.36"),
+                lc("1.37.2", true),
+            ),
+            (
+                "an emulation version equal to its binary's is no emulation",
+                vec![candidate("kube-controller-manager", "1.37.2", Some("1.37"))],
+                "kube-controller-manager",
+                Some("1.37"),
+                lc("1.37.2", false),
+            ),
+            (
+                "HA mid-upgrade: the oldest instance",
+                vec![
+                    candidate("kube-controller-manager", "1.37.2", None),
+                    candidate("kube-controller-manager", "1.36.4", None),
+                    candidate("kube-scheduler", "1.35.0", None),
+                ],
+                "kube-controller-manager",
+                Some("1.36.4"),
+                lc("1.36.4", false),
+            ),
+            (
+                "another component's lease, or a version that does not parse",
+                vec![candidate("other-controller", "1.30.0", None), candidate("kube-scheduler", "dev", None)],
+                "kube-scheduler",
+                None,
+                None,
+            ),
+        ];
+        for (case, candidates, component, version, source) in cases {
+            let got = from_lease_candidates(component, &candidates);
+            assert_eq!((got.version.as_deref(), got.source), (version, source), "{case}");
+        }
+        let emulating =
+            from_lease_candidates("kube-scheduler", &[candidate("kube-scheduler", "1.37.2", Some("1.36"))]);
+        assert_eq!(emulating.describe(), "kube-scheduler 1.37.2 emulating 1.36 (its LeaseCandidate)");
     }
 }
