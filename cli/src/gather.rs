@@ -138,6 +138,20 @@ pub async fn plan_inputs(
     )
     .await
     .context("reading the inventory")?;
+    // The device plugin's config file, where GPU Feature Discovery may not say what it shares.
+    let device_plugin_config =
+        match plugin_ds.as_ref().and_then(switchyard_operator::pool::plugin_config::source) {
+            Some(source) => {
+                let data = switchyard_operator::reads::server::config_map_data(
+                    client,
+                    &source.namespace,
+                    &source.config_map,
+                )
+                .await;
+                Some(switchyard_operator::pool::plugin_config::PluginConfig::new(source, data))
+            }
+            None => None,
+        };
     Ok(Inputs {
         uid: if exists { gpm.metadata.uid.clone().unwrap_or_default() } else { String::new() },
         name,
@@ -150,6 +164,7 @@ pub async fn plan_inputs(
         device_classes,
         driver_daemonset: driver_ds,
         device_plugin_daemonset: plugin_ds,
+        device_plugin_config,
         others,
         slices,
         findings: readers::find(&observed),

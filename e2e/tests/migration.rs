@@ -1766,6 +1766,16 @@ async fn a_daemon_set_pod_holding_a_gpu_holds_the_switch_until_evicted_and_comes
     .await
 }
 
+/// Waits for PrerequisitesMet False with reason GpuSharingNotAcknowledged; its message.
+async fn sharing_not_acknowledged(pool: &Pool, name: &str) -> anyhow::Result<String> {
+    let blocked = pool
+        .wait_status(name, "PrerequisitesMet False: GpuSharingNotAcknowledged", MIGRATION, |g| {
+            condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "GpuSharingNotAcknowledged")
+        })
+        .await?;
+    Ok(condition(&blocked, "PrerequisitesMet").map(|c| c.message.clone()).unwrap_or_default())
+}
+
 /// `switchyard plan <name> -o json` against the shared cluster: (exit code, report).
 async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())
@@ -1831,12 +1841,7 @@ async fn unmapped_resources_and_shared_gpus_block_until_mapped_and_acknowledged(
         let mut resources = serde_json::to_value(&gpm.spec.resources)?;
         resources.as_array_mut().unwrap().push(mig_entry);
         patch_spec(&pool.migrations(), &name, json!({"resources": resources})).await?;
-        let blocked = pool
-            .wait_status(&name, "PrerequisitesMet False: GpuSharingNotAcknowledged", MIGRATION, |g| {
-                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "GpuSharingNotAcknowledged")
-            })
-            .await?;
-        let message = &condition(&blocked, "PrerequisitesMet").unwrap().message;
+        let message = &sharing_not_acknowledged(pool, &name).await?;
         assert!(message.contains("capacity drops from 4 to 2 on 1 node(s)"), "{message}");
         assert!(message.contains(&format!("{sliced}: 4 on 2 GPU(s), time-slicing, 2 replicas per GPU")), "{message}");
         assert!(message.contains("spec.acknowledge.gpuSharingLoss: true"), "{message}");
@@ -1912,12 +1917,7 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
         pool.start_operator()?;
 
         // Before the move: the condition, the plan and an event give each resource's loss.
-        let blocked = pool
-            .wait_status(&name, "PrerequisitesMet False: GpuSharingNotAcknowledged", MIGRATION, |g| {
-                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "GpuSharingNotAcknowledged")
-            })
-            .await?;
-        let message = &condition(&blocked, "PrerequisitesMet").unwrap().message;
+        let message = &sharing_not_acknowledged(pool, &name).await?;
         for want in [
             "nvidia.com/gpu.shared capacity drops from 2 to 1 on 1 node(s)".to_string(),
             "nvidia.com/mig-1g.10gb.shared capacity drops from 4 to 2 on 1 node(s)".to_string(),
@@ -1981,6 +1981,89 @@ async fn sharing_without_labels_is_found_at_the_switch_and_counted_once_acknowle
             events.iter().any(|(r, note)| r == "GpuSharingFound" && note.contains("counted as 2")),
             "{events:?}"
         );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sharing_in_the_device_plugins_config_shows_before_the_move_without_labels() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::collections::BTreeMap;
+    use switchyard_e2e::sim::GpuLayout;
+    let _serial = pool::SERIAL.lock().await;
+    // No GPU Feature Discovery (the device plugin's chart leaves it off by default). n0 runs the
+    // config its node label picks, time-slicing 2 ways (nvidia.com/gpu: 4 on 2 GPUs); n1 has no
+    // label and runs the `default` config, which shares nothing.
+    let picked = BTreeMap::from([("nvidia.com/device-plugin.config".to_owned(), "ts".to_owned())]);
+    let layouts = vec![
+        (GpuLayout { time_slicing_replicas: 2, ..GpuLayout::gpus(2) }, picked),
+        (GpuLayout::gpus(2), BTreeMap::new()),
+    ];
+    let pool = Pool::with_layouts("dpconfig", layouts).await?;
+    pool.run(async |pool| {
+        let name = pool.id.clone();
+        let (shared, plain) = (pool.nodes[0].clone(), pool.nodes[1].clone());
+        let ns = &pool.system_ns.clone();
+        // The ConfigMap and the pod template NVIDIA's device-plugin chart renders with `config.map`
+        // and `config.fallbackStrategies: [named, single]`: its config-manager picks a key per node.
+        let configs: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "nvdp-configs"},
+            "data": {
+                "default": "version: v1\nflags:\n  migStrategy: none\n",
+                "ts": "version: v1\nflags:\n  migStrategy: none\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n",
+            },
+        }))?;
+        Api::<ConfigMap>::namespaced(pool.client.clone(), ns).create(&PostParams::default(), &configs).await?;
+        let manager_env = json!([
+            {"name": "NODE_LABEL", "value": "nvidia.com/device-plugin.config"},
+            {"name": "CONFIG_FILE_SRCDIR", "value": "/available-configs"},
+            {"name": "CONFIG_FILE_DST", "value": "/config/config.yaml"},
+            {"name": "DEFAULT_CONFIG", "value": ""},
+            {"name": "FALLBACK_STRATEGIES", "value": "named,single"},
+        ]);
+        let mounts = json!([{"name": "available-configs", "mountPath": "/available-configs"}, {"name": "config", "mountPath": "/config"}]);
+        let template = json!({"spec": {"template": {"spec": {
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                 "env": [{"name": "CONFIG_FILE", "value": "/config/config.yaml"}],
+                 "volumeMounts": [{"name": "config", "mountPath": "/config"}]},
+                {"name": "nvidia-device-plugin-sidecar", "image": "registry.k8s.io/pause:3.10",
+                 "env": manager_env, "volumeMounts": mounts},
+            ],
+            "volumes": [{"name": "available-configs", "configMap": {"name": "nvdp-configs"}}, {"name": "config", "emptyDir": {}}],
+        }}}});
+        Api::<DaemonSet>::namespaced(pool.client.clone(), ns)
+            .patch(pool::DEVICE_PLUGIN_DS, &PatchParams::default(), &Patch::Strategic(&template))
+            .await?;
+        pool.migrations().create(&PostParams::default(), &pool.migration(&name, json!({}))?).await?;
+        pool.start_operator()?;
+
+        // Before anything moves: the condition, the plan and an event name the config and the loss.
+        let message = &sharing_not_acknowledged(pool, &name).await?;
+        let want = format!(
+            "nvidia.com/gpu capacity drops from 4 to 2 on 1 node(s) that share it through the device plugin ({shared}: 4 on 2 GPU(s), time-slicing, 2 replicas per GPU (the device plugin's config {ns}/nvdp-configs, key ts))"
+        );
+        assert!(message.starts_with(&want), "want {want:?}, got {message}");
+        assert!(!message.contains(&plain), "{plain} runs the default config, which shares nothing: {message}");
+        let (code, plan) = plan_json(&name).await?;
+        assert_eq!(code, 2, "plan blocks: {plan}");
+        assert!(plan["blockers"].to_string().contains(&format!("{ns}/nvdp-configs, key ts")), "{}", plan["blockers"]);
+        let events = event_reasons(pool, &name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "GpuSharingNotAcknowledged" && note.contains("key ts")),
+            "{events:?}"
+        );
+        for n in [&shared, &plain] {
+            assert_eq!(pool::node_state(&pool.client, n).await?, "", "{n} was touched");
+        }
+
+        // Acknowledged, both move: the time-sliced node counts its 2 GPUs.
+        patch_spec(&pool.migrations(), &name, json!({"acknowledge": {"gpuSharingLoss": true}})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let n = Api::<Node>::all(pool.client.clone()).get(&shared).await?;
+        let before: BTreeMap<String, u64> = serde_json::from_str(&n.annotations()["switchyard.dev/gpus-before"])?;
+        assert_eq!(before, BTreeMap::from([("nvidia.com/gpu".to_string(), 2)]));
         Ok(())
     })
     .await

@@ -146,6 +146,7 @@ pub fn snapshot(
         facts: Default::default(),
         driver_ds: None,
         plugin_ds: None,
+        plugin_config: None,
         device_classes: None,
         slices: Default::default(),
         dra_counts: Default::default(),

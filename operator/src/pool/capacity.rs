@@ -19,6 +19,7 @@ use kube::ResourceExt;
 
 use crate::node::record::{Backend, node_backend};
 use crate::pool::overlap;
+use crate::pool::plugin_config::PluginConfig;
 use crate::well_known::{NVIDIA_GPU_RESOURCE, is_gpu_resource};
 
 /// GFD: how the device plugin shares each GPU (`none`, `time-slicing`, `mps`).
@@ -68,6 +69,9 @@ pub struct Check {
     /// Unmapped resource → the nodes that advertise it, by name.
     pub unmapped: BTreeMap<String, Vec<String>>,
     pub shared: Vec<SharedNode>,
+    /// Why the device plugin's config could not be judged for nodes GFD does not label, by why:
+    /// the nodes. Their sharing shows only at the switch.
+    pub unjudged: BTreeMap<String, Vec<String>>,
 }
 
 fn label_u64(node: &SlimNode, key: &str) -> Option<u64> {
@@ -146,16 +150,29 @@ pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
     })
 }
 
+/// Whether GFD labels `resource` on `node` (its `.count`, `.replicas` or `.sharing-strategy`): it
+/// then says whether the resource is shared, and the device plugin's config is not read.
+fn gfd_labelled(node: &SlimNode, resource: &str) -> bool {
+    let base = resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource);
+    ["count", "replicas", "sharing-strategy"]
+        .iter()
+        .any(|s| node.labels().contains_key(&format!("{base}.{s}")))
+}
+
 /// Judges the pool nodes that are still to move forward (on the device plugin, not yet
 /// Migrated): a node already on DRA advertises nothing through the device plugin.
 ///
 /// Only the device plugin's GPU resources count as unmapped: its default names and
 /// `gpu_resources` (`spec.devicePlugin.gpuResources`; see
 /// [`crate::well_known::is_gpu_resource`]). The Network Operator's `nvidia.com/*` are not GPUs.
+///
+/// Where GFD does not label a resource at all, `config` (the device plugin's config file, see
+/// [`crate::pool::plugin_config`]) says whether it is shared.
 pub fn check<'a>(
     nodes: impl IntoIterator<Item = &'a SlimNode>,
     mapped: &[&str],
     gpu_resources: &[String],
+    config: Option<&PluginConfig>,
 ) -> Check {
     let mut out = Check::default();
     for node in nodes {
@@ -174,17 +191,25 @@ pub fn check<'a>(
             out.unmapped.entry(key.to_string()).or_default().push(name.clone());
         }
         for resource in mapped.iter().filter(|r| is_gpu_resource(r, gpu_resources)) {
-            out.shared.extend(sharing_of(node, resource));
+            match (sharing_of(node, resource), config) {
+                (Some(s), _) => out.shared.push(s),
+                (None, Some(c)) if !gfd_labelled(node, resource) => match c.shared_node(node, resource) {
+                    Ok(s) => out.shared.extend(s),
+                    Err(why) => out.unjudged.entry(why).or_default().push(name.clone()),
+                },
+                (None, _) => {}
+            }
         }
     }
-    for nodes in out.unmapped.values_mut() {
+    for nodes in out.unmapped.values_mut().chain(out.unjudged.values_mut()) {
         nodes.sort();
+        nodes.dedup();
     }
     out.shared.sort_by(|a, b| (&a.resource, &a.node).cmp(&(&b.resource, &b.node)));
     out
 }
 
-fn names(nodes: &[String]) -> String {
+pub(crate) fn names(nodes: &[String]) -> String {
     let mut s = nodes.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", ");
     if nodes.len() > NAMED {
         s.push_str(&format!(" and {} more", nodes.len() - NAMED));
@@ -251,14 +276,23 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
 
 /// The GPUs a node must publish through DRA to count as switched, per resource: what the device
 /// plugin advertises, except that a shared resource counts its physical GPUs or MIG devices
-/// ([`sharing_of`]). A node the
+/// ([`sharing_of`], else the device plugin's `config` where GFD does not label it). A node the
 /// device plugin does not serve at all (it joined after the plugin was removed) counts GFD's
 /// `nvidia.com/gpu.count`, where GFD labelled it.
-pub fn gpus_to_publish(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
+pub fn gpus_to_publish(
+    node: &SlimNode,
+    resources: &[&str],
+    config: Option<&PluginConfig>,
+) -> BTreeMap<String, u64> {
     let mut counts = overlap::device_plugin_gpus(node, resources);
     let unserved = counts.values().all(|&n| n == 0);
     for (resource, n) in counts.iter_mut() {
-        if let Some(s) = sharing_of(node, resource) {
+        let by_config = || {
+            config
+                .filter(|_| !gfd_labelled(node, resource))
+                .and_then(|c| c.shared_node(node, resource).ok().flatten())
+        };
+        if let Some(s) = sharing_of(node, resource).or_else(by_config) {
             *n = s.physical;
         } else if unserved
             && resource == NVIDIA_GPU_RESOURCE
@@ -400,7 +434,7 @@ mod tests {
             json!({"nvidia.com/gpu.shared": "2", "nvidia.com/mig-1g.10gb.shared": "4"}),
         );
         let mapped = ["nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb.shared"];
-        let c = check([&mixed], &mapped, &[]);
+        let c = check([&mixed], &mapped, &[], None);
         assert_eq!(c.shared.len(), 2, "{:?}", c.shared);
         let summary = sharing_summary(&c.shared);
         assert!(
@@ -411,7 +445,7 @@ mod tests {
             summary.contains("nvidia.com/mig-1g.10gb.shared capacity drops from 4 to 2 on 1 node(s)"),
             "{summary}"
         );
-        let publish = gpus_to_publish(&mixed, &mapped);
+        let publish = gpus_to_publish(&mixed, &mapped, None);
         assert_eq!((publish["nvidia.com/gpu.shared"], publish["nvidia.com/mig-1g.10gb.shared"]), (1, 2));
     }
 
@@ -424,7 +458,8 @@ mod tests {
             json!({"nvidia.com/gpu": "8", "nvidia.com/hostdev": "4", "nvidia.com/rdma_shared_device_a": "1k",
                    "nvidia.com/a100": "8", "nvidia.com/mig-1g.10gb.shared": "14"}),
         );
-        let unmapped = |extra: &[String]| check([&n], MAPPED, extra).unmapped.into_keys().collect::<Vec<_>>();
+        let unmapped =
+            |extra: &[String]| check([&n], MAPPED, extra, None).unmapped.into_keys().collect::<Vec<_>>();
         assert_eq!(unmapped(&[]), ["nvidia.com/mig-1g.10gb.shared"], "network resources are not GPUs");
         // A GPU the device plugin's config renames is one once the spec says so.
         assert_eq!(
@@ -444,7 +479,7 @@ mod tests {
                 json!({"nvidia.com/gpu": "16", "example.com/fpga": "1"}),
             ),
         ];
-        let c = check(&nodes, MAPPED, &[]);
+        let c = check(&nodes, MAPPED, &[], None);
         assert_eq!(c.unmapped.len(), 1, "zero quantities and other vendors do not count: {:?}", c.unmapped);
         assert_eq!(c.unmapped["nvidia.com/mig-1g.10gb"], ["a", "b"]);
         assert_eq!(c.shared.len(), 1);
@@ -454,7 +489,7 @@ mod tests {
         assert!(message.contains("spec.resources"), "{message}");
 
         let mapped = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
-        let c = check(&nodes, &mapped, &[]);
+        let c = check(&nodes, &mapped, &[], None);
         let (block, message) = blocker(&c, false).unwrap();
         assert_eq!(block, Block::GpuSharingNotAcknowledged);
         assert!(message.contains("from 16 to 4 on 1 node(s)"), "{message}");
@@ -468,7 +503,7 @@ mod tests {
         let mut moved =
             node("m", json!({"nvidia.com/gpu.replicas": "4"}), json!({"nvidia.com/mig-1g.10gb": "7"}));
         moved.labels_mut().insert(crate::well_known::LABEL_GPU_BACKEND.into(), "dra".into());
-        assert_eq!(check([&moved], MAPPED, &[]), Check::default());
+        assert_eq!(check([&moved], MAPPED, &[], None), Check::default());
     }
 
     #[test]
@@ -478,9 +513,9 @@ mod tests {
             json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}),
             json!({"nvidia.com/gpu": "32"}),
         );
-        assert_eq!(gpus_to_publish(&shared, MAPPED)["nvidia.com/gpu"], 8);
+        assert_eq!(gpus_to_publish(&shared, MAPPED, None)["nvidia.com/gpu"], 8);
         let plain = node("p", json!({}), json!({"nvidia.com/gpu": "8"}));
-        assert_eq!(gpus_to_publish(&plain, MAPPED)["nvidia.com/gpu"], 8);
+        assert_eq!(gpus_to_publish(&plain, MAPPED, None)["nvidia.com/gpu"], 8);
     }
 
     #[test]
@@ -510,7 +545,7 @@ mod tests {
         ];
         for (case, labels, advertised, want) in cases {
             let n = node("n", labels, advertised);
-            assert_eq!(gpus_to_publish(&n, mapped)["nvidia.com/gpu"], want, "{case}");
+            assert_eq!(gpus_to_publish(&n, mapped, None)["nvidia.com/gpu"], want, "{case}");
         }
     }
 }

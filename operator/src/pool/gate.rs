@@ -19,6 +19,7 @@ use crate::node::state::Hold;
 use crate::pool::device_classes::{self, ClassInfo, Readiness};
 use crate::pool::overlap::{self, Overlap};
 use crate::pool::placement::{self, Need, PlacementApply, Role};
+use crate::pool::plugin_config::PluginConfig;
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::prerequisites::{self, ClusterFacts, NodeVersions, Verdict};
 use crate::pool::rollout::{self, Halt, OtherMigration, Plan};
@@ -56,6 +57,7 @@ pub fn pool_verdict(
     nodes: &[impl std::borrow::Borrow<SlimNode>],
     driver_daemonset_exists: bool,
     device_plugin: DevicePluginFacts,
+    plugin_config: Option<&PluginConfig>,
 ) -> prerequisites::Verdict {
     let verdict =
         prerequisites::check(&cluster_facts(spec, facts, versions, driver_daemonset_exists, device_plugin));
@@ -64,6 +66,7 @@ pub fn pool_verdict(
             nodes.iter().map(|n| n.borrow()),
             &resources(spec),
             &spec.device_plugin.gpu_resources,
+            plugin_config,
         ),
         // Rollback returns nodes to the device plugin, which serves whatever it served before.
         Direction::Rollback => crate::pool::capacity::Check::default(),
@@ -125,6 +128,9 @@ pub struct Inputs<'a, N> {
     pub device_classes: Option<&'a [DeviceClass]>,
     pub driver_ds: Option<&'a DaemonSet>,
     pub plugin_ds: Option<&'a DaemonSet>,
+    /// The device plugin's config file, where its DaemonSet takes one from a ConfigMap
+    /// ([`crate::pool::plugin_config::source`]).
+    pub plugin_config: Option<&'a PluginConfig>,
     /// A node's devices in the driver's ResourceSlices that the scheduler may allocate now.
     pub schedulable: &'a dyn Fn(&SlimNode) -> u64,
     /// A node's pods that hold what the move takes away (they order the pool: fewest first).
@@ -275,7 +281,8 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let versions = i.nodes.iter().map(|n| node_versions(n.borrow())).collect();
     let device_plugin =
         DevicePluginFacts { exists: i.plugin_ds.is_some(), needed: device_plugin_needed(spec, i.nodes) };
-    let verdict = pool_verdict(spec, i.facts, versions, i.nodes, i.driver_ds.is_some(), device_plugin);
+    let verdict =
+        pool_verdict(spec, i.facts, versions, i.nodes, i.driver_ds.is_some(), device_plugin, i.plugin_config);
 
     let (class_applies, class_statuses, (classes, classes_message)) = device_class_gate(i);
 
@@ -385,6 +392,7 @@ mod tests {
         classes: Vec<DeviceClass>,
         driver: Option<DaemonSet>,
         plugin: Option<DaemonSet>,
+        plugin_config: Option<PluginConfig>,
         schedulable: u64,
     }
 
@@ -403,6 +411,7 @@ mod tests {
                 classes,
                 driver: Some(placed_daemon_set("switchyard", "driver", Role::Driver)),
                 plugin: Some(placed_daemon_set("gpu", "plugin", Role::DevicePlugin)),
+                plugin_config: None,
                 schedulable: 0,
                 spec,
             }
@@ -420,6 +429,7 @@ mod tests {
                 device_classes: Some(&self.classes),
                 driver_ds: self.driver.as_ref(),
                 plugin_ds: self.plugin.as_ref(),
+                plugin_config: self.plugin_config.as_ref(),
                 schedulable: &schedulable,
                 consuming_pods: &consuming,
                 others: &[],
@@ -467,6 +477,32 @@ mod tests {
                 Some("BackendOverlap"),
                 Some(Hold::GateClosed),
             ),
+            (
+                "no GFD labels, and the device plugin's config time-slices the GPUs of n2",
+                |p| {
+                    use crate::pool::plugin_config::{ConfigSource, DEFAULT_NODE_LABEL, Pick};
+                    let ts = "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
+                    p.plugin_config = Some(PluginConfig::new(
+                        ConfigSource {
+                            namespace: "gpu".into(),
+                            config_map: "plugin-configs".into(),
+                            pick: Pick::PerNode {
+                                node_label: DEFAULT_NODE_LABEL.into(),
+                                default: None,
+                                fallbacks: vec!["named".into()],
+                            },
+                        },
+                        Ok([
+                            ("default".to_string(), "version: v1\n".to_string()),
+                            ("ts".to_string(), ts.to_string()),
+                        ]
+                        .into()),
+                    ));
+                    p.nodes[1] = gpu_node("n2", &json!({"metadata": {"labels": {DEFAULT_NODE_LABEL: "ts"}}}));
+                },
+                Some("PrerequisitesNotMet"),
+                Some(Hold::GateClosed),
+            ),
             ("spec.paused", |p| p.spec.paused = true, None, Some(Hold::Paused)),
             (
                 "a node failed under onFailure: Pause",
@@ -489,6 +525,14 @@ mod tests {
             assert_eq!(g.needs_human().map(|(r, _)| r), human, "{name}");
             assert_eq!(g.hold(), hold, "{name}");
             assert_eq!(g.open, hold != Some(Hold::GateClosed), "{name}: {g:?}");
+            if name.contains("config time-slices") {
+                assert_eq!(g.verdict.reason, "GpuSharingNotAcknowledged");
+                assert!(
+                    g.verdict.message.starts_with("nvidia.com/gpu capacity drops from 8 to 2 on 1 node(s) that share it through the device plugin (n2: 8 on 2 GPU(s), time-slicing, 4 replicas per GPU (the device plugin's config gpu/plugin-configs, key ts))"),
+                    "{}",
+                    g.verdict.message
+                );
+            }
         }
     }
 

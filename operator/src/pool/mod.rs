@@ -9,6 +9,7 @@ pub mod device_classes;
 pub mod gate;
 pub mod overlap;
 pub mod placement;
+pub mod plugin_config;
 pub mod prerequisites;
 pub mod preview;
 pub mod readers;

@@ -409,6 +409,12 @@ pub fn with_capacity(v: Verdict, c: &crate::pool::capacity::Check, sharing_ackno
         return Verdict { met: false, reason: block.reason(), message, warnings: v.warnings };
     }
     let mut v = v;
+    for (why, nodes) in &c.unjudged {
+        v.warnings.push(format!(
+            "whether the device plugin shares GPUs on {} is unknown until their switch (no GPU Feature Discovery labels, and its config could not be judged: {why})",
+            crate::pool::capacity::names(nodes)
+        ));
+    }
     if !c.shared.is_empty() {
         v.warnings
             .push(format!("{} ({SHARING_ACKNOWLEDGED})", crate::pool::capacity::sharing_summary(&c.shared)));

@@ -4,7 +4,9 @@
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
@@ -174,6 +176,23 @@ async fn probe_extended_resource(client: &Client) -> ExtendedResourceProbe {
             warn!(error = %e, "DRAExtendedResource dry-run probe failed");
             ExtendedResourceProbe::NotRun
         }
+    }
+}
+
+/// A ConfigMap's `data`: `Err` says why it could not be read (missing, refused), in words for a
+/// condition's message. Read-only.
+pub async fn config_map_data(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> std::result::Result<BTreeMap<String, String>, String> {
+    match Api::<ConfigMap>::namespaced(client.clone(), ns).get_opt(name).await {
+        Ok(Some(cm)) => Ok(cm.data.unwrap_or_default()),
+        Ok(None) => Err(format!("ConfigMap {ns}/{name} does not exist")),
+        Err(kube::Error::Api(s)) if s.code == 403 => Err(format!(
+            "the operator may not read ConfigMap {ns}/{name} (grant get on configmaps, as the packaged ClusterRole does)"
+        )),
+        Err(e) => Err(format!("reading ConfigMap {ns}/{name}: {e}")),
     }
 }
 

@@ -58,6 +58,8 @@ pub(crate) async fn settle_node(
                     hold: Some(state::Hold::Deleting),
                     selectors: &selectors,
                     now,
+                    // A deletion starts no node: what a node publishes was stamped when it did.
+                    plugin_config: None,
                 };
                 decide::node_step(&view, node, &slices, published, &reads, false, None)
             };

@@ -39,6 +39,14 @@ pub(crate) const POD_COUNT_TTL: Duration = Duration::from_secs(30);
 /// spec, or the pool's last node migrating, checks again at once.
 pub(crate) const POD_VERIFY_TTL: Duration = Duration::from_secs(30);
 
+/// How long the device plugin's config (a ConfigMap) is reused: it matters only before a pool
+/// starts, where GPU Feature Discovery does not label its nodes, and an edit to it shows within
+/// this long.
+pub(crate) const PLUGIN_CONFIG_TTL: Duration = Duration::from_secs(30);
+
+/// A device-plugin ConfigMap's data as last read (`Err`: why it could not be).
+pub(crate) type CachedConfigMap = (Instant, Result<std::collections::BTreeMap<String, String>, String>);
+
 /// The last check of a migration's GPU pods on migrated nodes.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PodCheck {
@@ -102,6 +110,8 @@ pub struct Context {
     pub(crate) status_writes: Mutex<HashMap<String, Instant>>,
     /// The last check of each migration's GPU pods on migrated nodes (see [`POD_VERIFY_TTL`]).
     pub(crate) pod_checks: Mutex<HashMap<String, PodCheck>>,
+    /// The device plugins' config ConfigMaps, by `namespace/name` (see [`PLUGIN_CONFIG_TTL`]).
+    pub(crate) plugin_configs: Mutex<HashMap<String, CachedConfigMap>>,
 }
 
 impl Context {
@@ -129,6 +139,7 @@ impl Context {
             pod_counts: Arc::new(Mutex::new(PodCounts::default())),
             status_writes: Mutex::new(HashMap::new()),
             pod_checks: Mutex::new(HashMap::new()),
+            plugin_configs: Mutex::new(HashMap::new()),
         }
     }
 }

@@ -23,13 +23,17 @@ use crate::node::drain;
 use crate::node::patch::taint_rule_name;
 use crate::node::record::{Backend, PoolNode};
 use crate::node::verify;
+use crate::pool::gate::device_plugin_needed;
 use crate::pool::gate::resources;
+use crate::pool::plugin_config::PluginConfig;
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding};
 use crate::pool::rollout::{self, OtherMigration};
 use crate::reads::pods::{pods_on_node, pods_on_nodes};
 use crate::reads::reader_objects;
-use crate::reconcile::context::{Context, INVENTORY_TTL, POD_COUNT_TTL, POD_VERIFY_TTL, PodCheck};
+use crate::reconcile::context::{
+    Context, INVENTORY_TTL, PLUGIN_CONFIG_TTL, POD_COUNT_TTL, POD_VERIFY_TTL, PodCheck,
+};
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -44,6 +48,9 @@ pub struct Snapshot<'a> {
     pub facts: ServerFacts,
     pub driver_ds: Option<DaemonSet>,
     pub plugin_ds: Option<DaemonSet>,
+    /// The device plugin's config, where its DaemonSet takes one from a ConfigMap and the pool
+    /// still has nodes to move forward (see `pool::plugin_config`).
+    pub plugin_config: Option<PluginConfig>,
     /// Every DeviceClass; `None` where resource.k8s.io/v1 does not serve the kind.
     pub device_classes: Option<Vec<DeviceClass>>,
     /// The node-local ResourceSlices of the migration's driver, with their devices, for the
@@ -128,6 +135,13 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let driver_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dn.namespace, &dn.name);
     let plugin_ds = cache::daemon_set(&ctx.caches.daemon_sets, &dp.namespace, &dp.name);
 
+    let plugin_config = match &plugin_ds {
+        Some(ds) if spec.direction == Direction::Forward && device_plugin_needed(spec, &nodes) => {
+            plugin_config(ctx, ds).await
+        }
+        _ => None,
+    };
+
     let device_classes = if facts.served.device_classes {
         // The DeviceClass watch can only sync where the kind is served, so the wait is here.
         cache::synced(&ctx.caches.device_classes, "DeviceClass").await?;
@@ -197,6 +211,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         facts,
         driver_ds,
         plugin_ds,
+        plugin_config,
         device_classes,
         slices,
         dra_counts,
@@ -517,6 +532,29 @@ pub fn switch_reads_pods(backend: Backend, plugin_gone: bool, published: u64, be
         Backend::None => true,
         _ => before.is_some_and(|b| published > 0 && published >= b),
     }
+}
+
+/// The device plugin's config, where `ds` takes one from a ConfigMap: read at most every
+/// `PLUGIN_CONFIG_TTL`.
+async fn plugin_config(ctx: &Context, ds: &DaemonSet) -> Option<PluginConfig> {
+    let source = crate::pool::plugin_config::source(ds)?;
+    let key = format!("{}/{}", source.namespace, source.config_map);
+    let cached = ctx.plugin_configs.lock().ok().and_then(|g| {
+        g.get(&key).filter(|(at, _)| at.elapsed() < PLUGIN_CONFIG_TTL).map(|(_, data)| data.clone())
+    });
+    let data = match cached {
+        Some(data) => data,
+        None => {
+            let data =
+                crate::reads::server::config_map_data(&ctx.client, &source.namespace, &source.config_map)
+                    .await;
+            if let Ok(mut g) = ctx.plugin_configs.lock() {
+                g.insert(key, (Instant::now(), data.clone()));
+            }
+            data
+        }
+    };
+    Some(PluginConfig::new(source, data))
 }
 
 async fn server_facts(

@@ -135,6 +135,7 @@ fn judge(s: &Snapshot<'_>, name: &str) -> Result<gate::Gate> {
         device_classes: s.device_classes.as_deref(),
         driver_ds: s.driver_ds.as_ref(),
         plugin_ds: s.plugin_ds.as_ref(),
+        plugin_config: s.plugin_config.as_ref(),
         schedulable: &schedulable,
         consuming_pods: &consuming,
         others: &s.others,

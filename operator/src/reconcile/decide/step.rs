@@ -34,6 +34,8 @@ pub struct NodeView<'a> {
     /// The pool's DeviceClass selectors, compiled once per reconcile.
     pub selectors: &'a Selectors,
     pub now: Timestamp,
+    /// The device plugin's config, for what it shares where GPU Feature Discovery does not say.
+    pub plugin_config: Option<&'a crate::pool::plugin_config::PluginConfig>,
 }
 
 /// One node's step: the action and every write it makes.
@@ -168,6 +170,7 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         hold,
         selectors: &selectors,
         now: s.now,
+        plugin_config: s.plugin_config.as_ref(),
     };
     let by_name: HashMap<&str, &SlimNode> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
@@ -230,7 +233,7 @@ pub fn node_step(
         _ => (Selected::default(), Vec::new()),
     };
     // What DRA must publish for the node to count as switched: a shared GPU counts once.
-    let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res);
+    let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res, v.plugin_config);
     let observed = Observed {
         state,
         since: parse_since(&pn),
