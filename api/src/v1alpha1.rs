@@ -349,7 +349,10 @@ pub struct DrainSpec {
     /// second time. So the switch waits for such pods, names them in the node's status and an
     /// event, and the node stays on the device plugin until they are gone. When true, Switchyard
     /// evicts them itself once the device plugin has left the node: the DaemonSet's new pod then
-    /// gets its GPU through DRA. A static pod holding one always waits for a person.
+    /// gets its GPU through DRA. A static pod holding one always waits for a person. Rolling
+    /// back, the same holds for a DaemonSet pod holding one of the driver's devices: it is named,
+    /// or, when true, evicted once the node's other holders are gone, and its new pod gets its GPU
+    /// from the device plugin.
     #[serde(default)]
     pub evict_daemon_set_gpu_pods: bool,
 }

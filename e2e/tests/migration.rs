@@ -1681,7 +1681,9 @@ async fn a_node_relabelled_out_of_the_pool_while_draining_goes_back_to_service()
 /// DaemonSet pods, so the switch waits for them, names them, and never publishes the GPU they hold;
 /// once the spec lets Switchyard evict them, it does so after the device plugin has left, and the
 /// DaemonSet's new pods get their GPUs through DRA claims. No pod on a DRA node holds a GPU
-/// without a claim, and no device is allocated twice.
+/// without a claim, and no device is allocated twice. Rolled back, the same holds the other way:
+/// the pods that now hold the driver's devices are named, then evicted, and come back on the
+/// device plugin.
 #[tokio::test]
 async fn a_daemon_set_pod_holding_a_gpu_holds_the_switch_until_evicted_and_comes_back_through_dra()
 -> anyhow::Result<()> {
@@ -1759,8 +1761,53 @@ async fn a_daemon_set_pod_holding_a_gpu_holds_the_switch_until_evicted_and_comes
                 assert!(devices.insert((r.pool.clone(), r.device.clone())), "{}/{} allocated twice", r.pool, r.device);
             }
         }
+
+        // Rolling back, the DaemonSet's pods now hold the driver's devices, and a drain leaves
+        // DaemonSet pods: the node names them instead of waiting out its timeout in silence.
+        patch_spec(
+            &pool.migrations(),
+            &name,
+            json!({"direction": "Rollback", "strategy": {"drain": {"evictDaemonSetGpuPods": false}}}),
+        )
+        .await?;
+        let held = pool
+            .wait_status(&name, "a node rolling back waiting on a DaemonSet pod", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| p.message.starts_with("GpuHeldByDaemonSetPod"))
+                })
+            })
+            .await?;
+        let line = held.status.as_ref().unwrap().in_progress.iter().find(|p| p.message.starts_with("GpuHeldByDaemonSetPod")).unwrap().clone();
+        assert!(
+            line.message.contains("hold the driver's devices") && line.message.contains("gpu-agent-"),
+            "{}",
+            line.message
+        );
+        assert_eq!(pool::node_state(&pool.client, &line.name).await?, "RollingBack");
+        // Allowed to evict them: each comes back on the device plugin, without a claim.
+        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"evictDaemonSetGpuPods": true}}})).await?;
+        let done = pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        assert_eq!(done.status.as_ref().unwrap().nodes.failed, 0);
+        switchyard_e2e::wait::until("the gpu-agents back on the device plugin", MIGRATION, || async {
+            let running = running_agents().await?;
+            let unclaimed = running.iter().all(|p| {
+                p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none()
+            });
+            Ok((running.len() == 2 && unclaimed).then_some(()))
+        })
+        .await?;
+        let events = object_events(pool, "Node", &line.name).await?;
+        assert!(
+            events.iter().any(|(r, note)| r == "GpuHeldByDaemonSetPod" && note.contains("hold the driver's devices")),
+            "{events:?}"
+        );
         let samples = sampler.stop();
         assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(
+            samples.orphaned_claim_holders.is_empty(),
+            "pods held DRA claims after their node's driver left: {:?}",
+            samples.orphaned_claim_holders
+        );
         Ok(())
     })
     .await

@@ -189,6 +189,14 @@ pub fn gpu_holders_left(pods: &[Pod], resources: &[&str]) -> (Vec<PodRef>, Vec<P
     (daemon_set, mirror)
 }
 
+/// The DaemonSet pods of `pods`, sorted: a drain leaves them, so a rollback names or evicts the
+/// ones that hold the driver's devices itself. Pure.
+pub fn daemon_set_pods(pods: &[Pod]) -> Vec<PodRef> {
+    let mut out: Vec<PodRef> = pods.iter().filter(|p| is_daemonset_pod(p)).map(pod_ref).collect();
+    out.sort();
+    out
+}
+
 /// Whether any step of a moving node reads `pod`: one [`select`] could pick, one of the device
 /// plugin's DaemonSet `plugin` (`namespace`, `name`), or one that may hold a DRA claim. A node's
 /// pods are read through this (`reconcile::observe::node`), so a reconcile of hundreds of moving

@@ -649,10 +649,17 @@ fn rolling_back(o: &Observed) -> Action {
         if o.evict_past_budgets {
             Action::EscalateTaintRule
         } else {
+            let daemon_set = match o.drain.daemon_set_holders {
+                0 => String::new(),
+                n if o.evict_daemon_set_gpu_pods => format!(" ({n} of them DaemonSet pods)"),
+                n => format!(
+                    " ({n} of them DaemonSet pods, which spec.strategy.drain.evictDaemonSetGpuPods would evict)"
+                ),
+            };
             Action::Fail {
                 reason: FailReason::RollbackTimeout,
                 message: format!(
-                    "within spec.strategy.drain.timeoutSeconds ({}s) {} pod(s) holding the driver's devices could not be evicted (see the node's EvictionBlocked events); the node keeps them. Let their PodDisruptionBudgets allow it, or set spec.strategy.drain.rollbackEvictsPastBudgets: true to evict them with a NoExecute DeviceTaintRule",
+                    "within spec.strategy.drain.timeoutSeconds ({}s) {} pod(s) holding the driver's devices could not be evicted{daemon_set} (see the node's EvictionBlocked events); the node keeps them. Let their PodDisruptionBudgets allow it, or set spec.strategy.drain.rollbackEvictsPastBudgets: true to evict them with a NoExecute DeviceTaintRule",
                     o.drain_timeout_seconds, o.claim_holders
                 ),
             }
@@ -665,6 +672,22 @@ fn rolling_back(o: &Observed) -> Action {
                 format!("{} pod(s) still hold the driver's devices on the node", o.claim_holders),
             ),
             Some(action) => action,
+            // A drain leaves DaemonSet pods; these hold devices the device plugin is about to
+            // serve again, so they go as forward (`gpus_held`): evicted when the spec says so,
+            // their new pods waiting for the device plugin, or named for a person.
+            None if o.drain.daemon_set_holders > 0 && !o.taint_rule_evicts => {
+                if o.evict_daemon_set_gpu_pods {
+                    Action::EvictGpuHolders
+                } else {
+                    wait(
+                        WaitReason::GpuHeldByDaemonSetPod,
+                        format!(
+                            "{} DaemonSet pod(s) hold the driver's devices, which the device plugin would serve again; set spec.strategy.drain.evictDaemonSetGpuPods: true (their new pods get GPUs from the device plugin), delete them, or set spec.strategy.drain.rollbackEvictsPastBudgets: true to evict them after spec.strategy.drain.timeoutSeconds",
+                            o.drain.daemon_set_holders
+                        ),
+                    )
+                }
+            }
             None => wait(
                 WaitReason::EvictingClaimHolders,
                 format!("{} pod(s) still hold the driver's devices on the node", o.claim_holders),
@@ -1310,6 +1333,42 @@ mod tests {
                     o.now = Timestamp::from_second(1_601).unwrap()
                 },
                 "Wait:EvictingClaimHolders",
+            ),
+            (
+                "rolling back, a DaemonSet pod holds a driver device: named, never left to the timeout unsaid",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 1;
+                    o.drain.daemon_set_holders = 1
+                },
+                "Wait:GpuHeldByDaemonSetPod",
+            ),
+            (
+                "rolling back, a DaemonSet pod holds a driver device, the spec evicts such pods",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 1;
+                    o.drain.daemon_set_holders = 1;
+                    o.evict_daemon_set_gpu_pods = true
+                },
+                "EvictGpuHolders",
+            ),
+            (
+                "rolling back, other holders first: the eviction API before the DaemonSet's",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 3;
+                    o.drain.to_evict = 2;
+                    o.drain.daemon_set_holders = 1;
+                    o.evict_daemon_set_gpu_pods = true
+                },
+                "Evict",
             ),
             (
                 "rolling back, evicted",

@@ -376,6 +376,7 @@ fn pods_in_play(
                 .collect();
             let every_pod = DrainSpec { pod_selection: PodSelection::All, ..spec.strategy.drain.clone() };
             let mut selection = drain::select(&holding, res, &every_pod);
+            selection.daemon_set_gpu_holders = drain::daemon_set_pods(&holding);
             let (holders, out_of_reach) =
                 drain::driver_device_holders(&holding, &reads.claims, &spec.driver.name, node);
             let count = holders.len();
@@ -455,8 +456,13 @@ fn beside_the_node(
         }
         Action::EvictGpuHolders => {
             step.evict = selection.daemon_set_gpu_holders.clone();
+            let (held, through) = if step.from == NodeState::RollingBack {
+                ("the driver's devices", "the device plugin")
+            } else {
+                ("device-plugin GPUs", "DRA")
+            };
             step.message = format!(
-                "evicting {} DaemonSet pod(s) that hold device-plugin GPUs ({}); spec.strategy.drain.evictDaemonSetGpuPods is set, and their new pods get GPUs through DRA",
+                "evicting {} DaemonSet pod(s) that hold {held} ({}); spec.strategy.drain.evictDaemonSetGpuPods is set, and their new pods get GPUs through {through}",
                 step.evict.len(),
                 drain::names(&step.evict, 5)
             );
