@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode};
 use crate::node::drain;
 use crate::node::record::{self, Backend, PoolNode};
+use crate::pool::capacity;
 use crate::pool::device_classes::{self, ClassInfo};
 use crate::pool::gate;
 use crate::pool::overlap;
@@ -529,6 +530,9 @@ struct Named {
     bare: Vec<String>,
     gpu_held_by_daemon_sets: Vec<String>,
     gpu_held_by_static_pods: Vec<String>,
+    /// Nodes to move whose device plugin advertises none of the pool's resources, with no GFD
+    /// count either: the switch has nothing to verify against.
+    advertise_nothing: Vec<String>,
 }
 
 /// Each selected node's part: the nodes that move, in the order and waves the operator starts
@@ -561,6 +565,19 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
             named.gpu_held_by_daemon_sets.extend(daemon_set.iter().map(|p| format!("{p} on {name}")));
             named.gpu_held_by_static_pods.extend(mirror.iter().map(|p| format!("{p} on {name}")));
         }
+        let advertises_nothing = inputs.spec.direction == Direction::Forward
+            && !in_flight
+            && pn.backend() == Backend::DevicePlugin
+            && capacity::gpus_to_publish(
+                node,
+                &crate::pool::gate::resources(&inputs.spec),
+                inputs.device_plugin_config.as_ref(),
+            )
+            .values()
+            .all(|&n| n == 0);
+        if advertises_nothing {
+            named.advertise_nothing.push(name.clone());
+        }
         let g = gpus(inputs, node);
         summary.nodes_to_move += 1;
         summary.waves = summary.waves.max(wave);
@@ -584,6 +601,8 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
             "NotReady: waits until its kubelet reports Ready".to_string()
         } else if in_flight {
             format!("in flight ({}); the operator continues it first", record::state_str(pn.state()))
+        } else if advertises_nothing {
+            "the device plugin advertises nothing here: it would wait cordoned (GpuCountUnknown)".to_string()
         } else {
             String::new()
         };
@@ -721,6 +740,13 @@ fn blockers(
             "{} DaemonSet pod(s) hold device-plugin GPUs ({}): move their GPU request to DRA, leave their nodes out of spec.nodeSelector, or set spec.strategy.drain.evictDaemonSetGpuPods: true",
             named.gpu_held_by_daemon_sets.len(),
             list(&named.gpu_held_by_daemon_sets)
+        ));
+    }
+    if !named.advertise_nothing.is_empty() {
+        blockers.push(format!(
+            "the device plugin on {} advertises nothing ({} is 0 in capacity and allocatable, and no nvidia.com/gpu.count label says how many GPUs there are): its pod found no GPU (see its log: the NVML library, the driver root), or the node has none. Such a node would wait cordoned until a count shows: fix the device plugin, label the count, or leave the node out of spec.nodeSelector",
+            list(&named.advertise_nothing),
+            crate::pool::gate::resources(spec).join(", ")
         ));
     }
     if p.owned.is_empty() {
@@ -890,6 +916,26 @@ mod tests {
         assert_eq!(r.summary.gpus_to_move, 28);
         assert_eq!(r.summary.waves, 2);
         assert!(r.blockers.is_empty(), "{:?}", r.blockers);
+    }
+
+    #[test]
+    fn a_device_plugin_that_advertises_nothing_is_named_before_the_node_waits_cordoned() {
+        let mut i = inputs(spec(json!({})));
+        // n3's plugin pod found no GPU (NVML missing under its driver root): capacity 0.
+        i.nodes[2] = node("n3", 0, json!({}));
+        let r = build(&i).expect("report");
+        let n3 = r.nodes.iter().find(|n| n.name == "n3").expect("n3");
+        assert!(n3.note.contains("advertises nothing"), "{}", n3.note);
+        let b = r.blockers.iter().find(|b| b.contains("advertises nothing")).expect("a blocker");
+        assert!(b.starts_with("the device plugin on n3 advertises nothing (nvidia.com/gpu is 0"), "{b}");
+        // GFD's count is enough to verify the switch against (a node the plugin no longer serves).
+        i.nodes[2] = from(json!({
+            "metadata": {"name": "n3", "labels": {"pool": "a100", "nvidia.com/gpu.count": "4"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "0"}, "conditions": [{"type": "Ready", "status": "True"}],
+                "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0"}}
+        }));
+        let r = build(&i).expect("report");
+        assert!(r.blockers.iter().all(|b| !b.contains("advertises nothing")), "{:?}", r.blockers);
     }
 
     #[test]
