@@ -15,8 +15,10 @@
 //! Why a Rust `cdylib` and not Go's `-buildmode=c-shared`: NVIDIA's callers are Go programs, and
 //! a c-shared Go library brings a second Go runtime into them (signal handlers, thread state),
 //! which Go does not support; a library with no runtime loads into Go and Rust callers alike.
-//! Every function answers as NVML documents for the state the inventory describes; functions the
-//! mock does not implement are absent.
+//! Every function answers as NVML documents for the state the inventory describes. Every other
+//! function NVML's header declares is exported too, answering `NVML_ERROR_NOT_SUPPORTED`
+//! (`stubs.rs`, written by `e2e/hack/gen-nvml-stubs.sh`): NVIDIA's Go callers bind them all, and
+//! calling one the library lacks would abort them.
 
 #![allow(non_snake_case)]
 
@@ -245,10 +247,13 @@ unsafe fn put<T>(out: *mut T, value: T) -> Ret {
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> Ret {
     let Ok(mut guard) = STATE.lock() else { return UNINITIALIZED };
-    if guard.is_none() {
+    // The first init, or the first after the last shutdown, reads the inventory again: the
+    // driver may have come or gone meanwhile.
+    if guard.as_ref().is_none_or(|s| s.inits == 0) {
         match load() {
             Ok(s) => *guard = Some(s),
             Err(e) => {
+                *guard = None;
                 eprintln!("nvml-mock: {e}");
                 return DRIVER_NOT_LOADED;
             }
@@ -756,3 +761,22 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
     drop(unsafe { Box::from_raw(set as *mut EventSet) });
     SUCCESS
 }
+
+// ---- everything else ----
+
+/// Exports each named NVML function answering `NVML_ERROR_NOT_SUPPORTED`, as NVML does for a
+/// feature a GPU lacks. Each NVML function returns `nvmlReturn_t`; on the C ABIs NVML ships for
+/// (x86-64 and AArch64 System V), the caller passes and cleans up the arguments, so one that takes
+/// none can answer a call with any.
+macro_rules! not_supported {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> Ret {
+                NOT_SUPPORTED
+            }
+        )*
+    };
+}
+
+include!("stubs.rs");
