@@ -16,7 +16,8 @@ use switchyard_driver_agent::health::FaultKind;
 use switchyard_driver_agent::metrics::Metrics;
 
 /// The mock, as cargo built it for this test: `target/<profile>/deps/libnvidia_ml_mock.so`, beside
-/// the test binary.
+/// the test binary. The test names the library crate (its rlib), so cargo builds the library
+/// target, which emits the cdylib too; a cdylib alone is not built for integration tests.
 fn mock_library() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     let deps = exe.parent().expect("its directory");
@@ -71,7 +72,7 @@ async fn the_agent_discovers_the_mocks_gpus_and_turns_its_faults_into_health_eve
     std::fs::write(&inventory, INVENTORY).unwrap();
     // SAFETY: set once the driver-root part is done; this binary runs one test, and nothing else
     // reads the environment now.
-    unsafe { std::env::set_var("SWITCHYARD_NVML_MOCK_INVENTORY", &inventory) };
+    unsafe { std::env::set_var(nvidia_ml_mock::INVENTORY_ENV, &inventory) };
 
     let discovery = NvmlDiscovery::new(Metrics::default(), Library::resolve(Some(&mock_library()), None));
     let inv = discovery.discover().await.expect("the agent's discovery reads the mock");
