@@ -457,8 +457,18 @@ async fn rollback_honours_pod_disruption_budgets_and_evicts_past_them_only_when_
         })
         .await;
         escalated?;
-        let events = object_events(pool, "Node", &f.name).await?;
-        assert!(events.iter().any(|(r, _)| r == "RollbackEvictsPastBudgets"), "{events:?}");
+        // The operator publishes a step's events once all its writes have landed: the rule can
+        // read NoExecute a moment before its event exists.
+        let node = f.name.clone();
+        let shared: &Pool = pool;
+        switchyard_e2e::wait::until("a RollbackEvictsPastBudgets event on the node", MIGRATION, || {
+            let node = node.clone();
+            async move {
+                let events = object_events(shared, "Node", &node).await?;
+                Ok(events.iter().any(|(r, _)| r == "RollbackEvictsPastBudgets").then_some(()))
+            }
+        })
+        .await?;
         // Each node's holder goes past the budget at its drain timeout; the pool rolls back.
         let done = pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
         assert_eq!(done.status.as_ref().unwrap().nodes.failed, 0);
