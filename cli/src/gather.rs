@@ -14,7 +14,7 @@ use serde::Deserialize;
 use switchyard_operator::node::slim::SlimNode;
 
 use switchyard_operator::api::v1alpha1::GpuPoolMigration;
-use switchyard_operator::pool::preview::Inputs;
+use switchyard_operator::pool::preview::{self, Inputs, PodUse};
 use switchyard_operator::pool::readers::{self, Target};
 use switchyard_operator::pool::rollout::OtherMigration;
 use switchyard_operator::reads::reader_objects::{self, Scope};
@@ -89,14 +89,23 @@ pub async fn plan_inputs(
     let plugin_ds =
         switchyard_operator::reads::server::get_daemonset(client, &dp.namespace, &dp.name).await?;
     // One paged LIST of the cluster's bound pods, not one per node: a 5,000-node pool costs
-    // (cluster pods / 500) requests. Only the pool's pods are kept, each with the few fields a
-    // drain reads.
+    // (cluster pods / 500) requests. Each pod is folded in as its page arrives: the plan keeps
+    // only those it judges one by one (GPU pods, mostly), each with the few fields a drain reads,
+    // and counts the rest.
     let node_names: HashSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
-    let pods: BTreeMap<String, Vec<Pod>> =
-        switchyard_operator::reads::pods::pods_on_nodes(client, &node_names, false, Some)
-            .await?
-            .into_iter()
-            .collect();
+    let (mut pods, other_pods) = switchyard_operator::reads::pods::fold_pods_on_nodes(
+        client,
+        &node_names,
+        false,
+        (BTreeMap::<String, Vec<Pod>>::new(), BTreeMap::<String, u32>::new()),
+        |(kept, counted), node, pod| match preview::pod_use(spec, &pod) {
+            PodUse::Judged => kept.entry(node.to_owned()).or_default().push(pod),
+            PodUse::Counted => *counted.entry(node.to_owned()).or_default() += 1,
+            PodUse::Ignored => {}
+        },
+    )
+    .await?;
+    pods.values_mut().for_each(Vec::shrink_to_fit);
     let pdbs = Api::<PodDisruptionBudget>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -112,11 +121,12 @@ pub async fn plan_inputs(
         Vec::new()
     };
     let slices = if facts.served.resource_slices {
-        Api::<ResourceSlice>::all(client.clone())
-            .list(&ListParams::default().fields(&format!("spec.driver={}", spec.driver.name)))
-            .await
-            .context("listing ResourceSlices")?
-            .items
+        reader_objects::list_all(
+            Api::<ResourceSlice>::all(client.clone()),
+            ListParams::default().fields(&format!("spec.driver={}", spec.driver.name)),
+        )
+        .await
+        .context("listing ResourceSlices")?
     } else {
         Vec::new()
     };
@@ -159,6 +169,7 @@ pub async fn plan_inputs(
         exists,
         nodes,
         pods,
+        other_pods,
         pdbs,
         facts,
         device_classes,

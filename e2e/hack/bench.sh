@@ -58,7 +58,7 @@ SWITCHYARD_AGENT_BIN="$target_dir/debug/switchyard-driver-agent" \
 SWITCHYARD_CLI_BIN="$target_dir/debug/switchyard" \
   "$target_dir/debug/bench-migration" --runs 3
 
-echo "== scale: SCALE=${SCALE:-100} light nodes x 10 pods; Switchyard at maxUnavailable 1 beside the kubectl runbook, then at 10%" >&2
+echo "== scale: SCALE=${SCALE:-100} light nodes x 10 pods; Switchyard at maxUnavailable 1 beside the kubectl runbook, the runbook on SCALE nodes 10% at a time (PARALLEL_RUNBOOK=0 leaves it out), then Switchyard at 10%" >&2
 # The operator and the CLI as they ship: their memory, CPU and wall time are measured. The operator
 # is its image's binary (profile "image", built by build-images.sh above), the CLI release.
 cargo build --release -p switchyard-cli --bin switchyard >&2
@@ -69,4 +69,5 @@ SWITCHYARD_E2E_KUBECONFIG="$state/kubeconfig" \
 SWITCHYARD_OPERATOR_BIN="$target_dir/image/switchyard-operator" \
 SWITCHYARD_CLI_BIN="$target_dir/release/switchyard" \
   "$target_dir/release/bench-scale" --nodes "${SCALE:-100}" --serial-nodes "${SERIAL_NODES:-10}" \
-  ${SCALE_DEADLINE_S:+--wide-deadline-s "$SCALE_DEADLINE_S"}
+  ${SCALE_DEADLINE_S:+--wide-deadline-s "$SCALE_DEADLINE_S"} \
+  $([ "${PARALLEL_RUNBOOK:-1}" = 0 ] && echo --no-parallel-runbook)

@@ -20,6 +20,8 @@ command -v iptables >/dev/null || need_apt+=(iptables)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 command -v umoci >/dev/null || need_apt+=(umoci)
 command -v unshare >/dev/null && command -v nsenter >/dev/null || need_apt+=(util-linux)
+# make bench: the CLI's peak RSS (GNU time reports its child's own; see bench-scale.rs).
+[ -x /usr/bin/time ] || need_apt+=(time)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "install-deps: apt-get install ${need_apt[*]}" >&2
   apt-get update -qq

@@ -18,28 +18,48 @@
 #
 # Environment: KUBECTL, KUBECONFIG, DRIVER (the DRA driver name), GPU_POD_SELECTOR, BACKEND_LABEL
 # (key=value to set), TIMEOUT (seconds per wait, default 300). Arguments: the node names.
-# Prints one line per node: "<node> <seconds>".
+# Prints one line per node: "<node> <seconds>"; retries of failed commands go to stderr.
 set -euo pipefail
 : "${KUBECTL:?}" "${KUBECONFIG:?}" "${DRIVER:?}" "${GPU_POD_SELECTOR:?}" "${BACKEND_LABEL:?}"
 timeout=${TIMEOUT:-300}
 k() { "$KUBECTL" --kubeconfig "$KUBECONFIG" "$@"; }
 
+# A command the API server fails (a timeout, a dropped stream: the control plane is busy when many
+# nodes move at once) is tried again, as a careful operator would: up to 5 tries, 2 s apart, each
+# retry reported on stderr as "runbook: retry". Every step is safe to repeat.
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
+try() {
+  local n=1 out
+  until out=$("$@" 2>"$errors"); do
+    if [ "$n" -ge 5 ]; then
+      echo "runbook: ${node:-?}: failed after $n tries: $*: $(cat "$errors")" >&2
+      return 1
+    fi
+    echo "runbook: retry $n: ${node:-?}: $*: $(tail -1 "$errors")" >&2
+    n=$((n + 1))
+    sleep 2
+  done
+  printf '%s' "$out"
+}
+
+node=
 for node in "$@"; do
   start=$(date +%s.%N)
-  k cordon "$node" >/dev/null
-  k drain "$node" --pod-selector "$GPU_POD_SELECTOR" --ignore-daemonsets --delete-emptydir-data \
-    --timeout "${timeout}s" >/dev/null 2>&1
-  k label node "$node" "$BACKEND_LABEL" --overwrite >/dev/null
-  k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=0 "node/$node" \
+  try k cordon "$node" >/dev/null
+  try k drain "$node" --pod-selector "$GPU_POD_SELECTOR" --ignore-daemonsets --delete-emptydir-data \
+    --timeout "${timeout}s" >/dev/null
+  try k label node "$node" "$BACKEND_LABEL" --overwrite >/dev/null
+  try k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=0 "node/$node" \
     --timeout "${timeout}s" >/dev/null
   deadline=$(( $(date +%s) + timeout ))
-  until [ -n "$(k get resourceslices --field-selector "spec.nodeName=$node,spec.driver=$DRIVER" -o name)" ]; do
+  until [ -n "$(try k get resourceslices --field-selector "spec.nodeName=$node,spec.driver=$DRIVER" -o name)" ]; do
     if [ "$(date +%s)" -ge "$deadline" ]; then
       echo "runbook: $node published no ResourceSlice of $DRIVER within ${timeout}s" >&2
       exit 1
     fi
     sleep 1
   done
-  k uncordon "$node" >/dev/null
+  try k uncordon "$node" >/dev/null
   echo "$node $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $start}")"
 done

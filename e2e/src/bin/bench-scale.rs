@@ -5,7 +5,13 @@
 //!    `maxUnavailable: 1`** (label `wave=serial`), then the other half by **the kubectl runbook**
 //!    (`e2e/hack/runbook-kubectl.sh`, `wave=kubectl`), one node at a time, with the DeviceClass
 //!    and the DaemonSets' placement the first half left in place;
+//!    and then, in the same pool, `--nodes` more nodes (`wave=kubectl-wide`) by **the kubectl
+//!    runbook in parallel**: one script per node under `xargs -P k`, k being the wide migration's
+//!    `maxUnavailable` (left out with `--no-parallel-runbook`);
 //! 2. a pool of `--nodes` nodes migrated by **Switchyard at `maxUnavailable: 10%`**.
+//!
+//! `--plan-only` builds and populates the wide pool, times `switchyard plan -f` of it (and, with
+//! `SWITCHYARD_CLI_BASELINE_BIN`, another CLI build alternating with it) and migrates nothing.
 //!
 //! The pool: light simulated nodes (Lease heartbeats, stub ResourceSlices, no agent processes; see
 //! `sim::SimConfig::light`) with `--gpus` GPUs each; per node one GPU pod (a Deployment with one
@@ -72,6 +78,16 @@ struct Args {
     /// on 2 cores); without it, the bench waits for Completed.
     #[arg(long)]
     wide_deadline_s: Option<u64>,
+    /// Leave out the wide peer: the kubectl runbook on another `--nodes` nodes, as many at once as
+    /// the wide migration's `maxUnavailable` (`xargs -P`). It runs in the one-at-a-time pool
+    /// (which then has 2 × `--serial-nodes` + `--nodes` nodes), after the runbook one at a time.
+    #[arg(long)]
+    no_parallel_runbook: bool,
+    /// Only `switchyard plan -f` of the wide pool (`--nodes`, populated): its wall time, peak RSS
+    /// and requests, without migrating anything. For the plan's own goal at 5,000 nodes, whose
+    /// whole migration outlasts the time at hand.
+    #[arg(long)]
+    plan_only: bool,
     /// Append the figures as one JSON line to this file (for `e2e/hack/plot-scale.py`).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -93,6 +109,17 @@ struct Measured {
     in_flight: u32,
     /// Operator CPU time over the window, and requests (`None` for the runbook).
     operator: Option<OperatorCost>,
+    /// The wide runbook's CPU: its own and the machine's (`None` for the others).
+    runbook: Option<RunbookCost>,
+}
+
+/// What the kubectl runbook run in parallel cost the machine.
+struct RunbookCost {
+    /// The runbook's own CPU time: xargs, bash and every kubectl, from `getrusage(RUSAGE_CHILDREN)`
+    /// (they exit inside the window, so `/proc` cannot see them).
+    own: Duration,
+    machine: MachineCpu,
+    by_process: BTreeMap<String, Duration>,
 }
 
 struct OperatorCost {
@@ -140,8 +167,18 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| cluster::kubeconfig().parent().unwrap().join("logs/audit.log"));
     let delay = Duration::from_millis(args.unregister_delay_ms);
     let mut results = Vec::new();
+    if args.plan_only {
+        anyhow::ensure!(
+            std::env::var_os("SWITCHYARD_CLI_BIN").is_some(),
+            "--plan-only needs SWITCHYARD_CLI_BIN"
+        );
+        let pool = Pool::scale("scale", args.nodes, args.gpus, delay).await?;
+        let outcome = plan_only(&args, &pool, &audit).await;
+        return finish(pool, outcome).await;
+    }
 
-    let mut serial = Pool::scale("scale-serial", 2 * args.serial_nodes, args.gpus, delay).await?;
+    let peer = if args.no_parallel_runbook { 0 } else { args.nodes };
+    let mut serial = Pool::scale("scale-serial", 2 * args.serial_nodes + peer, args.gpus, delay).await?;
     let outcome = one_at_a_time(&args, &mut serial, &audit, delay, &mut results).await;
     let outcome = finish(serial, outcome).await;
 
@@ -170,6 +207,43 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// `--plan-only`: the wide pool populated, then `switchyard plan -f` of its migration, printed.
+async fn plan_only(args: &Args, pool: &Pool, audit: &std::path::Path) -> anyhow::Result<()> {
+    populate(args, pool, &[("wide", &pool.nodes)]).await?;
+    let gpm = pool.migration(
+        &pool.id,
+        json!({"strategy": {"maxUnavailable": format!("{}%", args.percent), "drain": {"gracePeriodSeconds": 0}}}),
+    )?;
+    // With a baseline CLI, the two alternate on the same pool, three runs each.
+    let baseline = std::env::var_os("SWITCHYARD_CLI_BASELINE_BIN").map(std::path::PathBuf::from);
+    let mut clis = vec![("switchyard", cluster::cli_bin())];
+    if let Some(b) = baseline {
+        clis.push(("baseline", b));
+    }
+    let runs = if clis.len() > 1 { 3 } else { 1 };
+    for run in 1..=runs {
+        for (what, cli) in &clis {
+            let p = plan_cost(cli.clone(), &gpm, audit).await?;
+            let total: u64 = p.requests.values().sum();
+            println!(
+                "{what} plan -f of the {}-node pool ({} pods), run {run}: {:.2} s, exit {}, peak RSS {:.1} MiB, {total} API requests",
+                args.nodes,
+                args.nodes * args.pods_per_node,
+                p.wall.as_secs_f64(),
+                p.exit,
+                p.peak_rss_kib as f64 / 1024.0
+            );
+            if run == 1 {
+                for (what, n) in &p.requests {
+                    println!("  {n:>5}  {what}");
+                }
+            }
+            println!("machine CPU while it ran: {}", machine_line(&p.machine, &p.by_process));
+        }
+    }
+    Ok(())
+}
+
 /// Appends the run to `--json`, one line.
 fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
@@ -185,6 +259,7 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
             "status_bytes": memory.status_bytes,
             "plan_s": memory.plan.as_ref().map(|p| p.wall.as_secs_f64()),
             "plan_requests": memory.plan.as_ref().map(|p| p.requests.values().sum::<u64>()),
+            "plan_peak_rss_mib": memory.plan.as_ref().map(|p| p.peak_rss_kib as f64 / 1024.0),
             "plan_machine_cpu": memory.plan.as_ref().map(|p| machine_json(&p.machine, &p.by_process)),
             "status_cli_cpu_s": memory.status.as_ref().map(|f| f.cpu.as_secs_f64()),
             "migrations": results.iter().map(|r| json!({
@@ -201,7 +276,9 @@ fn write_json(args: &Args, results: &[Measured], memory: &Memory) -> anyhow::Res
                     "phase": p, "p50_s": a, "p99_s": b,
                 })).collect::<Vec<_>>()),
                 "control_plane_writes": r.operator.as_ref().map(|o| &o.control_plane),
-                "machine_cpu": r.operator.as_ref().map(|o| machine_json(&o.machine, &o.by_process)),
+                "machine_cpu": r.operator.as_ref().map(|o| machine_json(&o.machine, &o.by_process))
+                    .or_else(|| r.runbook.as_ref().map(|c| machine_json(&c.machine, &c.by_process))),
+                "runbook_own_cpu_s": r.runbook.as_ref().map(|c| c.own.as_secs_f64()),
             })).collect::<Vec<_>>(),
         });
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
@@ -309,8 +386,9 @@ async fn one_at_a_time(
     results: &mut Vec<Measured>,
 ) -> anyhow::Result<()> {
     let s = args.serial_nodes as usize;
-    let (ours, theirs) = (pool.nodes[..s].to_vec(), pool.nodes[s..].to_vec());
-    populate(args, pool, &[("serial", &ours), ("kubectl", &theirs)]).await?;
+    let (ours, theirs, wide) =
+        (pool.nodes[..s].to_vec(), pool.nodes[s..2 * s].to_vec(), pool.nodes[2 * s..].to_vec());
+    populate(args, pool, &[("serial", &ours), ("kubectl", &theirs), ("kubectl-wide", &wide)]).await?;
     let (pid, metrics_url) = operator(pool).await?;
     let name = pool.id.clone();
     let gpm = pool.migration(
@@ -332,34 +410,93 @@ async fn one_at_a_time(
         intrinsic: delay * args.serial_nodes,
         in_flight: 1,
         operator: Some(cost),
+        runbook: None,
     });
 
     let t = Instant::now();
-    let out = tokio::process::Command::new("bash")
-        .arg(cluster::repo_root().join("e2e/hack/runbook-kubectl.sh"))
-        .args(&theirs)
-        .env("KUBECTL", cluster::bin_dir().join("kubectl"))
-        .env("KUBECONFIG", cluster::kubeconfig())
-        .env("DRIVER", &pool.driver)
-        .env("GPU_POD_SELECTOR", format!("{GPU_POD_LABEL}=true"))
-        .env("BACKEND_LABEL", format!("{LABEL_GPU_BACKEND}=dra"))
-        .output()
-        .await?;
-    anyhow::ensure!(
-        out.status.success(),
-        "the kubectl runbook failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let retried = runbook(pool, &theirs, 1).await?;
     results.push(Measured {
-        what: "kubectl runbook, one at a time".into(),
+        what: format!("kubectl runbook, one at a time{}", retries(retried)),
         nodes: args.serial_nodes,
         wall: t.elapsed(),
         intrinsic: delay * args.serial_nodes,
         in_flight: 1,
         operator: None,
+        runbook: None,
     });
+    if !wide.is_empty() {
+        let k = (args.nodes * args.percent / 100).max(1);
+        let (machine0, procs0, own0) = (MachineCpu::now()?, processes_cpu(&CPU_USERS), children_cpu());
+        let t = Instant::now();
+        let retried = runbook(pool, &wide, k).await?;
+        let wall = t.elapsed();
+        let runbook = RunbookCost {
+            own: children_cpu().saturating_sub(own0),
+            machine: MachineCpu::now()?.since(&machine0),
+            by_process: cpu_by_name(&procs0, &processes_cpu(&CPU_USERS)),
+        };
+        results.push(Measured {
+            what: format!("kubectl runbook, {k} at a time (xargs -P {k}){}", retries(retried)),
+            nodes: args.nodes,
+            wall,
+            intrinsic: delay * args.nodes.div_ceil(k),
+            in_flight: k,
+            operator: None,
+            runbook: Some(runbook),
+        });
+    }
     all_on_dra(pool).await?;
     Ok(())
+}
+
+/// `e2e/hack/runbook-kubectl.sh` on `nodes`, `at_once` of them at a time: one script per node
+/// under `xargs -P`, as a platform team would parallelise it. Returns how many kubectl commands
+/// the script tried again after the API server failed them.
+async fn runbook(pool: &Pool, nodes: &[String], at_once: u32) -> anyhow::Result<usize> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new("xargs")
+        .args(["-P", &at_once.to_string(), "-n", "1", "bash"])
+        .arg(cluster::repo_root().join("e2e/hack/runbook-kubectl.sh"))
+        .env("KUBECTL", cluster::bin_dir().join("kubectl"))
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .env("DRIVER", &pool.driver)
+        .env("GPU_POD_SELECTOR", format!("{GPU_POD_LABEL}=true"))
+        .env("BACKEND_LABEL", format!("{LABEL_GPU_BACKEND}=dra"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("piped")?;
+    stdin.write_all(nodes.join("\n").as_bytes()).await?;
+    drop(stdin);
+    let out = child.wait_with_output().await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let failed: Vec<&str> =
+        stderr.lines().filter(|l| l.starts_with("runbook: ") && !l.starts_with("runbook: retry")).collect();
+    anyhow::ensure!(
+        out.status.success(),
+        "the kubectl runbook failed: {}",
+        if failed.is_empty() { stderr.to_string() } else { failed.join("\n") }
+    );
+    Ok(stderr.lines().filter(|l| l.starts_with("runbook: retry")).count())
+}
+
+/// `", N kubectl commands retried"` where the runbook retried any.
+fn retries(n: usize) -> String {
+    if n == 0 { String::new() } else { format!(", {n} kubectl commands retried") }
+}
+
+/// The CPU time (user + system) of this process's children that have been waited for, and of
+/// theirs: what short-lived processes like kubectl used, which `/proc` no longer shows.
+fn children_cpu() -> Duration {
+    // SAFETY: an all-zero rusage is a valid value of that plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a live local; RUSAGE_CHILDREN is a valid `who`.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec * 1000) as u32);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// How long after the end the operator's memory is read again: the last reconciles' requeues are
@@ -394,6 +531,45 @@ struct CliCost {
     /// The machine's CPU time while it ran, and the part of it each of [`CPU_USERS`] spent.
     machine: MachineCpu,
     by_process: BTreeMap<String, Duration>,
+    /// The CLI's peak resident set (GNU time's `%M`), in KiB.
+    peak_rss_kib: u64,
+}
+
+/// Runs `switchyard plan -f - -o json` on `manifest` under GNU time, which reports the CLI's peak
+/// resident set. Not this process's own `wait4`: a child forked from it inherits its address
+/// space until `exec`, and the kernel keeps that space's high-water mark (this process's, with
+/// the simulator's thousands of nodes) as the child's `ru_maxrss`. `(exit, peak RSS in KiB,
+/// stderr)`. Blocking.
+fn run_measured(cli: &std::path::Path, manifest: &str) -> anyhow::Result<(i32, u64, String)> {
+    use std::io::Write as _;
+    let rss = tempfile_path("plan-rss");
+    let mut child = std::process::Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(&rss)
+        .arg(cli)
+        .args(["plan", "-f", "-", "-o", "json"])
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running /usr/bin/time (Debian's time package; make deps installs it)")?;
+    child.stdin.take().context("piped")?.write_all(manifest.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let text = std::fs::read_to_string(&rss).unwrap_or_default();
+    let _ = std::fs::remove_file(&rss);
+    // GNU time writes "Command exited with non-zero status N" before the figure when it fails.
+    let peak = text
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse::<u64>().ok())
+        .with_context(|| format!("GNU time wrote no peak RSS: {text:?}"))?;
+    Ok((out.status.code().unwrap_or(-1), peak, String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+/// A path for a scratch file of this process.
+fn tempfile_path(what: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("bench-scale-{}-{what}", std::process::id()))
 }
 
 /// `switchyard status --view lines` following the wide migration.
@@ -407,37 +583,23 @@ struct Following {
 /// Times `switchyard plan -f` of `gpm` (the CLI at `SWITCHYARD_CLI_BIN`), with its requests from
 /// the audit log.
 async fn plan_cost(
+    cli: std::path::PathBuf,
     gpm: &switchyard_operator::api::v1alpha1::GpuPoolMigration,
     audit: &std::path::Path,
 ) -> anyhow::Result<CliCost> {
-    use tokio::io::AsyncWriteExt as _;
     let manifest = serde_yaml::to_string(gpm)?;
     let (machine0, procs0) = (MachineCpu::now()?, processes_cpu(&CPU_USERS));
     let (from, t) = (now(), Instant::now());
-    let mut child = tokio::process::Command::new(cluster::cli_bin())
-        .args(["plan", "-f", "-", "-o", "json"])
-        .env("KUBECONFIG", cluster::kubeconfig())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let mut stdin = child.stdin.take().context("piped")?;
-    stdin.write_all(manifest.as_bytes()).await?;
-    drop(stdin);
-    let out = child.wait_with_output().await?;
+    let run = tokio::task::spawn_blocking(move || run_measured(&cli, &manifest));
+    let (exit, peak_rss_kib, stderr) = run.await??;
     let wall = t.elapsed();
     let to = now();
     let machine = MachineCpu::now()?.since(&machine0);
     let by_process = cpu_by_name(&procs0, &processes_cpu(&CPU_USERS));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let exit = out.status.code().unwrap_or(-1);
-    anyhow::ensure!(
-        exit == 0 || exit == 2,
-        "switchyard plan failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    anyhow::ensure!(exit == 0 || exit == 2, "switchyard plan failed: {stderr}");
     let requests = requests_by(audit, "switchyard-cli/", &from, &to)?;
-    Ok(CliCost { wall, exit, requests, machine, by_process })
+    Ok(CliCost { wall, exit, requests, machine, by_process, peak_rss_kib })
 }
 
 /// Starts `switchyard status <name> --view lines` and samples it until it exits.
@@ -518,7 +680,7 @@ async fn at_a_percentage(
     )?;
     // The CLI where it is built (make bench builds it); without it, its figures are left out.
     let cli = std::env::var_os("SWITCHYARD_CLI_BIN").is_some();
-    let plan = if cli { Some(plan_cost(&gpm, audit).await?) } else { None };
+    let plan = if cli { Some(plan_cost(cluster::cli_bin(), &gpm, audit).await?) } else { None };
     let (watch, status_bytes) = largest_status(pool, &name);
     let mut status = None;
     let mut partial = false;
@@ -585,6 +747,7 @@ async fn at_a_percentage(
         intrinsic: delay * migrated.div_ceil(k),
         in_flight: k,
         operator: Some(cost),
+        runbook: None,
     });
     let end = proc_status(pid, "VmRSS")?;
     let heap_end = heap_in_use(&metrics_url).await;
@@ -682,10 +845,11 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
         let total: u64 = p.requests.values().sum();
         let pods = p.requests.iter().filter(|(k, _)| k.ends_with(" pods")).map(|(_, n)| n).sum::<u64>();
         println!(
-            "switchyard plan -f of the {}-node pool: {:.2} s, exit {}, {total} API requests ({pods} of them pod LISTs)",
+            "switchyard plan -f of the {}-node pool: {:.2} s, exit {}, peak RSS {:.1} MiB, {total} API requests ({pods} of them pod LISTs)",
             args.nodes,
             p.wall.as_secs_f64(),
-            p.exit
+            p.exit,
+            p.peak_rss_kib as f64 / 1024.0
         );
     }
     if let Some(f) = &memory.status {
@@ -704,6 +868,18 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
         kc.wall.as_secs_f64(),
         sw.wall.as_secs_f64() / kc.wall.as_secs_f64()
     );
+    let peer = results.iter().find(|r| r.runbook.is_some());
+    if let (Some(peer), Some(wide)) = (peer, results.iter().find(|r| r.what.contains('%'))) {
+        println!(
+            "maxUnavailable {}% of {} nodes: Switchyard {:.1} s, kubectl runbook {} at a time {:.1} s, ratio {:.2}",
+            args.percent,
+            args.nodes,
+            wide.wall.as_secs_f64(),
+            peer.in_flight,
+            peer.wall.as_secs_f64(),
+            wide.wall.as_secs_f64() / peer.wall.as_secs_f64()
+        );
+    }
     for r in results {
         if let Some(o) = &r.operator {
             let phases: Vec<String> =
@@ -726,6 +902,14 @@ fn report(args: &Args, results: &[Measured], memory: &Memory) {
     for r in results {
         if let Some(o) = &r.operator {
             println!("machine CPU in the window, {}: {}", r.what, machine_line(&o.machine, &o.by_process));
+        }
+        if let Some(c) = &r.runbook {
+            println!(
+                "machine CPU in the window, {}: {}; the runbook's own processes (xargs, bash, kubectl) {:.1}",
+                r.what,
+                machine_line(&c.machine, &c.by_process),
+                c.own.as_secs_f64()
+            );
         }
     }
     let limits = control_plane_limits();

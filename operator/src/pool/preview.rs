@@ -19,7 +19,7 @@ use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 use serde::Serialize;
 
-use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode};
+use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode, PodSelection};
 use crate::node::drain;
 use crate::node::record::{self, Backend, PoolNode};
 use crate::pool::capacity;
@@ -44,8 +44,12 @@ pub struct Inputs {
     pub uid: String,
     /// The nodes `spec.nodeSelector` selects.
     pub nodes: Vec<SlimNode>,
-    /// Pods per node name (only nodes that may move need an entry).
+    /// Pods per node name (only nodes that may move need an entry): those the plan judges one by
+    /// one. A caller may keep only the pods [`pod_use`] calls [`PodUse::Judged`] and count the
+    /// [`PodUse::Counted`] ones in `other_pods`; the report is the same as with every pod here.
     pub pods: BTreeMap<String, Vec<Pod>>,
+    /// Per node name, the pods left out of `pods` that a drain would leave running on the node.
+    pub other_pods: BTreeMap<String, u32>,
     pub pdbs: Vec<PodDisruptionBudget>,
     /// What discovery says about the API server (the prerequisites judge it).
     pub facts: ServerFacts,
@@ -298,6 +302,37 @@ fn pod_plan(pod: &Pod, uses_gpu: bool, pdbs: &[PodDisruptionBudget], delete_empt
     PodPlan { namespace: pod.namespace().unwrap_or_default(), name: pod.name_any(), uses_gpu, flags }
 }
 
+/// How a plan reads a pod of a pool node (see [`Inputs::pods`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodUse {
+    /// Judged one by one: it may be evicted, hold a GPU or block a drain.
+    Judged,
+    /// Only counted among the pods a drain leaves running on the node.
+    Counted,
+    /// Not read at all (finished, or a DaemonSet or mirror pod holding no GPU).
+    Ignored,
+}
+
+/// How the plan of `spec` reads `pod`: a pool of 5,000 nodes and 50,000 pods holds only the
+/// few thousand it judges, not every pod.
+pub fn pod_use(spec: &GpuPoolMigrationSpec, pod: &Pod) -> PodUse {
+    let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
+    let every_pod = spec.direction == Direction::Forward
+        && spec.strategy.drain.pod_selection != PodSelection::ResourceConsumers;
+    if drain::consumes_any(pod, &res) || drain::holds_dra_claim(pod) || (every_pod && movable(pod)) {
+        PodUse::Judged
+    } else if movable(pod) {
+        PodUse::Counted
+    } else {
+        PodUse::Ignored
+    }
+}
+
+/// A pod a drain either moves or leaves running: not finished, not a DaemonSet or mirror pod.
+fn movable(pod: &Pod) -> bool {
+    !drain::is_finished(pod) && !drain::is_daemonset_pod(pod) && !drain::is_mirror_pod(pod)
+}
+
 /// The pods a node's move evicts, and how many stay.
 fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
     let spec = &inputs.spec;
@@ -332,10 +367,8 @@ fn evictions(inputs: &Inputs, node: &str) -> (Vec<PodPlan>, u32) {
     }
     evict.sort_by(|a, b| (b.uses_gpu, &a.namespace, &a.name).cmp(&(a.uses_gpu, &b.namespace, &b.name)));
     // DaemonSet and mirror pods neither move nor stay in the drain's sense; finished pods hold nothing.
-    let movable = pods
-        .iter()
-        .filter(|p| !drain::is_finished(p) && !drain::is_daemonset_pod(p) && !drain::is_mirror_pod(p))
-        .count() as u32;
+    let movable = pods.iter().filter(|p| movable(p)).count() as u32
+        + inputs.other_pods.get(node).copied().unwrap_or_default();
     let stay = movable.saturating_sub(evict.len() as u32);
     (evict, stay)
 }
@@ -882,6 +915,7 @@ mod tests {
                 ),
                 ("n3".to_string(), vec![]),
             ]),
+            other_pods: BTreeMap::new(),
             pdbs: vec![from(json!({"metadata": {"namespace": "ml", "name": "train"},
                 "spec": {"selector": {"matchLabels": {"app": "train-1"}}},
                 "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}}))],
@@ -936,6 +970,88 @@ mod tests {
         }));
         let r = build(&i).expect("report");
         assert!(r.blockers.iter().all(|b| !b.contains("advertises nothing")), "{:?}", r.blockers);
+    }
+
+    /// `inputs` with only the pods [`pod_use`] judges kept, the ones it counts counted.
+    fn folded(i: &Inputs) -> Inputs {
+        let mut f = i.clone();
+        f.pods.clear();
+        for (node, pods) in &i.pods {
+            let kept = f.pods.entry(node.clone()).or_default();
+            for p in pods {
+                match pod_use(&i.spec, p) {
+                    PodUse::Judged => kept.push(p.clone()),
+                    PodUse::Counted => *f.other_pods.entry(node.clone()).or_default() += 1,
+                    PodUse::Ignored => {}
+                }
+            }
+        }
+        f
+    }
+
+    #[test]
+    fn a_plan_of_the_judged_pods_and_a_count_of_the_rest_is_the_plan_of_every_pod() {
+        let mut i = inputs(spec(json!({})));
+        let with = |mut p: Pod, patch: serde_json::Value| {
+            let mut v = serde_json::to_value(&p).expect("json");
+            merge(&mut v, patch);
+            p = serde_json::from_value(v).expect("pod");
+            p
+        };
+        let ds_owner = json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "d", "controller": true}]}});
+        let n1 = i.pods.get_mut("n1").unwrap();
+        n1.push(with(pod("ml", "done", true, true, false), json!({"status": {"phase": "Succeeded"}})));
+        n1.push(with(pod("kube-system", "proxy", false, false, false), ds_owner.clone()));
+        n1.push(with(pod("monitoring", "exporter", true, false, false), ds_owner));
+        n1.push(with(
+            pod("kube-system", "static", false, false, false),
+            json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}),
+        ));
+        let n2 = i.pods.get_mut("n2").unwrap();
+        n2.push(with(
+            pod("ml", "claimed", false, true, false),
+            json!({"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}}),
+        ));
+        n2.push(pod("ml", "scratch", false, false, true));
+        n2.push(with(
+            pod("ml", "leaving", false, true, false),
+            json!({"metadata": {"deletionTimestamp": "2026-11-29T11:59:00Z"}}),
+        ));
+        let drains = [
+            json!({}),
+            json!({"podSelection": "All"}),
+            json!({"podSelection": "All", "force": true, "deleteEmptyDirData": true}),
+        ];
+        for (direction, drain) in [
+            ("Forward", &drains[0]),
+            ("Forward", &drains[1]),
+            ("Forward", &drains[2]),
+            ("Rollback", &drains[0]),
+        ] {
+            i.spec = spec(json!({"direction": direction, "strategy": {"maxUnavailable": 2, "drain": drain}}));
+            let f = folded(&i);
+            let kept: usize = f.pods.values().map(Vec::len).sum();
+            let all: usize = i.pods.values().map(Vec::len).sum();
+            assert!(kept < all, "{direction} {drain}: the fold keeps {kept} of {all} pods");
+            let (a, b) = (build(&i).expect("every pod"), build(&f).expect("folded"));
+            assert_eq!(
+                serde_json::to_value(&a).expect("json"),
+                serde_json::to_value(&b).expect("json"),
+                "{direction} {drain}"
+            );
+        }
+    }
+
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
     }
 
     #[test]

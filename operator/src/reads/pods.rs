@@ -29,27 +29,48 @@ pub async fn pods_on_nodes<T>(
     unfinished: bool,
     mut keep: impl FnMut(Pod) -> Option<T>,
 ) -> Result<HashMap<String, Vec<T>>> {
+    fold_pods_on_nodes(
+        client,
+        nodes,
+        unfinished,
+        HashMap::new(),
+        |out: &mut HashMap<String, Vec<T>>, node, pod| {
+            if let Some(t) = keep(pod) {
+                out.entry(node.to_owned()).or_default().push(t);
+            }
+        },
+    )
+    .await
+}
+
+/// The same LISTs as [`pods_on_nodes`], each pod bound to a node in `nodes` folded into `acc` with
+/// its node's name as its page arrives, for a caller that keeps a count rather than the pod.
+pub async fn fold_pods_on_nodes<A>(
+    client: &Client,
+    nodes: &HashSet<&str>,
+    unfinished: bool,
+    mut acc: A,
+    mut fold: impl FnMut(&mut A, &str, Pod),
+) -> Result<A> {
     let fields = if unfinished {
         "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
     } else {
         "spec.nodeName!="
     };
-    let mut out: HashMap<String, Vec<T>> = HashMap::new();
     let mut lp = ListParams::default().fields(fields).limit(POD_PAGE);
     loop {
         let page =
             pod_list::list_page(client, &lp).await.map_err(|source| Error::ListBoundPods { source })?;
         for pod in page.items {
-            let Some(node) = pod.node_name().filter(|n| nodes.contains(n)).map(str::to_owned) else {
+            // The set's own `&str`, so the pod can be moved.
+            let Some(node) = pod.node_name().and_then(|n| nodes.get(n)).copied() else {
                 continue;
             };
-            if let Some(t) = keep(pod.into_pod()) {
-                out.entry(node).or_default().push(t);
-            }
+            fold(&mut acc, node, pod.into_pod());
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => lp = lp.continue_token(&token),
-            None => return Ok(out),
+            None => return Ok(acc),
         }
     }
 }

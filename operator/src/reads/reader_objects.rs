@@ -57,13 +57,14 @@ enum Missing {
     Forbidden,
 }
 
-/// Lists every object, page by page.
-async fn list_all<K>(api: Api<K>) -> Result<Vec<K>, kube::Error>
+/// Lists every object `lp` selects, page by page (500 a page), so that no one response holds
+/// a whole large collection.
+pub async fn list_all<K>(api: Api<K>, lp: ListParams) -> Result<Vec<K>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let mut out = Vec::new();
-    let mut lp = ListParams::default().limit(PAGE);
+    let mut lp = lp.limit(PAGE);
     loop {
         let page = api.list(&lp).await?;
         out.extend(page.items);
@@ -79,7 +80,7 @@ async fn list_or_skip<K>(api: Api<K>) -> Result<Result<Vec<K>, Missing>, kube::E
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    match list_all(api).await {
+    match list_all(api, ListParams::default()).await {
         Ok(v) => Ok(Ok(v)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Err(Missing::NotServed)),
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(Err(Missing::Forbidden)),
