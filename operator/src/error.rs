@@ -20,6 +20,11 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("listing the cluster's ResourceClaims (paged): {source}")]
+    ListResourceClaims {
+        #[source]
+        source: kube::Error,
+    },
     #[error("listing pods on node {node}: {source}")]
     ListPods {
         node: String,
@@ -135,6 +140,7 @@ impl Error {
         match self {
             Error::EvictPod { .. } => "EvictPod",
             Error::GetResourceClaim { .. } => "GetResourceClaim",
+            Error::ListResourceClaims { .. } => "ListResourceClaims",
             Error::ListPods { .. } => "ListPods",
             Error::ListBoundPods { .. } => "ListBoundPods",
             Error::ListNodes { .. } => "ListNodes",
@@ -210,6 +216,7 @@ impl Error {
             },
             Error::EvictPod { source, .. }
             | Error::GetResourceClaim { source, .. }
+            | Error::ListResourceClaims { source }
             | Error::ListPods { source, .. }
             | Error::ListBoundPods { source }
             | Error::ListNodes { source }

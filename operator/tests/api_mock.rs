@@ -272,6 +272,7 @@ mod execute {
             daemon_sets: reflector::store().0,
             device_classes: reflector::store().0,
             resource_slices: reflector::store().0,
+            gpu_pods: reflector::store().0,
             node_writes: Arc::new(NodeWrites::default()),
         };
         let config = Config { canary_namespace: "switchyard-system".into(), migration_selector: None };

@@ -52,6 +52,8 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 use crate::node::slim::SlimNode;
+
+pub mod pods;
 use crate::node::str_map::LabelQuery;
 use crate::well_known::{AGENT_FIELD_MANAGER, LABEL_MANAGED_BY};
 
@@ -74,6 +76,8 @@ pub struct Caches {
     pub daemon_sets: Store<DaemonSet>,
     pub device_classes: Store<DeviceClass>,
     pub resource_slices: Store<CachedSlice>,
+    /// The bound pods a step or check may read when a drain moves GPU consumers ([`pods`]).
+    pub gpu_pods: Store<pods::WatchedPod>,
     /// Our node patches the node cache does not show yet.
     pub node_writes: Arc<NodeWrites>,
 }

@@ -160,20 +160,21 @@ fn migrations_for_slice(
         .collect()
 }
 
-/// Flips `ready` once the caches a reconcile reads have synced: the migrations, nodes and
-/// DaemonSets always, the DeviceClasses and ResourceSlices where resource.k8s.io/v1 serves them.
+/// Flips `ready` once the caches a reconcile reads have synced: the migrations, nodes, DaemonSets
+/// and GPU pods always, the DeviceClasses and ResourceSlices where resource.k8s.io/v1 serves them.
 async fn readiness(
     ready: Arc<std::sync::atomic::AtomicBool>,
     client: Client,
     store: Store<GpuPoolMigration>,
-    node_reader: Store<SlimNode>,
-    ds_reader: Store<DaemonSet>,
-    dc_reader: Store<DeviceClass>,
-    slice_reader: Store<cache::CachedSlice>,
+    caches: Caches,
 ) {
     // cache::ready, not Store::wait_until_ready: the controller's runner waits on the
     // migration store too, and only one waiter is woken (see cache::ready).
-    if !cache::ready(&store).await || !cache::ready(&node_reader).await || !cache::ready(&ds_reader).await {
+    if !cache::ready(&store).await
+        || !cache::ready(&caches.nodes).await
+        || !cache::ready(&caches.daemon_sets).await
+        || !cache::ready(&caches.gpu_pods).await
+    {
         return;
     }
     // The DeviceClass and ResourceSlice watches can only sync where resource.k8s.io/v1
@@ -188,10 +189,10 @@ async fn readiness(
             }
         }
     };
-    if served.device_classes && !cache::ready(&dc_reader).await {
+    if served.device_classes && !cache::ready(&caches.device_classes).await {
         return;
     }
-    if served.resource_slices && !cache::ready(&slice_reader).await {
+    if served.resource_slices && !cache::ready(&caches.resource_slices).await {
         return;
     }
     ready.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -259,11 +260,13 @@ pub async fn run(
     let (ds_reader, ds_writer) = reflector::store::<DaemonSet>();
     let (dc_reader, dc_writer) = reflector::store::<DeviceClass>();
     let (slice_reader, slice_writer) = reflector::store::<cache::CachedSlice>();
+    let (pod_reader, pod_writer) = reflector::store::<cache::pods::WatchedPod>();
     let caches = Caches {
         nodes: node_reader.clone(),
-        daemon_sets: ds_reader.clone(),
-        device_classes: dc_reader.clone(),
+        daemon_sets: ds_reader,
+        device_classes: dc_reader,
         resource_slices: slice_reader.clone(),
+        gpu_pods: pod_reader,
         node_writes: Arc::new(cache::NodeWrites::default()),
     };
     let node_writes = caches.node_writes.clone();
@@ -286,6 +289,20 @@ pub async fn run(
             watch::backed_off(watcher(Api::<ResourceSlice>::all(client.clone()), wc())),
         ),
     );
+    // Bound pods, paged (not `any_semantic`: served from the watch cache, the first LIST of a
+    // cluster's pods comes whole, tens of MiB of JSON at 50,000 pods).
+    let pod_stream = watch::errors_handled(
+        "Pod",
+        metrics.clone(),
+        cache::pods::gpu_pod_reflector(
+            pod_writer,
+            watch::backed_off(watcher(
+                Api::<cache::pods::WatchedPod>::all(client.clone()),
+                watcher::Config::default().fields(cache::pods::BOUND),
+            )),
+        )
+        .touched_objects(),
+    );
 
     let s = store.clone();
     let map_node = move |n: SlimNode| migrations_for_labels(&s, n.labels());
@@ -302,16 +319,8 @@ pub async fn run(
         slice_reader.clone(),
         store.clone(),
     ));
+    tokio::spawn(readiness(ready, client.clone(), store.clone(), caches.clone()));
     let ctx = Arc::new(Context::new(client.clone(), metrics, config, store.clone(), caches));
-    tokio::spawn(readiness(
-        ready,
-        client.clone(),
-        store.clone(),
-        node_reader,
-        ds_reader,
-        dc_reader,
-        slice_reader,
-    ));
 
     // kube-runtime holds the reconcile runner until the migration store has synced, and a
     // graceful shutdown waits for that runner. Where the store never syncs (the CRD is not served
@@ -333,6 +342,8 @@ pub async fn run(
         .watches_stream(ds_stream, map_ds)
         .watches_stream(dc_stream, map_dc)
         .watches_stream(slice_stream, map_slice)
+        // Feeds the GPU-pod cache only: a pod's change triggers no reconcile (see `cache::pods`).
+        .watches_stream(pod_stream, |_| std::iter::empty())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

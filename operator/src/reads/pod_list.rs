@@ -3,13 +3,15 @@
 //! into `Pod`, every field of every pod is allocated (a few KiB a pod) and freed again; read
 //! into [`PodFields`], the parser skips the rest of each pod without allocating it.
 //!
-//! What is kept is what [`crate::node::drain`] and [`crate::pool::preview`] read: the pod's namespace, name,
-//! uid, labels (PodDisruptionBudget selectors), the mirror-pod annotation, owner references,
+//! What is kept is what [`crate::node::drain`] and [`crate::pool::preview`] read: the pod's
+//! namespace, name, uid, resourceVersion (where the pod watch resumes), labels
+//! (PodDisruptionBudget selectors), the mirror-pod annotation, owner references,
 //! deletion timestamp; its node, termination grace period, its containers' and init containers'
 //! names and resources, its volumes' names and emptyDir, its resource claims; its phase and
 //! extended-resource claim status. A pod made by [`PodFields::into_pod`] has nothing else set.
-//! The drain's own per-node LIST reads pods the same way ([`list_node`]). Pages are asked for in
-//! the API server's protobuf encoding and read into the same fields (`pod_list::proto`).
+//! The drain's own per-node LIST ([`list_node`]) and the GPU-pod watch (`cache::pods`) read pods
+//! the same way. Pages are asked for in the API server's protobuf encoding and read into the same
+//! fields (`pod_list::proto`); the watch reads JSON.
 
 use std::collections::BTreeMap;
 
@@ -54,6 +56,7 @@ struct Meta {
     name: Option<String>,
     namespace: Option<String>,
     uid: Option<String>,
+    resource_version: Option<String>,
     labels: Option<BTreeMap<String, String>>,
     annotations: Option<BTreeMap<String, String>>,
     owner_references: Option<Vec<OwnerReference>>,
@@ -103,8 +106,16 @@ impl PodFields {
 
     /// The pod with these fields and nothing else.
     pub fn into_pod(self) -> Pod {
-        let Meta { name, namespace, uid, labels, annotations, owner_references, deletion_timestamp } =
-            self.metadata;
+        let Meta {
+            name,
+            namespace,
+            uid,
+            resource_version,
+            labels,
+            annotations,
+            owner_references,
+            deletion_timestamp,
+        } = self.metadata;
         let annotations = annotations
             .map(|a| a.into_iter().filter(|(k, _)| k == MIRROR_POD_ANNOTATION).collect::<BTreeMap<_, _>>())
             .filter(|a| !a.is_empty());
@@ -115,6 +126,7 @@ impl PodFields {
                 name,
                 namespace,
                 uid,
+                resource_version,
                 labels,
                 annotations,
                 owner_references,
@@ -255,7 +267,8 @@ mod tests {
             Some(BTreeMap::from([(MIRROR_POD_ANNOTATION.to_string(), "x".to_string())])),
             "only the mirror-pod annotation"
         );
-        assert!(m.managed_fields.is_none() && m.resource_version.is_none());
+        assert_eq!(m.resource_version, fm.resource_version, "the pod watch resumes from it");
+        assert!(m.managed_fields.is_none());
 
         let (s, fs) = (got.spec.as_ref().unwrap(), full.spec.as_ref().unwrap());
         assert_eq!(s.node_name, fs.node_name);

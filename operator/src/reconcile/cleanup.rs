@@ -47,7 +47,9 @@ pub(crate) async fn settle_node(
                 .items;
             let published =
                 crate::pool::overlap::present(&slices, &gpm.spec.driver.name, &pn.name).count() as u64;
-            let reads = observe::node(ctx, &gpm.spec, &pn, node, published).await?;
+            crate::cache::synced(&ctx.caches.gpu_pods, "Pod").await?;
+            let pods = crate::cache::pods::PodsByNode::of_node(&ctx.caches.gpu_pods, &pn.name);
+            let reads = observe::node(ctx, &gpm.spec, &pn, node, published, &pods).await?;
             let step = {
                 let selectors = crate::pool::selectors::Selectors::new(&gpm.spec);
                 let view = decide::NodeView {
@@ -162,9 +164,6 @@ pub(crate) async fn cleanup(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Req
     ctx.metrics.forget_pool(&name);
     if let Ok(mut g) = ctx.inventory.lock() {
         g.remove(&name);
-    }
-    if let Ok(mut g) = ctx.pod_counts.lock() {
-        g.counts.remove(&name);
     }
     if let Ok(mut g) = ctx.status_writes.lock() {
         g.remove(&name);

@@ -23,20 +23,15 @@ pub(crate) const REQUEUE_IDLE: Duration = Duration::from_secs(300);
 /// When a node's step failed: sooner than the backoff of a failed reconcile, since only that
 /// node waits.
 pub(crate) const REQUEUE_ERROR: Duration = Duration::from_secs(5);
-/// How often a deletion re-checks the nodes it waits for.
 /// How long discovery results are reused: versions and served kinds change only on upgrades.
 pub(crate) const FACTS_TTL: Duration = Duration::from_secs(300);
 /// How long an inventory is reused: it LISTs quotas, LimitRanges, HPAs and Deployments
 /// cluster-wide, too much for every reconcile. A spec change refreshes it at once.
 pub(crate) const INVENTORY_TTL: Duration = Duration::from_secs(300);
-/// How long the candidates' GPU-pod counts are reused. They only order the pool ("fewest GPU pods
-/// first"), and counting reads every bound pod of the cluster in pages, so a migration of a large
-/// pool pays for it a few times a minute, not on every reconcile.
-pub(crate) const POD_COUNT_TTL: Duration = Duration::from_secs(30);
-
-/// How long a check of the GPU pods on migrated nodes is reused (`status.pods`). A check reads
-/// every bound pod of the cluster in pages, and the claims of the pods not verified before; a new
-/// spec, or the pool's last node migrating, checks again at once.
+/// How long a check of the GPU pods on migrated nodes is reused (`status.pods`). A check reads the
+/// GPU-pod cache, and the claims of the pods not verified before: at most every TTL, their GETs
+/// come in batches and the status does not change on every reconcile. A new spec, or the pool's
+/// last node migrating, checks again at once.
 pub(crate) const POD_VERIFY_TTL: Duration = Duration::from_secs(30);
 
 /// How long the device plugin's config (a ConfigMap) is reused: it matters only before a pool
@@ -65,18 +60,6 @@ pub(crate) struct PodCheck {
 
 /// An inventory result: when it was read, for which generation, and its findings.
 type CachedInventory = (Instant, Option<i64>, Vec<Finding>);
-/// GPU-pod counts of a migration's candidates: when they were read, for which generation and
-/// direction, and the count per node.
-pub(crate) type CachedPodCounts = (Instant, Option<i64>, HashMap<String, u32>);
-
-/// The candidate pod counts of every migration, and the migrations whose count is being
-/// refreshed in the background now.
-#[derive(Default)]
-pub(crate) struct PodCounts {
-    pub(crate) counts: HashMap<String, CachedPodCounts>,
-    pub(crate) refreshing: HashSet<String>,
-}
-
 /// What does not change between reconciles.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -104,14 +87,15 @@ pub struct Context {
     pub(crate) failures: Mutex<HashMap<String, u32>>,
     /// The last inventory per migration: when, for which generation, and its findings.
     pub(crate) inventory: Mutex<HashMap<String, CachedInventory>>,
-    /// The last candidate pod counts per migration (see [`POD_COUNT_TTL`]).
-    pub(crate) pod_counts: Arc<Mutex<PodCounts>>,
     /// When each migration's status was last written (see `execute::STATUS_COALESCE`).
     pub(crate) status_writes: Mutex<HashMap<String, Instant>>,
     /// The last check of each migration's GPU pods on migrated nodes (see [`POD_VERIFY_TTL`]).
     pub(crate) pod_checks: Mutex<HashMap<String, PodCheck>>,
     /// The device plugins' config ConfigMaps, by `namespace/name` (see [`PLUGIN_CONFIG_TTL`]).
     pub(crate) plugin_configs: Mutex<HashMap<String, CachedConfigMap>>,
+    /// The pages the last LIST of every ResourceClaim took; 0 before the first (see
+    /// `observe::claims_of`).
+    pub(crate) claim_pages: std::sync::atomic::AtomicUsize,
 }
 
 impl Context {
@@ -136,10 +120,10 @@ impl Context {
             facts: Mutex::new(None),
             failures: Mutex::new(HashMap::new()),
             inventory: Mutex::new(HashMap::new()),
-            pod_counts: Arc::new(Mutex::new(PodCounts::default())),
             status_writes: Mutex::new(HashMap::new()),
             pod_checks: Mutex::new(HashMap::new()),
             plugin_configs: Mutex::new(HashMap::new()),
+            claim_pages: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }

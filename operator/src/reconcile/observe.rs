@@ -16,7 +16,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use crate::api::v1alpha1::{Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState, PodVerification};
+use crate::api::v1alpha1::{
+    Direction, GpuPoolMigration, GpuPoolMigrationSpec, NodeState, PodSelection, PodVerification,
+};
+use crate::cache::pods::PodsByNode;
 use crate::cache::{self, DeviceCounts};
 use crate::error::{Error, Result};
 use crate::node::drain;
@@ -29,11 +32,9 @@ use crate::pool::plugin_config::PluginConfig;
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding};
 use crate::pool::rollout::{self, OtherMigration};
-use crate::reads::pods::{pods_on_node, pods_on_nodes};
+use crate::reads::pods::pods_on_node;
 use crate::reads::reader_objects;
-use crate::reconcile::context::{
-    Context, INVENTORY_TTL, PLUGIN_CONFIG_TTL, POD_COUNT_TTL, POD_VERIFY_TTL, PodCheck,
-};
+use crate::reconcile::context::{Context, INVENTORY_TTL, PLUGIN_CONFIG_TTL, POD_VERIFY_TTL, PodCheck};
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -63,7 +64,7 @@ pub struct Snapshot<'a> {
     /// The other migrations, to find nodes that two select.
     pub others: Vec<OtherMigration>,
     /// GPU consumers per candidate node, every candidate of the pool, so the cheapest start first
-    /// (counted at most every `POD_COUNT_TTL`).
+    /// (counted in the GPU-pod cache).
     pub consuming_pods: HashMap<String, u32>,
     /// What each moving node's step reads besides the node itself.
     pub node_reads: HashMap<String, NodeReads>,
@@ -119,9 +120,9 @@ pub struct NodeReads {
     pub canary: Option<Pod>,
 }
 
-/// Reads the pool. The caches serve nodes, DaemonSets, DeviceClasses and ResourceSlices (see
-/// `cache` for why each is fresh enough); pods are listed per node, only for the nodes whose
-/// state or ordering needs them.
+/// Reads the pool. The caches serve nodes, DaemonSets, DeviceClasses, ResourceSlices and GPU pods
+/// (see `cache` for why each is fresh enough); a node's pods are listed only where the GPU-pod
+/// cache does not hold every pod its step reads ([`pods_cached`]).
 pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapshot<'a>> {
     let spec = &gpm.spec;
     let name = gpm.name_any();
@@ -175,8 +176,10 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     } else {
         Default::default()
     };
+    cache::synced(&ctx.caches.gpu_pods, "Pod").await?;
+    let gpu_pods = PodsByNode::of(&ctx.caches.gpu_pods);
     let consuming_pods = if !first.to_start.is_empty() && !first.queued.is_empty() {
-        candidate_counts(ctx, gpm, first.to_start.iter().chain(&first.queued)).await
+        candidate_counts(spec, &gpu_pods, first.to_start.iter().chain(&first.queued))
     } else {
         HashMap::new()
     };
@@ -187,7 +190,8 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let mut runs = Vec::new();
     for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
         let published = dra_counts.get(&pn.name).map_or(0, |c| c.present);
-        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published).await) });
+        let gpu_pods = &gpu_pods;
+        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published, gpu_pods).await) });
     }
     let reads: Vec<(String, Result<NodeReads>)> = super::bounded_in_order(runs, NODE_READ_CONCURRENCY).await;
     let (mut node_reads, mut read_errors) = (HashMap::new(), HashMap::new());
@@ -203,7 +207,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     }
 
     let inventory = inventory_for(ctx, gpm, &nodes).await;
-    let pods = pods_verified(ctx, gpm, &pool).await;
+    let pods = pods_verified(ctx, gpm, &pool, &gpu_pods).await;
     Ok(Snapshot {
         gpm,
         now,
@@ -226,16 +230,16 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     })
 }
 
-/// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): one paged LIST of the
-/// cluster's bound pods, and a GET of the generated claim of each pod not verified before (once
-/// in a pod's life), at most every [`POD_VERIFY_TTL`] (at once when the spec changed, or the
-/// pool's last node has migrated).
-/// Forward migrations only. A failed read keeps the last result and is logged: the check reports,
+/// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): the GPU-pod cache's, and
+/// the generated claim of each pod not verified before (once in a pod's life, [`claims_of`]), at
+/// most every [`POD_VERIFY_TTL`] (at once when the spec changed, or the pool's last node has
+/// migrated). Forward migrations only. A failed read keeps the last result and is logged: the check reports,
 /// it moves nothing.
 async fn pods_verified(
     ctx: &Context,
     gpm: &GpuPoolMigration,
     pool: &[PoolNode],
+    gpu_pods: &PodsByNode,
 ) -> Option<(PodVerification, bool)> {
     let spec = &gpm.spec;
     if spec.direction != Direction::Forward {
@@ -249,7 +253,7 @@ async fn pods_verified(
     let name = gpm.name_any();
     let last = ctx.pod_checks.lock().ok().and_then(|g| g.get(&name).cloned()).unwrap_or_default();
     // Every TTL, not on each newly migrated node: a reconcile of a pool moving at 10% sees a new
-    // one nearly every time, and a check LISTs the cluster's pods. The last node's arrival checks
+    // one nearly every time, and a check reads new pods' claims. The last node's arrival checks
     // at once, so a finished pool reports its pods without waiting out the TTL.
     let fresh = last.at.is_some_and(|at| at.elapsed() < POD_VERIFY_TTL);
     let all_arrived = migrated.len() == pool.len() && last.migrated != migrated.len();
@@ -260,61 +264,42 @@ async fn pods_verified(
     // A pod verified under another spec (other resources, other classes) is judged again.
     let known = if last.generation == gpm.metadata.generation { last.verified } else { HashSet::new() };
     let res = resources(spec);
-    let pods = match pods_on_nodes(&ctx.client, &migrated, true, |p| {
-        verify::is_checked(&p, &res).then_some(p)
-    })
-    .await
-    {
-        Ok(pods) => pods,
-        Err(e) => {
-            warn!(migration = %name, error = %e, "listing the GPU pods of migrated nodes failed");
-            return previous;
-        }
-    };
+    let pods: Vec<(&str, Vec<&Pod>)> = migrated
+        .iter()
+        .map(|node| (*node, gpu_pods.on(node).filter(|p| verify::is_checked(p, &res)).collect::<Vec<_>>()))
+        .filter(|(_, pods)| !pods.is_empty())
+        .collect();
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
     let mut to_read: Vec<String> = pods
-        .values()
-        .flatten()
+        .iter()
+        .flat_map(|(_, pods)| pods.iter().copied())
         .filter(|p| !known.contains(&uid(p)))
         .filter_map(verify::generated_claim)
         .collect();
     to_read.sort();
     to_read.dedup();
-    let reads = to_read.into_iter().map(|key| {
-        let client = ctx.client.clone();
-        async move {
-            let (namespace, claim) = key.split_once('/').unwrap_or_default();
-            let got = Api::<ResourceClaim>::namespaced(client, namespace).get_opt(claim).await;
-            (key, got)
+    let claims = match claims_of(ctx, to_read).await {
+        Ok(claims) => claims,
+        Err(e) => {
+            warn!(migration = %name, error = %e, "reading the GPU pods' claims failed");
+            return previous;
         }
-    });
-    let mut claims = HashMap::new();
-    for (key, got) in super::bounded_in_order(reads, NODE_READ_CONCURRENCY).await {
-        match got {
-            Ok(claim) => {
-                claims.insert(key, claim);
-            }
-            Err(e) => {
-                warn!(migration = %name, claim = %key, error = %e, "reading a GPU pod's claim failed");
-                return previous;
-            }
-        }
-    }
+    };
     let mut verified = HashSet::new();
     let mut checked = Vec::new();
     for (node, pods) in pods {
         for pod in pods {
-            let id = uid(&pod);
+            let id = uid(pod);
             let verdict = if known.contains(&id) {
                 Ok(())
             } else {
-                let claim = verify::generated_claim(&pod).and_then(|k| claims.get(&k).cloned().flatten());
-                verify::judge(&pod, claim.as_ref(), &res, &spec.driver.name, &node)
+                let claim = verify::generated_claim(pod).and_then(|k| claims.get(&k).cloned().flatten());
+                verify::judge(pod, claim.as_ref(), &res, &spec.driver.name, node)
             };
             if verdict.is_ok() {
                 verified.insert(id);
             }
-            checked.push((node.clone(), pod.namespace().unwrap_or_default(), pod.name_any(), verdict));
+            checked.push((node.to_owned(), pod.namespace().unwrap_or_default(), pod.name_any(), verdict));
         }
     }
     let result = verify::summarize(checked);
@@ -333,6 +318,66 @@ async fn pods_verified(
         );
     }
     Some((result, settling))
+}
+
+/// The claims `keys` name (`namespace/name`), each `None` where it is gone: a GET each while they
+/// are no more than the pages of a LIST of every claim in the cluster, else that LIST, each page
+/// kept only for the claims asked for. The last LIST's page count is the estimate; before the
+/// first, [`CLAIM_PAGES_GUESS`]. A pool moving at 10% checks a hundred new pods at a time, whose
+/// claims come in a page or two rather than a hundred GETs.
+async fn claims_of(ctx: &Context, keys: Vec<String>) -> Result<HashMap<String, Option<ResourceClaim>>> {
+    let pages = ctx.claim_pages.load(std::sync::atomic::Ordering::Relaxed);
+    if !claims_listed(keys.len(), pages) {
+        let reads = keys.into_iter().map(|key| {
+            let client = ctx.client.clone();
+            async move {
+                let (namespace, claim) = key.split_once('/').unwrap_or_default();
+                let got = Api::<ResourceClaim>::namespaced(client, namespace).get_opt(claim).await;
+                (key, got)
+            }
+        });
+        let mut claims = HashMap::new();
+        for (key, got) in super::bounded_in_order(reads, NODE_READ_CONCURRENCY).await {
+            let (namespace, name) = key.split_once('/').unwrap_or_default();
+            let got = got.map_err(|source| Error::GetResourceClaim {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source,
+            })?;
+            claims.insert(key, got);
+        }
+        return Ok(claims);
+    }
+    let mut claims: HashMap<String, Option<ResourceClaim>> = keys.into_iter().map(|k| (k, None)).collect();
+    let api = Api::<ResourceClaim>::all(ctx.client.clone());
+    let mut lp = kube::api::ListParams::default().limit(crate::reads::pods::POD_PAGE);
+    let mut pages = 0;
+    loop {
+        let page = api.list(&lp).await.map_err(|source| Error::ListResourceClaims { source })?;
+        pages += 1;
+        for claim in page.items {
+            let key = format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any());
+            if let Some(slot) = claims.get_mut(&key) {
+                *slot = Some(claim);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => lp = lp.continue_token(&token),
+            None => break,
+        }
+    }
+    ctx.claim_pages.store(pages, std::sync::atomic::Ordering::Relaxed);
+    Ok(claims)
+}
+
+/// The pages a LIST of every claim is guessed to take before one has been made.
+pub const CLAIM_PAGES_GUESS: usize = 4;
+
+/// Whether `wanted` claims are read by a LIST of every claim, which took `pages` pages last time
+/// (0: never listed yet): when it is fewer requests than a GET each. Pure.
+pub fn claims_listed(wanted: usize, pages: usize) -> bool {
+    let pages = if pages == 0 { CLAIM_PAGES_GUESS } else { pages };
+    wanted > pages
 }
 
 /// A node's slices with their devices, by node.
@@ -364,88 +409,34 @@ pub fn slices_by_node(
     (slices, counts)
 }
 
-/// GPU consumers on each candidate, so the whole pool starts cheapest first. One paged LIST of the
-/// cluster's unfinished bound pods counts them all. The first count of a migration (and of each
-/// new generation) is made here, before any node starts; after that the counts are refreshed every
-/// [`POD_COUNT_TTL`] in the background, and reconciles use the last ones meanwhile: the LIST of a
-/// cluster of 50,000 pods takes seconds, and no reconcile waits for it. Only the order depends on
-/// the counts: a failed read keeps the previous counts (or none, and the order falls back to the
-/// name) and is logged.
-async fn candidate_counts<'n>(
-    ctx: &Context,
-    gpm: &GpuPoolMigration,
+/// GPU consumers on each candidate, so the whole pool starts cheapest first: its unfinished pods
+/// that request a migrated resource going forward, or that hold a DRA claim rolling back, counted
+/// in the GPU-pod cache. A candidate with none counts 0, the cheapest. Pure.
+fn candidate_counts<'n>(
+    spec: &GpuPoolMigrationSpec,
+    gpu_pods: &PodsByNode,
     candidates: impl Iterator<Item = &'n String>,
 ) -> HashMap<String, u32> {
-    let name = gpm.name_any();
-    let generation = gpm.metadata.generation;
-    let cached = ctx.pod_counts.lock().ok().and_then(|g| g.counts.get(&name).cloned());
-    let candidates: HashSet<String> = candidates.cloned().collect();
-    let spec = gpm.spec.clone();
-    let count = {
-        let (client, name) = (ctx.client.clone(), name.clone());
-        async move {
-            let res = resources(&spec);
-            let consumes = |pod: &Pod| match spec.direction {
+    let res = resources(spec);
+    let consumes = |pod: &Pod| {
+        !drain::is_finished(pod)
+            && match spec.direction {
                 Direction::Forward => drain::consumes_any(pod, &res),
                 Direction::Rollback => drain::holds_dra_claim(pod),
-            };
-            let wanted: HashSet<&str> = candidates.iter().map(String::as_str).collect();
-            match pods_on_nodes(&client, &wanted, true, |pod| consumes(&pod).then_some(())).await {
-                // A candidate with no consumer is counted too: 0 is a count, and the cheapest.
-                Ok(by_node) => Some(
-                    candidates
-                        .iter()
-                        .map(|n| (n.clone(), by_node.get(n.as_str()).map_or(0, |v| v.len() as u32)))
-                        .collect::<HashMap<String, u32>>(),
-                ),
-                Err(e) => {
-                    warn!(migration = %name, error = %e, "counting the candidates' GPU pods failed");
-                    None
-                }
             }
-        }
     };
-    let store = |counts: &HashMap<String, u32>| {
-        if let Ok(mut g) = ctx.pod_counts.lock() {
-            g.counts.insert(name.clone(), (Instant::now(), generation, counts.clone()));
-        }
-    };
-    match cached {
-        // Counted for this generation: fresh, or refreshed behind the reconciles.
-        Some((at, g, counts)) if g == generation => {
-            if at.elapsed() >= POD_COUNT_TTL {
-                let refresh = ctx.pod_counts.lock().is_ok_and(|mut p| p.refreshing.insert(name.clone()));
-                if refresh {
-                    let shared = ctx.pod_counts.clone();
-                    tokio::spawn(async move {
-                        let counted = count.await;
-                        if let Ok(mut p) = shared.lock() {
-                            p.refreshing.remove(&name);
-                            match counted {
-                                Some(c) => {
-                                    p.counts.insert(name, (Instant::now(), generation, c));
-                                }
-                                // Try again after another TTL, not on every reconcile.
-                                None => {
-                                    if let Some(e) = p.counts.get_mut(&name) {
-                                        e.0 = Instant::now();
-                                    }
-                                }
-                            }
-                        }
-                    });
-                }
-            }
-            counts
-        }
-        // The first count, or a new spec: the order must be right before nodes start.
-        stale => match count.await {
-            Some(c) => {
-                store(&c);
-                c
-            }
-            None => stale.map(|(_, _, c)| c).unwrap_or_default(),
-        },
+    candidates.map(|n| (n.clone(), gpu_pods.on(n).filter(|p| consumes(p)).count() as u32)).collect()
+}
+
+/// Whether the GPU-pod cache holds every pod a step of a node in `state` reads (see
+/// `cache::pods`): not where a drain moves every pod, nor where a switch without the device-plugin
+/// interlock waits for the device plugin's own pod. A rollback reads only the pods that may hold
+/// a claim, whatever the drain selects. Pure.
+pub fn pods_cached(selection: PodSelection, state: NodeState, backend: Backend) -> bool {
+    match state {
+        NodeState::RollingBack => true,
+        NodeState::Switching if backend == Backend::None => false,
+        _ => selection == PodSelection::ResourceConsumers,
     }
 }
 
@@ -459,6 +450,7 @@ pub async fn node(
     pn: &PoolNode,
     node: &SlimNode,
     published: u64,
+    gpu_pods: &PodsByNode,
 ) -> Result<NodeReads> {
     let client = &ctx.client;
     let state = pn.state();
@@ -471,8 +463,13 @@ pub async fn node(
         // Only the pods a step can read are kept (most of a GPU node's pods are not its GPU
         // consumers); the reconcile holds them for every moving node at once.
         let (res, dp) = (resources(spec), &spec.device_plugin.daemon_set);
-        reads.pods = pods_on_node(client, &pn.name).await?;
-        reads.pods.retain(|p| drain::read_by_step(p, &res, &spec.strategy.drain, (&dp.namespace, &dp.name)));
+        let read = |p: &Pod| drain::read_by_step(p, &res, &spec.strategy.drain, (&dp.namespace, &dp.name));
+        if pods_cached(spec.strategy.drain.pod_selection, state, pn.backend()) {
+            reads.pods = gpu_pods.on(&pn.name).filter(|p| read(p)).cloned().collect();
+        } else {
+            reads.pods = pods_on_node(client, &pn.name).await?;
+            reads.pods.retain(|p| read(p));
+        }
         reads.pods.shrink_to_fit();
         reads.pods_read = true;
         if state == NodeState::RollingBack {
@@ -679,6 +676,71 @@ mod tests {
         assert!(switch_reads_pods(Backend::Dra, true, 16, Some(8)));
         // Without a GPU count the switch cannot complete, so there is nothing to read for.
         assert!(!switch_reads_pods(Backend::Dra, true, 8, None));
+    }
+
+    #[test]
+    fn claims_are_listed_when_a_list_takes_fewer_requests_than_a_get_each() {
+        // Before the first LIST, the guess.
+        assert!(!claims_listed(CLAIM_PAGES_GUESS, 0));
+        assert!(claims_listed(CLAIM_PAGES_GUESS + 1, 0));
+        // After it, its page count: a cluster of 20,000 claims (40 pages) reads 30 by GETs.
+        assert!(!claims_listed(30, 40));
+        assert!(claims_listed(41, 40));
+        assert!(claims_listed(2, 1));
+        assert!(!claims_listed(1, 1));
+    }
+
+    #[test]
+    fn a_node_lists_its_pods_only_where_the_gpu_pod_cache_lacks_some_its_step_reads() {
+        use NodeState::*;
+        let (consumers, all) = (PodSelection::ResourceConsumers, PodSelection::All);
+        for state in [Draining, Switching] {
+            assert!(pods_cached(consumers, state, Backend::Dra), "{state:?}: GPU consumers are cached");
+            assert!(!pods_cached(all, state, Backend::Dra), "{state:?}: every movable pod is not");
+        }
+        // Without the interlock the switch waits for the device plugin's own pod, not a GPU pod.
+        assert!(!pods_cached(consumers, Switching, Backend::None));
+        // A drain before that switch still moves only GPU consumers.
+        assert!(pods_cached(consumers, Draining, Backend::None));
+        // A rollback reads the pods that may hold a claim, cached whatever the drain selects.
+        assert!(pods_cached(all, RollingBack, Backend::Dra));
+        assert!(pods_cached(consumers, RollingBack, Backend::None));
+    }
+
+    #[test]
+    fn candidates_count_their_unfinished_gpu_consumers_from_the_cache() {
+        let pod = |name: &str, node: &str, res: &str, phase: &str, claim: bool| {
+            let mut v = serde_json::json!({
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {res: "1"}}}]},
+                "status": {"phase": phase}
+            });
+            if claim {
+                v["status"]["extendedResourceClaimStatus"] =
+                    serde_json::json!({"resourceClaimName": "c", "requestMappings": []});
+            }
+            Arc::new(serde_json::from_value::<cache::pods::WatchedPod>(v).unwrap())
+        };
+        let cached = PodsByNode::from_pods([
+            pod("a", "n1", "nvidia.com/gpu", "Running", false),
+            pod("b", "n1", "nvidia.com/gpu", "Pending", false),
+            pod("c", "n1", "example.com/nic", "Running", false),
+            pod("d", "n2", "nvidia.com/gpu", "Succeeded", false),
+            pod("e", "n2", "nvidia.com/gpu", "Running", true),
+        ]);
+        let mut spec: GpuPoolMigrationSpec = serde_json::from_value(serde_json::json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "s", "name": "d"}},
+            "devicePlugin": {"daemonSet": {"namespace": "g", "name": "p"}}
+        }))
+        .unwrap();
+        let names = ["n1".to_string(), "n2".to_string(), "n3".to_string()];
+        let counts = candidate_counts(&spec, &cached, names.iter());
+        let expected = |n1, n2| HashMap::from([("n1".into(), n1), ("n2".into(), n2), ("n3".into(), 0)]);
+        assert_eq!(counts, expected(2, 1), "forward: the migrated resource's unfinished pods");
+        spec.direction = Direction::Rollback;
+        assert_eq!(candidate_counts(&spec, &cached, names.iter()), expected(0, 1), "rollback: claim holders");
     }
 
     #[test]

@@ -130,6 +130,8 @@ struct ObjectMeta {
     namespace: Option<String>,
     #[prost(string, optional, tag = "5")]
     uid: Option<String>,
+    #[prost(string, optional, tag = "6")]
+    resource_version: Option<String>,
     #[prost(message, optional, tag = "9")]
     deletion_timestamp: Option<TimeMessage>,
     #[prost(btree_map = "string, string", tag = "11")]
@@ -303,6 +305,7 @@ impl From<PodMessage> for PodFields {
                 name: m.name,
                 namespace: m.namespace,
                 uid: m.uid,
+                resource_version: m.resource_version,
                 labels: non_empty(m.labels),
                 annotations: non_empty(m.annotations),
                 owner_references: non_empty(m.owner_references.into_iter().map(owner).collect()),
