@@ -104,6 +104,29 @@ impl PodFields {
         self.spec.as_ref().and_then(|s| s.node_name.as_deref())
     }
 
+    /// Drops the volumes other than emptyDir ones, the only ones a drain reads: a cache that
+    /// holds pods need not keep each pod's service-account token volume.
+    pub fn keep_empty_dir_volumes(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            if let Some(vs) = spec.volumes.as_mut() {
+                vs.retain(|v| v.empty_dir.is_some());
+            }
+            if spec.volumes.as_ref().is_some_and(Vec::is_empty) {
+                spec.volumes = None;
+            }
+        }
+    }
+
+    /// The metadata a store keys the pod by: its name, namespace and resourceVersion.
+    pub fn key_meta(&self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.metadata.name.clone(),
+            namespace: self.metadata.namespace.clone(),
+            resource_version: self.metadata.resource_version.clone(),
+            ..Default::default()
+        }
+    }
+
     /// The pod with these fields and nothing else.
     pub fn into_pod(self) -> Pod {
         let Meta {

@@ -264,7 +264,7 @@ async fn pods_verified(
     // A pod verified under another spec (other resources, other classes) is judged again.
     let known = if last.generation == gpm.metadata.generation { last.verified } else { HashSet::new() };
     let res = resources(spec);
-    let pods: Vec<(&str, Vec<&Pod>)> = migrated
+    let pods: Vec<(&str, Vec<Pod>)> = migrated
         .iter()
         .map(|node| (*node, gpu_pods.on(node).filter(|p| verify::is_checked(p, &res)).collect::<Vec<_>>()))
         .filter(|(_, pods)| !pods.is_empty())
@@ -272,7 +272,7 @@ async fn pods_verified(
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
     let mut to_read: Vec<String> = pods
         .iter()
-        .flat_map(|(_, pods)| pods.iter().copied())
+        .flat_map(|(_, pods)| pods.iter())
         .filter(|p| !known.contains(&uid(p)))
         .filter_map(verify::generated_claim)
         .collect();
@@ -289,12 +289,12 @@ async fn pods_verified(
     let mut checked = Vec::new();
     for (node, pods) in pods {
         for pod in pods {
-            let id = uid(pod);
+            let id = uid(&pod);
             let verdict = if known.contains(&id) {
                 Ok(())
             } else {
-                let claim = verify::generated_claim(pod).and_then(|k| claims.get(&k).cloned().flatten());
-                verify::judge(pod, claim.as_ref(), &res, &spec.driver.name, node)
+                let claim = verify::generated_claim(&pod).and_then(|k| claims.get(&k).cloned().flatten());
+                verify::judge(&pod, claim.as_ref(), &res, &spec.driver.name, node)
             };
             if verdict.is_ok() {
                 verified.insert(id);
@@ -465,7 +465,7 @@ pub async fn node(
         let (res, dp) = (resources(spec), &spec.device_plugin.daemon_set);
         let read = |p: &Pod| drain::read_by_step(p, &res, &spec.strategy.drain, (&dp.namespace, &dp.name));
         if pods_cached(spec.strategy.drain.pod_selection, state, pn.backend()) {
-            reads.pods = gpu_pods.on(&pn.name).filter(|p| read(p)).cloned().collect();
+            reads.pods = gpu_pods.on(&pn.name).filter(|p| read(p)).collect();
         } else {
             reads.pods = pods_on_node(client, &pn.name).await?;
             reads.pods.retain(|p| read(p));
