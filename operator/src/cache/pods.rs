@@ -39,10 +39,10 @@ use crate::reads::pod_list::PodFields;
 pub const BOUND: &str = "spec.nodeName!=";
 
 /// A pod as the watch reads and the cache holds it: the fields a drain judges as they were parsed
-/// ([`PodFields`], less the volumes other than emptyDir ones), and the metadata the store keys it
-/// by. Parsed fields take about 2 KiB a pod where the `Pod` built from them takes about 10 (a
-/// `PodSpec` is 1,488 bytes before anything is set, a `Container` 2,336, a `Volume` 3,280): at
-/// 5,000 GPU pods, 10 MiB against 50. A step reads the `Pod` ([`WatchedPod::pod`]), built for the
+/// ([`PodFields`], less what no step reads: [`PodFields::trim_for_cache`]), and the metadata the
+/// store keys it by. A `Pod` is mostly empty structs (a `PodSpec` is 1,488 bytes before anything is
+/// set, a `Container` 2,336, a `Volume` 3,280): built from the parsed fields it takes about 10 KiB,
+/// several times what the fields do. A step reads the `Pod` ([`WatchedPod::pod`]), built for the
 /// nodes it reads.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "PodFields")]
@@ -54,7 +54,7 @@ pub struct WatchedPod {
 
 impl From<PodFields> for WatchedPod {
     fn from(mut fields: PodFields) -> Self {
-        fields.keep_empty_dir_volumes();
+        fields.trim_for_cache();
         WatchedPod { metadata: fields.key_meta(), fields }
     }
 }
@@ -300,10 +300,13 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_pod_keeps_its_emptydir_volumes_only() {
+    fn a_cached_pod_keeps_what_a_step_reads_and_not_its_labels_or_other_volumes() {
         let with = |volumes: serde_json::Value| {
             let mut v = gpu("Running");
             v["spec"]["volumes"] = volumes;
+            v["metadata"]["labels"] = json!({"app": "train"});
+            v["metadata"]["annotations"] =
+                json!({drain::MIRROR_POD_ANNOTATION: "x", "prometheus.io/scrape": "true"});
             serde_json::from_value::<WatchedPod>(v).unwrap().pod()
         };
         let token = json!({"name": "kube-api-access-x", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}});
@@ -317,6 +320,9 @@ mod tests {
         assert_eq!(token_only.spec.as_ref().unwrap().volumes, None);
         assert!(!drain::uses_empty_dir(&token_only));
         assert_eq!(both.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(both.metadata.labels, None);
+        assert!(drain::is_mirror_pod(&both), "the mirror-pod annotation is kept");
+        assert_eq!(both.metadata.annotations.as_ref().map(|a| a.len()), Some(1));
     }
 
     #[test]

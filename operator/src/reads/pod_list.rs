@@ -104,9 +104,18 @@ impl PodFields {
         self.spec.as_ref().and_then(|s| s.node_name.as_deref())
     }
 
-    /// Drops the volumes other than emptyDir ones, the only ones a drain reads: a cache that
-    /// holds pods need not keep each pod's service-account token volume.
-    pub fn keep_empty_dir_volumes(&mut self) {
+    /// Drops what the operator's steps never read of a pod it caches: its labels (only
+    /// `switchyard plan` matches PodDisruptionBudgets by them), its annotations other than the
+    /// mirror-pod one, and its volumes other than emptyDir ones (each pod's service-account token
+    /// volume among them).
+    pub fn trim_for_cache(&mut self) {
+        self.metadata.labels = None;
+        if let Some(a) = self.metadata.annotations.as_mut() {
+            a.retain(|k, _| k == MIRROR_POD_ANNOTATION);
+        }
+        if self.metadata.annotations.as_ref().is_some_and(BTreeMap::is_empty) {
+            self.metadata.annotations = None;
+        }
         if let Some(spec) = self.spec.as_mut() {
             if let Some(vs) = spec.volumes.as_mut() {
                 vs.retain(|v| v.empty_dir.is_some());
