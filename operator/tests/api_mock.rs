@@ -372,9 +372,17 @@ async fn pods_of_a_pool_come_from_paged_lists_of_bound_pods_not_one_per_node() {
         uris
     });
     let nodes = std::collections::HashSet::from(["n1", "n2", "n3"]);
-    let got = switchyard_operator::reads::pods::pods_on_nodes(&client, &nodes, true, |p| p.metadata.name)
-        .await
-        .unwrap();
+    let got = switchyard_operator::reads::pods::fold_pods_on_nodes(
+        &client,
+        &nodes,
+        true,
+        std::collections::HashMap::<String, Vec<String>>::new(),
+        |by_node, node, p| {
+            by_node.entry(node.to_owned()).or_default().push(p.metadata.name.unwrap_or_default())
+        },
+    )
+    .await
+    .unwrap();
     let uris = server.await.unwrap();
     // Two requests for three nodes; the server filters out unbound and finished pods.
     assert_eq!(uris.len(), 2, "{uris:?}");

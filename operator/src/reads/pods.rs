@@ -1,7 +1,7 @@
 //! The pods bound to one node, or to any node of a set, read through the paged pod LISTs of
 //! [`super::pod_list`] into the fields a drain judges.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -18,33 +18,12 @@ pub async fn pods_on_node(client: &Client, node: &str) -> Result<Vec<Pod>> {
     pod_list::list_node(client, node).await.map_err(|source| Error::ListPods { node: node.into(), source })
 }
 
-/// The pods bound to any node in `nodes`, by node, from paged LISTs of every bound pod in the
-/// cluster ([`POD_PAGE`] a page), each pod passed through `keep` as its page arrives: a pool of
-/// thousands of nodes costs (cluster pods / page) requests, not one per node, and only what `keep`
-/// returns is held. `unfinished` leaves out Succeeded and Failed pods on the server. Each pod has
-/// only the fields a drain reads ([`pod_list::PodFields`]).
-pub async fn pods_on_nodes<T>(
-    client: &Client,
-    nodes: &HashSet<&str>,
-    unfinished: bool,
-    mut keep: impl FnMut(Pod) -> Option<T>,
-) -> Result<HashMap<String, Vec<T>>> {
-    fold_pods_on_nodes(
-        client,
-        nodes,
-        unfinished,
-        HashMap::new(),
-        |out: &mut HashMap<String, Vec<T>>, node, pod| {
-            if let Some(t) = keep(pod) {
-                out.entry(node.to_owned()).or_default().push(t);
-            }
-        },
-    )
-    .await
-}
-
-/// The same LISTs as [`pods_on_nodes`], each pod bound to a node in `nodes` folded into `acc` with
-/// its node's name as its page arrives, for a caller that keeps a count rather than the pod.
+/// The pods bound to any node in `nodes`, from paged LISTs of every bound pod in the cluster
+/// ([`POD_PAGE`] a page), each folded into `acc` with its node's name as its page arrives: a pool of
+/// thousands of nodes costs (cluster pods / page) requests, not one per node, and only what the
+/// fold keeps is held (`switchyard plan` keeps the pods it judges and counts the rest).
+/// `unfinished` leaves out Succeeded and Failed pods on the server. Each pod has only the fields a
+/// drain reads ([`pod_list::PodFields`]).
 pub async fn fold_pods_on_nodes<A>(
     client: &Client,
     nodes: &HashSet<&str>,
