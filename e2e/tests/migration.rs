@@ -221,8 +221,8 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
     recorded
 }
 
-/// Scrapes the pool's `switchyard_pool_gpus` every 200 ms until `stop`: each scrape's
-/// `[device-plugin, dra, none]`, once the operator has set all three.
+/// Scrapes the pool's `switchyard_pool_gpus` every 200 ms until `stop`, and once after it: each
+/// scrape's `[device-plugin, dra, none]`, once the operator has set all three.
 async fn scrape_pool_gpus(
     url: String,
     migration: String,
@@ -230,6 +230,8 @@ async fn scrape_pool_gpus(
 ) -> Vec<[u64; 3]> {
     let mut figures = Vec::new();
     loop {
+        // Once stopped, one more scrape: the last figure is then one taken after the stop.
+        let stopping = *stop.borrow_and_update();
         if let Ok((200, text)) = switchyard_e2e::measure::http("GET", &url, None).await {
             let of = |backend| {
                 switchyard_e2e::measure::labelled(
@@ -242,8 +244,12 @@ async fn scrape_pool_gpus(
                 figures.push([plugin as u64, dra as u64, none as u64]);
             }
         }
+        if stopping {
+            return figures;
+        }
         tokio::select! {
-            _ = stop.changed() => return figures,
+            // The sender gone without a stop: the test ended early.
+            changed = stop.changed() => if changed.is_err() { return figures },
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }

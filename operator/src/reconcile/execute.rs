@@ -182,6 +182,8 @@ pub async fn pool(
     status.in_progress = progress;
     status.in_progress.extend(departed);
     status.in_progress.truncate(STATUS_LIST_MAX);
+    // The gauges before the status: whoever reads the status reads gauges at least as new.
+    set_metrics(ctx, &name, &d.metrics, &status);
 
     // A status that changed only in its progress lines waits for the next write (coalesced); the
     // node annotations hold the truth meanwhile, so nothing is lost.
@@ -211,8 +213,6 @@ pub async fn pool(
             |(node, ev)| async move { publish(ctx, gpm, node, &ev).await },
         )
         .await;
-
-    set_metrics(ctx, &name, &d.metrics, &status);
 
     let mut next = if errors > 0 {
         // Retry the failed writes soon, with the status written and the other nodes stepped.
