@@ -114,6 +114,10 @@ pub struct Metrics {
     /// allocator holds free.
     pub heap_in_use: Gauge,
     stalled_reasons: Mutex<HashMap<String, String>>,
+    /// Held while a group of series that belong together is written (a pool's GPUs by backend,
+    /// its nodes by state, the cluster's GPUs) and while the registry is encoded, so a scrape
+    /// never reads half an update: a pool's GPUs summing to less than the pool mid-switch.
+    whole: Mutex<()>,
 }
 
 /// Every node state, so a gauge drops to 0 when the last node leaves a state.
@@ -254,6 +258,7 @@ impl Metrics {
             migration_stalled,
             heap_in_use,
             stalled_reasons: Mutex::new(HashMap::new()),
+            whole: Mutex::new(()),
         }
     }
 
@@ -277,6 +282,7 @@ impl Metrics {
 
     /// Sets the per-state node gauge for a pool, zeroing states with no node.
     pub fn set_nodes(&self, pool: &str, counts: &[(NodeState, i64)]) {
+        let _whole = self.whole();
         for s in ALL_STATES {
             let n = counts.iter().filter(|(st, _)| *st == s).map(|(_, n)| *n).sum();
             self.nodes
@@ -286,6 +292,7 @@ impl Metrics {
     }
 
     pub fn set_gpus(&self, pool: &str, gpus: GpusByBackend) {
+        let _whole = self.whole();
         for (backend, n) in BACKEND_LABELS.into_iter().zip(by_label(gpus)) {
             self.pool_gpus.get_or_create(&GpuLabels { migration: pool.to_string(), backend }).set(n);
         }
@@ -303,7 +310,9 @@ impl Metrics {
     /// not synced yet: no series, rather than zeros that read as GPUs lost.
     pub fn refresh_cluster(&self) {
         let Ok(source) = self.cluster_source.lock() else { return };
-        match source.as_ref().and_then(|f| f()) {
+        let gpus = source.as_ref().and_then(|f| f());
+        let _whole = self.whole();
+        match gpus {
             Some(gpus) => {
                 for (backend, n) in BACKEND_LABELS.into_iter().zip(by_label(gpus)) {
                     self.cluster_gpus.get_or_create(&BackendLabels { backend }).set(n);
@@ -315,6 +324,7 @@ impl Metrics {
 
     /// Drops a deleted pool's series.
     pub fn forget_pool(&self, pool: &str) {
+        let _whole = self.whole();
         for s in ALL_STATES {
             self.nodes.remove(&NodeLabels { migration: pool.to_string(), state: state_label(s) });
         }
@@ -332,8 +342,15 @@ impl Metrics {
         self.heap_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
+    /// The lock of [`Metrics::whole`]; a writer that panicked left no half-written gauge worth
+    /// refusing a scrape for, so a poisoned lock is taken all the same.
+    fn whole(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.whole.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The OpenMetrics text for `/metrics`.
     pub fn encode(&self) -> String {
+        let _whole = self.whole();
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -400,6 +417,43 @@ mod tests {
             text.contains("switchyard_cluster_gpus{backend=\"dra\"} 40"),
             "the cluster's outlive the pool's"
         );
+    }
+
+    #[test]
+    fn a_scrape_never_reads_half_of_a_pools_gpu_update() {
+        let m = std::sync::Arc::new(Metrics::new());
+        let figures = [
+            GpusByBackend { device_plugin: 16, dra: 0, none: 0 },
+            GpusByBackend { device_plugin: 8, dra: 4, none: 4 },
+            GpusByBackend { device_plugin: 0, dra: 16, none: 0 },
+        ];
+        m.set_gpus("pool-a", figures[0]);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (m, stop) = (m.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut writes = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    m.set_gpus("pool-a", figures[writes % figures.len()]);
+                    writes += 1;
+                }
+                writes
+            })
+        };
+        let mut sums = std::collections::BTreeSet::new();
+        for _ in 0..2_000 {
+            let text = m.encode();
+            let sum: i64 = text
+                .lines()
+                .filter(|l| l.starts_with("switchyard_pool_gpus{migration=\"pool-a\""))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<i64>().unwrap())
+                .sum();
+            sums.insert(sum);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let writes = writer.join().unwrap();
+        assert!(writes > figures.len(), "the writer ran alongside the scrapes: {writes} writes");
+        assert_eq!(sums, [16].into(), "every scrape read one whole update");
     }
 
     #[test]
