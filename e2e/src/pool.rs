@@ -68,6 +68,20 @@ pub enum DriverFlavor {
     ThirdParty,
 }
 
+/// The name a pool's device plugin advertises its full GPUs under.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuName {
+    /// `nvidia.com/gpu`. One such pool at a time on the shared cluster ([`NVIDIA_GPU`]): two
+    /// pools' DeviceClasses for one extended resource name shadow each other.
+    #[default]
+    Nvidia,
+    /// `nvidia.com/gpu-<pool id>`, as the device plugin's `resources.gpus[].name` config renames
+    /// GPUs. The migration lists it in `spec.devicePlugin.gpuResources` and the agent in
+    /// `--device-plugin-resources`, as a user with that config sets them. Such pools run side
+    /// by side.
+    Renamed,
+}
+
 /// The GPU Operator's ClusterPolicy kind.
 fn cluster_policy_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -79,9 +93,14 @@ fn cluster_policy_resource() -> ApiResource {
 /// Nodes created at once when a pool is built.
 const NODE_CREATE_CONCURRENCY: usize = 16;
 
-/// Serialises the scenarios that use the real `nvidia.com/gpu` resource name: two pools with
-/// DeviceClasses for the same extended resource name would shadow each other.
-pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Serialises the scenarios of one test binary that use the real `nvidia.com/gpu` resource name
+/// ([`GpuName::Nvidia`]): two pools with DeviceClasses for the same extended resource name would
+/// shadow each other. Pools with their own names ([`GpuName::Renamed`]) do not take it.
+pub static NVIDIA_GPU: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every scenario of a test binary holds it shared, and one that disrupts the whole cluster (an
+/// API-server restart) holds it alone, so no other scenario runs through the outage.
+pub static CLUSTER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// A running `switchyard-operator` process.
 pub struct Operator {
@@ -118,6 +137,9 @@ pub struct Pool {
     pub operator: Option<Operator>,
     pub flavor: DevicePluginFlavor,
     pub driver_flavor: DriverFlavor,
+    /// The extended resource the device plugin advertises full GPUs under and the pool's
+    /// workloads ask for ([`GpuName`]).
+    pub resource: String,
     work_dir: std::path::PathBuf,
 }
 
@@ -125,18 +147,20 @@ impl Pool {
     /// Creates `nodes` simulated nodes with `gpus` GPUs each, both DaemonSets, and starts the
     /// simulator. The operator is not started yet.
     pub async fn new(prefix: &str, nodes: u32, gpus: u32) -> anyhow::Result<Self> {
-        Self::with_unregister_delay(prefix, nodes, gpus, Duration::from_secs(1)).await
+        Self::with_unregister_delay(prefix, nodes, gpus, Duration::from_secs(1), GpuName::Nvidia).await
     }
 
     /// Like [`Pool::new`], with the delay between a plugin pod leaving a node and its resources
-    /// disappearing (a long one holds nodes in Switching).
+    /// disappearing (a long one holds nodes in Switching), and the GPUs' resource name.
     pub async fn with_unregister_delay(
         prefix: &str,
         nodes: u32,
         gpus: u32,
         unregister_delay: Duration,
+        name: GpuName,
     ) -> anyhow::Result<Self> {
-        Self::build(prefix, uniform(nodes, gpus), unregister_delay).await
+        let flavors = (DevicePluginFlavor::Plain, DriverFlavor::Switchyard, name);
+        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, false, flavors).await
     }
 
     /// A pool of one node per entry of `layouts`, each with that GPU layout and those extra
@@ -145,7 +169,8 @@ impl Pool {
         prefix: &str,
         layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
     ) -> anyhow::Result<Self> {
-        Self::build(prefix, layouts, Duration::from_secs(1)).await
+        let flavors = (DevicePluginFlavor::Plain, DriverFlavor::Switchyard, GpuName::Nvidia);
+        Self::build_with(prefix, layouts, Duration::from_secs(1), false, flavors).await
     }
 
     /// The scale environment's pool: `nodes` nodes with `gpus` GPUs each on the light simulator
@@ -157,15 +182,8 @@ impl Pool {
         gpus: u32,
         unregister_delay: Duration,
     ) -> anyhow::Result<Self> {
-        Self::build_with(
-            prefix,
-            uniform(nodes, gpus),
-            unregister_delay,
-            true,
-            DevicePluginFlavor::Plain,
-            DriverFlavor::Switchyard,
-        )
-        .await
+        let flavors = (DevicePluginFlavor::Plain, DriverFlavor::Switchyard, GpuName::Nvidia);
+        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, true, flavors).await
     }
 
     /// A pool whose DRA driver has no device-plugin interlock ([`DriverFlavor::ThirdParty`]).
@@ -174,45 +192,16 @@ impl Pool {
         nodes: u32,
         gpus: u32,
         unregister_delay: Duration,
+        name: GpuName,
     ) -> anyhow::Result<Self> {
-        Self::build_with(
-            prefix,
-            uniform(nodes, gpus),
-            unregister_delay,
-            false,
-            DevicePluginFlavor::Plain,
-            DriverFlavor::ThirdParty,
-        )
-        .await
+        let flavors = (DevicePluginFlavor::Plain, DriverFlavor::ThirdParty, name);
+        Self::build_with(prefix, uniform(nodes, gpus), unregister_delay, false, flavors).await
     }
 
     /// A pool whose device plugin the GPU Operator deploys ([`DevicePluginFlavor::GpuOperator`]).
     pub async fn gpu_operator(prefix: &str, nodes: u32, gpus: u32) -> anyhow::Result<Self> {
-        Self::build_with(
-            prefix,
-            uniform(nodes, gpus),
-            Duration::from_secs(1),
-            false,
-            DevicePluginFlavor::GpuOperator,
-            DriverFlavor::Switchyard,
-        )
-        .await
-    }
-
-    async fn build(
-        prefix: &str,
-        layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
-        unregister_delay: Duration,
-    ) -> anyhow::Result<Self> {
-        Self::build_with(
-            prefix,
-            layouts,
-            unregister_delay,
-            false,
-            DevicePluginFlavor::Plain,
-            DriverFlavor::Switchyard,
-        )
-        .await
+        let flavors = (DevicePluginFlavor::GpuOperator, DriverFlavor::Switchyard, GpuName::Nvidia);
+        Self::build_with(prefix, uniform(nodes, gpus), Duration::from_secs(1), false, flavors).await
     }
 
     async fn build_with(
@@ -220,11 +209,15 @@ impl Pool {
         layouts: Vec<(GpuLayout, BTreeMap<String, String>)>,
         unregister_delay: Duration,
         light: bool,
-        flavor: DevicePluginFlavor,
-        driver_flavor: DriverFlavor,
+        (flavor, driver_flavor, name): (DevicePluginFlavor, DriverFlavor, GpuName),
     ) -> anyhow::Result<Self> {
         let client = cluster::client().await?;
         let id = unique(prefix);
+        let resource = match name {
+            GpuName::Nvidia => NVIDIA_GPU_RESOURCE.to_owned(),
+            GpuName::Renamed => format!("{NVIDIA_GPU_RESOURCE}-{id}"),
+        };
+        let renamed = (name == GpuName::Renamed).then(|| resource.clone());
         let system_ns = format!("{id}-system");
         let apps_ns = format!("{id}-apps");
         cluster::create_namespace(&client, &system_ns).await?;
@@ -247,17 +240,19 @@ impl Pool {
             work_dir: work_dir.clone(),
             health_hold_seconds: 5,
             device_plugin_interlock: driver_flavor == DriverFlavor::Switchyard,
+            renamed_gpu_resource: renamed.clone(),
         });
         let sim = Simulator::start(client.clone(), config).await?;
         let mut specs = Vec::new();
         let mut advertised = Vec::new();
-        for (i, (layout, mut labels)) in layouts.into_iter().enumerate() {
+        for (i, (mut layout, mut labels)) in layouts.into_iter().enumerate() {
+            layout.gpu_resource.clone_from(&renamed);
             let name = format!("{id}-n{i}");
             labels.insert("pool".to_owned(), id.clone());
             if flavor == DevicePluginFlavor::GpuOperator {
                 labels.insert(LABEL_GPU_OPERATOR_DEVICE_PLUGIN.to_owned(), "true".to_owned());
             }
-            let gpus = layout.device_plugin_resources().get(NVIDIA_GPU_RESOURCE).copied().unwrap_or(0);
+            let gpus = layout.device_plugin_resources().get(&resource).copied().unwrap_or(0);
             advertised.push((name.clone(), gpus));
             specs.push(SimNode { name, labels, layout });
         }
@@ -279,6 +274,7 @@ impl Pool {
             operator: None,
             flavor,
             driver_flavor,
+            resource,
             work_dir,
         };
         pool.create_daemonsets().await?;
@@ -291,7 +287,7 @@ impl Pool {
     pub async fn add_node(&mut self, gpus: u32) -> anyhow::Result<String> {
         let name = format!("{}-n{}", self.id, self.nodes.len());
         let labels = BTreeMap::from([("pool".to_owned(), self.id.clone())]);
-        self.sim().add_node(SimNode { name: name.clone(), labels, layout: GpuLayout::gpus(gpus) }).await?;
+        self.sim().add_node(SimNode { name: name.clone(), labels, layout: self.layout(gpus) }).await?;
         self.nodes.push(name.clone());
         self.wait_device_plugin_serving(&[(name.clone(), gpus)]).await?;
         Ok(name)
@@ -308,9 +304,15 @@ impl Pool {
         let name = format!("{}-n{}", self.id, self.nodes.len());
         let mut labels = labels;
         labels.insert("pool".to_owned(), self.id.clone());
-        self.sim().add_node(SimNode { name: name.clone(), labels, layout: GpuLayout::gpus(gpus) }).await?;
+        self.sim().add_node(SimNode { name: name.clone(), labels, layout: self.layout(gpus) }).await?;
         self.nodes.push(name.clone());
         Ok(name)
+    }
+
+    /// `gpus` full GPUs under the pool's resource name.
+    fn layout(&self, gpus: u32) -> GpuLayout {
+        let renamed = (self.resource != NVIDIA_GPU_RESOURCE).then(|| self.resource.clone());
+        GpuLayout { gpu_resource: renamed, ..GpuLayout::gpus(gpus) }
     }
 
     pub fn sim(&self) -> &Simulator {
@@ -389,10 +391,11 @@ impl Pool {
         })
     }
 
-    /// Waits until each node advertises its `nvidia.com/gpu` count (one LIST of the pool a try).
+    /// Waits until each node advertises its GPU count (one LIST of the pool a try).
     async fn wait_device_plugin_serving(&self, advertised: &[(String, u32)]) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(&format!("pool={}", self.id));
+        let resource = self.resource.as_str();
         // 5,000 light nodes take minutes on 2 cores: the DaemonSet controller makes a pod for each.
         let timeout = Duration::from_secs(90 + advertised.len() as u64 / 4);
         wait::until("the device plugin to serve every pool node", timeout, || {
@@ -403,7 +406,7 @@ impl Pool {
                     .await?
                     .items
                     .iter()
-                    .map(|n| (n.name_any(), allocatable(n, NVIDIA_GPU_RESOURCE)))
+                    .map(|n| (n.name_any(), allocatable(n, resource)))
                     .collect();
                 let serving = advertised.iter().all(|(n, gpus)| listed.get(n) == Some(&i64::from(*gpus)));
                 Ok(serving.then_some(()))
@@ -419,13 +422,16 @@ impl Pool {
             "metadata": {"name": name, "labels": {"e2e.switchyard.dev/pool": self.id}},
             "spec": {
                 "nodeSelector": {"matchLabels": {"pool": self.id}},
-                "resources": [{"extendedResourceName": NVIDIA_GPU_RESOURCE, "deviceClassName": format!("{}.gpu", self.id),
+                "resources": [{"extendedResourceName": self.resource, "deviceClassName": format!("{}.gpu", self.id),
                                "selector": format!("device.attributes['{}'].type == 'gpu'", self.driver)}],
                 "driver": {"name": self.driver, "daemonSet": {"namespace": self.system_ns, "name": DRIVER_DS}},
                 "devicePlugin": {"daemonSet": {"namespace": self.system_ns, "name": DEVICE_PLUGIN_DS}},
                 "strategy": {"drain": {"gracePeriodSeconds": 1, "timeoutSeconds": 120}, "verify": {"timeoutSeconds": 120}},
             }
         });
+        if self.resource != NVIDIA_GPU_RESOURCE {
+            object["spec"]["devicePlugin"]["gpuResources"] = json!([self.resource]);
+        }
         if self.driver_flavor == DriverFlavor::Switchyard {
             // Switchyard's agent under a name of the pool's own: it has the interlock, which the
             // operator assumes only for `gpu.switchyard.dev` unless told.
@@ -526,10 +532,10 @@ impl Pool {
         .await
     }
 
-    /// A Deployment of `replicas` pods, each asking for `gpus` of nvidia.com/gpu (0: no GPU).
+    /// A Deployment of `replicas` pods, each asking for `gpus` of the pool's GPUs (0: no GPU).
     pub async fn deployment(&self, name: &str, replicas: i32, gpus: u32) -> anyhow::Result<()> {
         let resources =
-            if gpus > 0 { json!({"limits": {NVIDIA_GPU_RESOURCE: gpus.to_string()}}) } else { json!({}) };
+            if gpus > 0 { json!({"limits": {&self.resource: gpus.to_string()}}) } else { json!({}) };
         let d: Deployment = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {
@@ -577,7 +583,8 @@ impl Pool {
 
     /// Starts the invariant sampler for this pool.
     pub fn sample(&self) -> Sampler {
-        Sampler::watch(self.client.clone(), self.id.clone(), self.driver.clone(), self.apps_ns.clone())
+        let (pool, driver, apps_ns) = (self.id.clone(), self.driver.clone(), self.apps_ns.clone());
+        Sampler::watch(self.client.clone(), pool, driver, apps_ns, self.resource.clone())
     }
 
     /// Runs `scenario` on this pool and then cleans the pool up whatever the outcome, a failed
@@ -719,7 +726,10 @@ pub fn schedulable_devices(slice: &ResourceSlice, rules: &[&DeviceTaintRule]) ->
 pub struct Samples {
     /// Watch events evaluated.
     pub events: u64,
-    /// Every instant a node was served by both backends: (node, allocatable, schedulable devices).
+    /// Every instant a node was served by both backends: (node, allocatable, schedulable devices),
+    /// once per pair of node and slice versions. The watches of nodes and of slices are separate
+    /// streams, so one may deliver a change later than the other: a pair is dropped once the
+    /// resourceVersions show the two versions never held at the same instant ([`Overlap`]).
     pub overlaps: Vec<(String, i64, usize)>,
     /// Every instant a pod held a DRA claim on a node where no DRA-driver pod was running:
     /// (pod, node, its phase and whether it was being deleted).
@@ -739,11 +749,46 @@ pub struct Samples {
 #[derive(Default)]
 struct View {
     nodes: HashMap<String, Node>,
+    /// Per node, the resourceVersion of the node object held, and of the last change to its
+    /// slices.
+    node_rv: HashMap<String, Option<u64>>,
+    slices_rv: HashMap<String, Option<u64>>,
+    /// Overlaps seen and not refuted.
+    overlaps: Vec<Overlap>,
     slices: HashMap<String, ResourceSlice>,
     rules: HashMap<String, DeviceTaintRule>,
     driver_pods: HashMap<String, String>,
     claim_holders: HashMap<String, (String, String, String)>,
     ready_by_app: HashMap<String, BTreeSet<String>>,
+}
+
+/// A node seen served by both backends, with the resourceVersions of the node and slice versions
+/// that showed it. Each version holds from its resourceVersion until the next one's (etcd
+/// revisions, which the API server orders). The overlap existed iff the two spans meet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Overlap {
+    node: String,
+    allocatable: i64,
+    devices: usize,
+    node_rv: Option<u64>,
+    slices_rv: Option<u64>,
+    node_next: Option<u64>,
+    slices_next: Option<u64>,
+}
+
+impl Overlap {
+    /// True once the versions' spans are known not to meet: one was replaced before the other
+    /// began. Unknown resourceVersions never refute.
+    fn refuted(&self) -> bool {
+        let (Some(n), Some(s)) = (self.node_rv, self.slices_rv) else { return false };
+        let end = self.node_next.unwrap_or(u64::MAX).min(self.slices_next.unwrap_or(u64::MAX));
+        n.max(s) >= end
+    }
+}
+
+/// The resourceVersion of `meta` as the etcd revision it is on this API server.
+fn revision(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<u64> {
+    meta.resource_version.as_deref().and_then(|v| v.parse().ok())
 }
 
 /// Watches the pool's nodes, its driver's slices and all pods, and checks the invariants on
@@ -780,8 +825,9 @@ enum Update {
 
 impl Sampler {
     /// Starts sampling the nodes labelled `pool=<pool>`, the slices of `driver`, every pod (with
-    /// the PDB and deletion bookkeeping for pods in `apps_ns`) and every DeviceTaintRule.
-    pub fn watch(client: Client, pool: String, driver: String, apps_ns: String) -> Self {
+    /// the PDB and deletion bookkeeping for pods in `apps_ns`) and every DeviceTaintRule; the
+    /// device plugin serves a node while it advertises `resource`.
+    pub fn watch(client: Client, pool: String, driver: String, apps_ns: String, resource: String) -> Self {
         let samples = Arc::new(Mutex::new(Samples::default()));
         let out = samples.clone();
         let task = tokio::spawn(async move {
@@ -814,7 +860,7 @@ impl Sampler {
                     Some(update) => view.apply(update, &apps_ns, &out),
                 }
                 if listed >= SAMPLED_WATCHES {
-                    view.check(&pool, &out);
+                    view.check(&pool, &resource, &out);
                 }
             }
         });
@@ -837,6 +883,14 @@ impl View {
         match update {
             Update::Listed => {}
             Update::Node(n, live) => {
+                let rv = revision(&n.metadata);
+                let old = self.node_rv.insert(n.name_any(), rv).flatten();
+                for o in self.overlaps.iter_mut().filter(|o| o.node == n.name_any() && o.node_next.is_none())
+                {
+                    if o.node_rv == old {
+                        o.node_next = rv;
+                    }
+                }
                 if live {
                     let mut samples = out.lock().unwrap();
                     let history = samples.backend_history.entry(n.name_any()).or_default();
@@ -858,6 +912,15 @@ impl View {
                 }
             }
             Update::Slice(s, live) => {
+                if let Some(node) = s.spec.node_name.clone() {
+                    let rv = revision(&s.metadata);
+                    let old = self.slices_rv.insert(node.clone(), rv).flatten();
+                    for o in self.overlaps.iter_mut().filter(|o| o.node == node && o.slices_next.is_none()) {
+                        if o.slices_rv == old {
+                            o.slices_next = rv;
+                        }
+                    }
+                }
                 if live {
                     self.slices.insert(s.name_any(), *s);
                 } else {
@@ -920,8 +983,9 @@ impl View {
         }
     }
 
-    fn check(&self, pool: &str, out: &Mutex<Samples>) {
+    fn check(&mut self, pool: &str, resource: &str, out: &Mutex<Samples>) {
         let mut samples = out.lock().unwrap();
+        let mut new_overlaps = Vec::new();
         samples.events += 1;
         for (app, ready) in &self.ready_by_app {
             let seen = samples.min_ready.entry(app.clone()).or_insert(usize::MAX);
@@ -929,7 +993,7 @@ impl View {
         }
         let rules: Vec<&DeviceTaintRule> = self.rules.values().collect();
         for (name, node) in &self.nodes {
-            let alloc = allocatable(node, NVIDIA_GPU_RESOURCE);
+            let alloc = allocatable(node, resource);
             let devices: usize = self
                 .slices
                 .values()
@@ -937,9 +1001,23 @@ impl View {
                 .map(|s| schedulable_devices(s, &rules))
                 .sum();
             if alloc > 0 && devices > 0 {
-                samples.overlaps.push((name.clone(), alloc, devices));
+                let seen = Overlap {
+                    node: name.clone(),
+                    allocatable: alloc,
+                    devices,
+                    node_rv: self.node_rv.get(name).copied().flatten(),
+                    slices_rv: self.slices_rv.get(name).copied().flatten(),
+                    node_next: None,
+                    slices_next: None,
+                };
+                if !self.overlaps.contains(&seen) {
+                    new_overlaps.push(seen);
+                }
             }
         }
+        self.overlaps.extend(new_overlaps);
+        self.overlaps.retain(|o| !o.refuted());
+        samples.overlaps = self.overlaps.iter().map(|o| (o.node.clone(), o.allocatable, o.devices)).collect();
         let mut in_flight: Vec<String> = self
             .nodes
             .iter()
@@ -1002,4 +1080,74 @@ pub async fn node_states(client: &Client, pool: &Pool) -> anyhow::Result<BTreeMa
 pub async fn patch_spec(api: &Api<GpuPoolMigration>, name: &str, spec: Value) -> anyhow::Result<()> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec}))).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(rv: u64, gpus: u32) -> Update {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n0", "resourceVersion": rv.to_string(), "labels": {"pool": "p"}},
+            "status": {"allocatable": {NVIDIA_GPU_RESOURCE: gpus.to_string()}},
+        }))
+        .unwrap();
+        Update::Node(Box::new(n), true)
+    }
+
+    fn slice(rv: u64, devices: usize) -> Update {
+        let devices: Vec<Value> = (0..devices).map(|i| json!({"name": format!("gpu-{i}")})).collect();
+        let s: ResourceSlice = serde_json::from_value(json!({
+            "metadata": {"name": "n0-slice", "resourceVersion": rv.to_string()},
+            "spec": {"driver": "d", "nodeName": "n0", "pool": {"name": "n0", "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices},
+        }))
+        .unwrap();
+        Update::Slice(Box::new(s), true)
+    }
+
+    /// Applies `updates` in the order the sampler receives them, checking after each.
+    fn overlaps(updates: Vec<Update>) -> Vec<(String, i64, usize)> {
+        let (mut view, out) = (View::default(), Mutex::new(Samples::default()));
+        for u in updates {
+            view.apply(u, "apps", &out);
+            view.check("p", NVIDIA_GPU_RESOURCE, &out);
+        }
+        out.into_inner().unwrap().overlaps
+    }
+
+    #[test]
+    fn an_overlap_counts_only_where_the_versions_held_at_one_instant() {
+        let both = vec![("n0".to_owned(), 4, 4)];
+        // (case, updates as received, overlaps left)
+        let cases = [
+            // The plugin left (rv 3) before the driver's devices came (rv 5), and the node watch
+            // delivered it last: never both at once.
+            (
+                "the node's change arrives late",
+                vec![node(1, 4), slice(2, 0), slice(5, 4), node(3, 0)],
+                vec![],
+            ),
+            (
+                "both at once, then the plugin leaves",
+                vec![node(1, 4), slice(2, 0), slice(5, 4), node(7, 0)],
+                both.clone(),
+            ),
+            ("both at once, never resolved", vec![node(1, 4), slice(5, 4)], both.clone()),
+            // A heartbeat (rv 3, GPUs still there) is a new version that still overlaps.
+            (
+                "a new node version that still serves",
+                vec![node(1, 4), slice(5, 4), node(3, 4), node(9, 0)],
+                both,
+            ),
+            (
+                "in order: the plugin leaves first",
+                vec![node(1, 4), slice(2, 0), node(3, 0), slice(5, 4)],
+                vec![],
+            ),
+        ];
+        for (case, updates, want) in cases {
+            assert_eq!(overlaps(updates), want, "{case}");
+        }
+    }
 }

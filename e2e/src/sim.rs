@@ -116,7 +116,7 @@ pub struct DaemonSetKey {
 /// The GPUs of one simulated node.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct GpuLayout {
-    /// Full GPUs, advertised as `nvidia.com/gpu`.
+    /// Full GPUs, advertised as `nvidia.com/gpu` (or [`GpuLayout::gpu_resource`]).
     pub gpus: u32,
     /// GPUs in MIG mode, each with its MIG profiles (for example seven `1g.10gb`). The device
     /// plugin advertises them as `nvidia.com/mig-<profile>` (its mixed strategy).
@@ -134,6 +134,10 @@ pub struct GpuLayout {
     /// (`nvidia.com/gpu.shared`). Only with `time_slicing_replicas` above 1.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rename_by_default: bool,
+    /// The name full GPUs are advertised under when not `nvidia.com/gpu`: what the device
+    /// plugin's `resources.gpus[].name` config renames them to (`nvidia.com/<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_resource: Option<String>,
 }
 
 fn is_unshared(replicas: &u32) -> bool {
@@ -161,6 +165,7 @@ impl GpuLayout {
             product: default_product(),
             time_slicing_replicas: 0,
             rename_by_default: false,
+            gpu_resource: None,
         }
     }
 
@@ -173,6 +178,7 @@ impl GpuLayout {
             product: default_product(),
             time_slicing_replicas: 0,
             rename_by_default: false,
+            gpu_resource: None,
         }
     }
 
@@ -184,10 +190,9 @@ impl GpuLayout {
         };
         let mut out = BTreeMap::new();
         if self.gpus > 0 {
-            out.insert(
-                name(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned()),
-                self.gpus * replicas,
-            );
+            let base =
+                self.gpu_resource.as_deref().unwrap_or(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE);
+            out.insert(name(base.to_owned()), self.gpus * replicas);
         }
         for profile in self.mig_gpus.iter().flatten() {
             *out.entry(name(format!("nvidia.com/mig-{profile}"))).or_default() += replicas;
@@ -286,6 +291,23 @@ pub struct AgentSettings {
     /// Without it (`--device-plugin-resources=`) the agent plays a driver that has none, as
     /// NVIDIA's `gpu.nvidia.com` has none: it publishes untainted devices as soon as it starts.
     pub device_plugin_interlock: bool,
+    /// A name the device plugin's config renamed GPUs to, which the interlock watches besides
+    /// the default names (`--device-plugin-resources`, as a user with such a config sets it).
+    pub renamed_gpu_resource: Option<String>,
+}
+
+/// The agent's `--device-plugin-resources` for `settings`: none (the default names), the default
+/// names and a renamed one, or empty (no interlock).
+fn interlock_flag(settings: &AgentSettings) -> Option<String> {
+    match (&settings.renamed_gpu_resource, settings.device_plugin_interlock) {
+        (_, false) => Some("--device-plugin-resources=".to_owned()),
+        (None, true) => None,
+        (Some(renamed), true) => {
+            let mut names: Vec<&str> = switchyard_operator::well_known::DEVICE_PLUGIN_GPU_RESOURCES.to_vec();
+            names.push(renamed);
+            Some(format!("--device-plugin-resources={}", names.join(",")))
+        }
+    }
 }
 
 /// A running agent process for one node.
@@ -1223,7 +1245,7 @@ fn spawn_agent(
         .arg(&inventory)
         .args(["--fault-listen", &fault_addr.to_string(), "--listen", "127.0.0.1:0"])
         .args(["--health-hold-seconds", &settings.health_hold_seconds.to_string()])
-        .args((!settings.device_plugin_interlock).then_some("--device-plugin-resources="))
+        .args(interlock_flag(settings))
         .env("KUBECONFIG", &settings.kubeconfig)
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -70,6 +70,7 @@ impl Fixture {
             work_dir: work_dir.clone(),
             health_hold_seconds: HOLD.as_secs(),
             device_plugin_interlock: true,
+            renamed_gpu_resource: None,
         });
         let sim = Simulator::start(client.clone(), config).await?;
         Ok(Fixture {

@@ -158,7 +158,7 @@ fn unseed(quota_ns: &str) {
 
 #[tokio::test]
 async fn plan_inventory_and_status_against_a_seeded_cluster() -> anyhow::Result<()> {
-    let _serial = pool::SERIAL.lock().await;
+    let _serial = pool::NVIDIA_GPU.lock().await;
     kubectl(&["apply", "--server-side", "-f", &fixture("inventory-crds.yaml").to_string_lossy()], None)?;
     kubectl(
         &[

@@ -1,6 +1,12 @@
 //! The migration engine end to end: the real `switchyard-operator` process moves simulated GPU
-//! pools between the device plugin and the real driver agent, on the real control plane. The
-//! scenarios share the `nvidia.com/gpu` name, so they run one at a time (`pool::SERIAL`).
+//! pools between the device plugin and the real driver agent, on the real control plane.
+//!
+//! Scenarios run side by side (run-e2e.sh gives this binary several test threads). A pool's
+//! GPUs have a name of their own (`nvidia.com/gpu-<pool>`, [`GpuName::Renamed`]) unless the
+//! scenario is about `nvidia.com/gpu` itself (its GPU count, sharing, GPU Feature Discovery, the
+//! GPU Operator); those take `pool::NVIDIA_GPU` and run one at a time, since two DeviceClasses
+//! for one name shadow each other. A scenario that restarts the API server, or that samples the
+//! GPU gauges through a whole move, runs alone (`pool::CLUSTER`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use switchyard_e2e::pool::{self, Pool, backend, node_states, patch_spec};
+use switchyard_e2e::pool::{self, GpuName, Pool, backend, node_states, patch_spec};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
 
 const MIGRATION: Duration = Duration::from_secs(300);
@@ -40,7 +46,7 @@ async fn assert_gpu_pods_on_dra(pool: &Pool, pods: &[Pod]) -> anyhow::Result<()>
             .resources
             .as_ref()
             .and_then(|r| r.limits.as_ref())
-            .is_some_and(|l| l.contains_key("nvidia.com/gpu"));
+            .is_some_and(|l| l.contains_key(&pool.resource));
         let node = p.spec.as_ref().unwrap().node_name.clone().unwrap();
         let claim = p.status.as_ref().unwrap().extended_resource_claim_status.as_ref();
         if !wants_gpu {
@@ -68,20 +74,41 @@ async fn assert_gpu_pods_on_dra(pool: &Pool, pods: &[Pod]) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Runs `scenario` on a fresh pool and cleans the pool up whatever the outcome, so a failed
-/// scenario leaves nothing behind on the shared cluster.
+/// Runs `scenario` on a fresh pool with GPUs of its own name, beside other scenarios, and cleans
+/// the pool up whatever the outcome, so a failed scenario leaves nothing behind on the shared
+/// cluster.
 async fn with_pool<F>(prefix: &str, nodes: u32, gpus: u32, scenario: F) -> anyhow::Result<()>
 where
     F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
 {
-    let _serial = pool::SERIAL.lock().await;
-    let pool = Pool::new(prefix, nodes, gpus).await?;
+    let _cluster = pool::CLUSTER.read().await;
+    let pool = Pool::with_unregister_delay(prefix, nodes, gpus, UNREGISTER, GpuName::Renamed).await?;
     pool.run(scenario).await
 }
 
+/// [`with_pool`] with the cluster to itself, for a scenario that restarts the API server: no
+/// other scenario runs through the outage.
+async fn with_pool_alone<F>(prefix: &str, nodes: u32, gpus: u32, scenario: F) -> anyhow::Result<()>
+where
+    F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
+{
+    let _cluster = pool::CLUSTER.write().await;
+    let pool = Pool::with_unregister_delay(prefix, nodes, gpus, UNREGISTER, GpuName::Renamed).await?;
+    pool.run(scenario).await
+}
+
+/// How long a device plugin's resources outlive its pod in the default pool.
+const UNREGISTER: Duration = Duration::from_secs(1);
+
 #[tokio::test]
 async fn four_node_pool_migrates_to_dra_without_overlap_and_within_the_pdb() -> anyhow::Result<()> {
-    with_pool("mig4", 4, 4, async |pool| forward_migration(pool).await).await
+    // On nvidia.com/gpu, since the GPU gauges count physical GPUs by that name, and alone: the
+    // operator's placement rolls the device plugin's pods at the start, and a replacement that
+    // comes up later than the simulator's 1 s unregister delay (a loaded machine) zeroes the
+    // node's capacity, which a kubelet keeps, and with it the pool's flat GPU figure.
+    let _cluster = pool::CLUSTER.write().await;
+    let pool = Pool::new("mig4", 4, 4).await?;
+    pool.run(async |pool| forward_migration(pool).await).await
 }
 
 async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
@@ -97,7 +124,7 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(pool.client.clone());
     let mut gpus = 0;
     for n in &pool.nodes {
-        gpus += pool::allocatable(&nodes.get(n).await?, "nvidia.com/gpu") as u64;
+        gpus += pool::allocatable(&nodes.get(n).await?, &pool.resource) as u64;
     }
 
     let gpm = pool.migration(&name, json!({"strategy": {"maxUnavailable": 2}}))?;
@@ -120,7 +147,7 @@ async fn forward_migration(pool: &mut Pool) -> anyhow::Result<()> {
         let n = nodes.get(name).await?;
         assert_eq!(backend(&n), "dra", "{name}");
         assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{name} is left cordoned");
-        assert_eq!(pool::allocatable(&n, "nvidia.com/gpu"), 0, "{name} still advertises device-plugin GPUs");
+        assert_eq!(pool::allocatable(&n, &pool.resource), 0, "{name} still advertises device-plugin GPUs");
     }
     for type_ in ["Ready", "PrerequisitesMet", "DeviceClassesReady", "PlacementReady"] {
         assert_eq!(
@@ -339,11 +366,7 @@ async fn migrated_pool_rolls_back_with_claim_holders_evicted_before_the_driver_l
             assert_eq!(state, "RolledBack", "{node}");
             let n = nodes.get(&node).await?;
             assert_eq!(backend(&n), "device-plugin", "{node}");
-            assert_eq!(
-                pool::allocatable(&n, "nvidia.com/gpu"),
-                2,
-                "{node}: the device plugin serves it again"
-            );
+            assert_eq!(pool::allocatable(&n, &pool.resource), 2, "{node}: the device plugin serves it again");
             assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{node} is left cordoned");
             let leftover = switchyard_operator::node::patch::taint_rule_name(&node);
             assert!(rules.get_opt(&leftover).await?.is_none(), "DeviceTaintRule {leftover} was not deleted");
@@ -442,10 +465,11 @@ async fn rollback_honours_pod_disruption_budgets_and_evicts_past_them_only_when_
         let uids = |ps: &[Pod]| ps.iter().map(|p| p.uid().unwrap()).collect::<BTreeSet<_>>();
         assert_eq!(uids(&now), uids(&held), "a pod was evicted past its budget");
 
-        // The spec allows it: the rule turns NoExecute and the rollback finishes.
+        // The spec allows it: the rule turns NoExecute and the rollback finishes, two nodes at a
+        // time.
         let rule = switchyard_operator::node::patch::taint_rule_name(&f.name);
-        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"rollbackEvictsPastBudgets": true}}}))
-            .await?;
+        let past_budgets = json!({"strategy": {"maxUnavailable": 2, "drain": {"rollbackEvictsPastBudgets": true}}});
+        patch_spec(&pool.migrations(), &name, past_budgets).await?;
         Api::<Node>::all(pool.client.clone())
             .patch(
                 &f.name,
@@ -517,7 +541,7 @@ async fn a_gpu_pod_on_a_migrated_node_served_by_another_driver_is_named() -> any
         let class: DeviceClass = serde_json::from_value(json!({
             "metadata": {"name": format!("aaa-{}-other", pool.id), "labels": {"pool": pool.id}},
             "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{other}'")}}],
-                     "extendedResourceName": "nvidia.com/gpu"}
+                     "extendedResourceName": pool.resource}
         }))?;
         Api::<DeviceClass>::all(pool.client.clone()).create(&PostParams::default(), &class).await?;
         let stray: Pod = serde_json::from_value(json!({
@@ -526,7 +550,7 @@ async fn a_gpu_pod_on_a_migrated_node_served_by_another_driver_is_named() -> any
                 "nodeSelector": {"kubernetes.io/hostname": node},
                 "terminationGracePeriodSeconds": 1,
                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+                                "resources": {"limits": {&pool.resource: "1"}}}]
             }
         }))?;
         let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
@@ -658,7 +682,7 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
             "metadata": {"name": "notebook", "labels": {"app": "notebook"}},
             "spec": {"nodeSelector": {"pool": pool.id}, "terminationGracePeriodSeconds": 1,
                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+                    "resources": {"limits": {&pool.resource: "1"}}}]}
         }))?;
         let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
         pods.create(&PostParams::default(), &bare).await?;
@@ -812,9 +836,9 @@ async fn an_api_error_on_one_node_stays_on_that_node_and_the_others_move() -> an
 
 #[tokio::test]
 async fn nodes_that_go_not_ready_or_are_deleted_mid_step_wait_or_leave_the_status() -> anyhow::Result<()> {
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
     // The device plugin's capacity lingers 8 s after its pod leaves, holding nodes in Switching.
-    let pool = Pool::with_unregister_delay("flaky", 3, 2, Duration::from_secs(8)).await?;
+    let pool = Pool::with_unregister_delay("flaky", 3, 2, Duration::from_secs(8), GpuName::Renamed).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
         let (sick, doomed) = (pool.nodes[0].clone(), pool.nodes[1].clone());
@@ -905,8 +929,8 @@ async fn the_canary_passes_on_tainted_gpu_nodes_and_a_leftover_canary_does_not_d
 
 #[tokio::test]
 async fn a_leader_that_loses_its_lease_stops_at_once_and_the_standby_finishes() -> anyhow::Result<()> {
-    let _serial = pool::SERIAL.lock().await;
-    let pool = Pool::with_unregister_delay("lease", 2, 2, Duration::from_secs(8)).await?;
+    let _cluster = pool::CLUSTER.read().await;
+    let pool = Pool::with_unregister_delay("lease", 2, 2, Duration::from_secs(8), GpuName::Renamed).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
         let lease_name = format!("{}-operator", pool.id);
@@ -1040,7 +1064,7 @@ async fn a_node_whose_driver_never_publishes_times_out_and_rolls_back_under_on_f
         assert_eq!(backend(&n), "device-plugin");
         assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "a rolled-back node is uncordoned");
         switchyard_e2e::wait::until("the device plugin to serve the node again", MIGRATION, || async {
-            Ok((pool::allocatable(&nodes.get(&broken).await?, "nvidia.com/gpu") == 2).then_some(()))
+            Ok((pool::allocatable(&nodes.get(&broken).await?, &pool.resource) == 2).then_some(()))
         })
         .await?;
         let samples = sampler.stop();
@@ -1056,7 +1080,8 @@ async fn a_gpu_operator_device_plugin_is_refused_under_managed_and_switched_by_i
     use switchyard_operator::well_known::{
         ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE as RECORD, LABEL_GPU_OPERATOR_DEVICE_PLUGIN as DEPLOY,
     };
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
+    let _nvidia = pool::NVIDIA_GPU.lock().await;
     let pool = Pool::gpu_operator("gpuop", 3, 2).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
@@ -1255,7 +1280,7 @@ async fn shadowed_device_class_blocks_the_migration_and_names_the_winner() -> an
         let class: DeviceClass = serde_json::from_value(json!({
             "metadata": {"name": winner, "labels": {"pool": pool.id}},
             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nobody.example.com'"}}],
-                     "extendedResourceName": "nvidia.com/gpu"}
+                     "extendedResourceName": pool.resource}
         }))?;
         let classes: Api<DeviceClass> = Api::all(pool.client.clone());
         classes.create(&PostParams::default(), &class).await?;
@@ -1307,11 +1332,13 @@ async fn two_migrations_selecting_the_same_nodes_conflict_and_move_nothing() -> 
             for n in &pool.nodes {
                 assert!(c.message.contains(n.as_str()), "{me}: the conflict should name {n}: {c:?}");
             }
-            let reasons = event_reasons(pool, me).await?;
-            assert!(
-                reasons.iter().any(|(r, _)| r == "NodeConflict"),
-                "{me}: no NodeConflict event: {reasons:?}"
-            );
+            // The operator publishes a step's events after its status write has landed.
+            let shared: &Pool = pool;
+            switchyard_e2e::wait::until(&format!("a NodeConflict event on {me}"), MIGRATION, || async move {
+                let reasons = event_reasons(shared, me).await?;
+                Ok(reasons.iter().any(|(r, _)| r == "NodeConflict").then_some(()))
+            })
+            .await?;
             // Moving nothing is not success: the refused nodes are counted, and kstatus (Stalled),
             // the phase and Argo CD's health say a person must act.
             let g = pool
@@ -1344,9 +1371,9 @@ async fn two_migrations_selecting_the_same_nodes_conflict_and_move_nothing() -> 
 
 #[tokio::test]
 async fn operator_killed_while_switching_and_while_draining_resumes_and_completes() -> anyhow::Result<()> {
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
     // The device plugin's capacity lingers 8 s after its pod leaves, holding nodes in Switching.
-    let pool = Pool::with_unregister_delay("sigkill", 2, 2, Duration::from_secs(8)).await?;
+    let pool = Pool::with_unregister_delay("sigkill", 2, 2, Duration::from_secs(8), GpuName::Renamed).await?;
     pool.run(async |pool| killed_mid_step(pool).await).await
 }
 
@@ -1426,7 +1453,7 @@ const AFTER_API_SERVER_RETURN: Duration = Duration::from_secs(90);
 
 #[tokio::test]
 async fn an_api_server_restart_mid_migration_delays_it_by_the_downtime_only() -> anyhow::Result<()> {
-    with_pool("apirestart", 4, 2, async |pool| {
+    with_pool_alone("apirestart", 4, 2, async |pool| {
         let name = pool.id.clone();
         pool.deployment("trainer", 4, 1).await?;
         pool.wait_running(4).await?;
@@ -1551,10 +1578,10 @@ async fn deleting_the_device_plugin_after_completion_keeps_the_pool_ready_and_a_
 #[tokio::test]
 async fn a_gpu_with_an_xid_during_the_switch_is_counted_and_reported_and_the_pool_completes()
 -> anyhow::Result<()> {
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
     // The device plugin's GPUs stay 10 s after its pod leaves, so the fault lands while the
     // driver's devices still wait on the interlock.
-    let pool = Pool::with_unregister_delay("xid", 2, 4, Duration::from_secs(10)).await?;
+    let pool = Pool::with_unregister_delay("xid", 2, 4, Duration::from_secs(10), GpuName::Renamed).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
         let overrides = json!({"strategy": {"maxUnavailable": 1, "onFailure": "Pause", "verify": {"timeoutSeconds": 60}}});
@@ -1716,7 +1743,7 @@ async fn a_daemon_set_pod_holding_a_gpu_holds_the_switch_until_evicted_and_comes
                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                         "terminationGracePeriodSeconds": 1,
                         "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10",
-                                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+                                        "resources": {"limits": {&pool.resource: "1"}}}]
                     }
                 }
             }
@@ -1856,7 +1883,8 @@ async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
 async fn unmapped_resources_and_shared_gpus_block_until_mapped_and_acknowledged() -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
+    let _nvidia = pool::NVIDIA_GPU.lock().await;
     // n0: 2 GPUs time-sliced 2 ways, labelled as GPU Feature Discovery labels such a node.
     // n1: 1 full GPU and 1 in MIG mode with two 1g.10gb instances.
     let gfd = BTreeMap::from([
@@ -1946,7 +1974,8 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
 -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
+    let _nvidia = pool::NVIDIA_GPU.lock().await;
     // One full GPU and one MIG GPU with two 1g.10gb instances, every device time-sliced 2 ways
     // with renameByDefault: the device plugin advertises nvidia.com/gpu.shared: 2 and
     // nvidia.com/mig-1g.10gb.shared: 4. GFD labels each under the name it had.
@@ -2017,7 +2046,8 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
 async fn sharing_without_labels_is_found_at_the_switch_and_counted_once_acknowledged() -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
+    let _nvidia = pool::NVIDIA_GPU.lock().await;
     // 2 GPUs time-sliced 2 ways (nvidia.com/gpu: 4) and no GPU Feature Discovery: nothing says
     // so before the move.
     let layout = GpuLayout { time_slicing_replicas: 2, ..GpuLayout::gpus(2) };
@@ -2054,7 +2084,8 @@ async fn sharing_in_the_device_plugins_config_shows_before_the_move_without_labe
     use k8s_openapi::api::core::v1::ConfigMap;
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
+    let _nvidia = pool::NVIDIA_GPU.lock().await;
     // No GPU Feature Discovery (the device plugin's chart leaves it off by default). n0 runs the
     // config its node label picks, time-slicing 2 ways (nvidia.com/gpu: 4 on 2 GPUs); n1 has no
     // label and runs the `default` config, which shares nothing.
@@ -2198,10 +2229,10 @@ fn next_random(state: &mut u64) -> u64 {
 #[tokio::test]
 async fn twenty_sigkills_at_random_instants_of_a_six_node_migration_break_no_invariant() -> anyhow::Result<()>
 {
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
     // A 5 s device-plugin unregister delay makes each switch take seconds, so the kills land in
     // every step, not after the migration is over.
-    let pool = Pool::with_unregister_delay("chaos", 6, 2, Duration::from_secs(5)).await?;
+    let pool = Pool::with_unregister_delay("chaos", 6, 2, Duration::from_secs(5), GpuName::Renamed).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
         pool.deployment("trainer", 4, 1).await?;
@@ -2313,7 +2344,7 @@ async fn a_gate_that_closes_mid_migration_holds_the_drained_node_before_its_swit
         let class: DeviceClass = serde_json::from_value(json!({
             "metadata": {"name": winner, "labels": {"pool": pool.id}},
             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nobody.example.com'"}}],
-                     "extendedResourceName": "nvidia.com/gpu"}
+                     "extendedResourceName": pool.resource}
         }))?;
         let classes: Api<DeviceClass> = Api::all(pool.client.clone());
         classes.create(&PostParams::default(), &class).await?;
@@ -2390,10 +2421,11 @@ async fn plan_manifest_json(gpm: &GpuPoolMigration) -> anyhow::Result<(i32, serd
 /// prevents it. `plan` checks the classes' selectors against what the driver publishes.
 #[tokio::test]
 async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps() -> anyhow::Result<()> {
-    let _serial = pool::SERIAL.lock().await;
+    let _cluster = pool::CLUSTER.read().await;
     // 3 s between the plugin's pod leaving and its resources going: long enough that a driver
     // started beside the leaving plugin publishes while the node still advertises its GPUs.
-    let pool = Pool::third_party_driver("nointerlock", 2, 2, Duration::from_secs(3)).await?;
+    let pool =
+        Pool::third_party_driver("nointerlock", 2, 2, Duration::from_secs(3), GpuName::Renamed).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
         assert!(pool.driver.ends_with(".gpu.example.com"), "{}", pool.driver);
@@ -2429,7 +2461,7 @@ async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps(
         for node in &pool.nodes {
             let n = nodes.get(node).await?;
             assert_eq!(backend(&n), "dra", "{node}");
-            assert_eq!(pool::allocatable(&n, "nvidia.com/gpu"), 0, "{node}");
+            assert_eq!(pool::allocatable(&n, &pool.resource), 0, "{node}");
             assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{node} is left cordoned");
             let reasons: Vec<String> =
                 object_events(pool, "Node", node).await?.into_iter().map(|(r, _)| r).collect();
@@ -2458,7 +2490,7 @@ async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps(
         assert_eq!((check["devices"].as_u64(), check["selected"].as_u64()), (Some(4), Some(4)), "{check}");
         // A misspelt attribute and a value that matches nothing are named before any node moves.
         let selector = |s: String| {
-            json!({"resources": [{"extendedResourceName": "nvidia.com/gpu",
+            json!({"resources": [{"extendedResourceName": pool.resource,
             "deviceClassName": format!("{}.gpu", pool.id), "selector": s}]})
         };
         let typo = pool.migration(
@@ -2489,7 +2521,7 @@ async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps(
         for node in &pool.nodes {
             let n = nodes.get(node).await?;
             assert_eq!(backend(&n), "device-plugin", "{node}");
-            assert_eq!(pool::allocatable(&n, "nvidia.com/gpu"), 2, "{node}");
+            assert_eq!(pool::allocatable(&n, &pool.resource), 2, "{node}");
         }
         let samples = sampler.stop();
         assert!(samples.overlaps.is_empty(), "rollback: {:?}", samples.overlaps);

@@ -332,7 +332,13 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         );
     }
 
-    let sampler = Sampler::watch(client.clone(), id.to_owned(), DRIVER.to_owned(), id.to_owned());
+    let sampler = Sampler::watch(
+        client.clone(),
+        id.to_owned(),
+        DRIVER.to_owned(),
+        id.to_owned(),
+        switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(),
+    );
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
     let gpm: GpuPoolMigration = serde_json::from_value(json!({
         "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",

@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         // No hold: a recovery clears the taint at once, so that it is an event to measure too.
         health_hold_seconds: 0,
         device_plugin_interlock: true,
+        renamed_gpu_resource: None,
     });
     let sim = Simulator::start(client.clone(), config).await?;
     let node = format!("{id}-n");

@@ -76,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
             work_dir: args.work_dir,
             health_hold_seconds: 30,
             device_plugin_interlock: true,
+            renamed_gpu_resource: None,
         });
     }
     let sim = Simulator::start(client, config).await?;

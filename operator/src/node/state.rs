@@ -541,7 +541,7 @@ fn cordoned(o: &Observed) -> Action {
         // DRA device out of eight pass.
         wait(
             WaitReason::GpuCountUnknown,
-            "the device plugin reports no GPUs in this node's capacity or allocatable and GPU Feature Discovery's nvidia.com/gpu.count label is absent; waiting until one of them says, since the switch is verified against that count",
+            "the device plugin reports no GPUs in this node's capacity or allocatable, and GPU Feature Discovery's nvidia.com/gpu.count label is absent or the migration maps no single full-GPU resource it would count; waiting until one of them says, since the switch is verified against that count",
         )
     } else {
         Action::StartDrain

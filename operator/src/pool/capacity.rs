@@ -278,7 +278,8 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
 /// plugin advertises, except that a shared resource counts its physical GPUs or MIG devices
 /// ([`sharing_of`], else the device plugin's `config` where GFD does not label it). A node the
 /// device plugin does not serve at all (it joined after the plugin was removed) counts GFD's
-/// `nvidia.com/gpu.count`, where GFD labelled it.
+/// `nvidia.com/gpu.count`, where GFD labelled it, for the full-GPU resource
+/// ([`full_gpu_resource`]).
 pub fn gpus_to_publish(
     node: &SlimNode,
     resources: &[&str],
@@ -286,6 +287,7 @@ pub fn gpus_to_publish(
 ) -> BTreeMap<String, u64> {
     let mut counts = overlap::device_plugin_gpus(node, resources);
     let unserved = counts.values().all(|&n| n == 0);
+    let full_gpu = full_gpu_resource(resources);
     for (resource, n) in counts.iter_mut() {
         let by_config = || {
             config
@@ -295,13 +297,26 @@ pub fn gpus_to_publish(
         if let Some(s) = sharing_of(node, resource).or_else(by_config) {
             *n = s.physical;
         } else if unserved
-            && resource == NVIDIA_GPU_RESOURCE
+            && Some(resource.as_str()) == full_gpu
             && let Some(physical) = label_u64(node, LABEL_GPU_COUNT)
         {
             *n = physical;
         }
     }
     counts
+}
+
+/// The mapped resource GFD's `nvidia.com/gpu.count` counts: `nvidia.com/gpu`, else the one
+/// resource a migration maps where the device plugin's config renames full GPUs (its
+/// `resources.gpus[].name`). None where that is ambiguous, or the one resource is a MIG profile.
+fn full_gpu_resource<'a>(resources: &[&'a str]) -> Option<&'a str> {
+    if resources.contains(&NVIDIA_GPU_RESOURCE) {
+        return Some(NVIDIA_GPU_RESOURCE);
+    }
+    match resources {
+        [only] if !crate::well_known::resource_matches("nvidia.com/mig-*", only) => Some(*only),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -546,6 +561,32 @@ mod tests {
         for (case, labels, advertised, want) in cases {
             let n = node("n", labels, advertised);
             assert_eq!(gpus_to_publish(&n, mapped, None)["nvidia.com/gpu"], want, "{case}");
+        }
+        // A device plugin config that renames full GPUs: GFD's count is still the node's GPUs.
+        let joined = node("n", json!({"nvidia.com/gpu.count": "4"}), json!({}));
+        // (case, mapped resources, expected counts)
+        type Case<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, u64)]);
+        let renamed: [Case; 4] = [
+            ("the one renamed resource", &["nvidia.com/a100"], &[("nvidia.com/a100", 4)]),
+            (
+                "nvidia.com/gpu beside a renamed one: the count is nvidia.com/gpu's",
+                &["nvidia.com/a100", "nvidia.com/gpu"],
+                &[("nvidia.com/a100", 0), ("nvidia.com/gpu", 4)],
+            ),
+            (
+                "two renamed resources: which one GFD counts is unknown",
+                &["nvidia.com/a100", "nvidia.com/h100"],
+                &[("nvidia.com/a100", 0), ("nvidia.com/h100", 0)],
+            ),
+            (
+                "one MIG profile: GFD counts GPUs, not MIG devices",
+                &["nvidia.com/mig-1g.10gb"],
+                &[("nvidia.com/mig-1g.10gb", 0)],
+            ),
+        ];
+        for (case, mapped, want) in renamed {
+            let want: BTreeMap<String, u64> = want.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect();
+            assert_eq!(gpus_to_publish(&joined, mapped, None), want, "{case}");
         }
     }
 }
