@@ -729,7 +729,7 @@ pub struct Samples {
     /// Every instant a node was served by both backends: (node, allocatable, schedulable devices),
     /// once per pair of node and slice versions. The watches of nodes and of slices are separate
     /// streams, so one may deliver a change later than the other: a pair is dropped once the
-    /// resourceVersions show the two versions never held at the same instant ([`Overlap`]).
+    /// resourceVersions show the two versions never held at the same instant.
     pub overlaps: Vec<(String, i64, usize)>,
     /// Every instant a pod held a DRA claim on a node where no DRA-driver pod was running:
     /// (pod, node, its phase and whether it was being deleted).

@@ -279,7 +279,7 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
 /// ([`sharing_of`], else the device plugin's `config` where GFD does not label it). A node the
 /// device plugin does not serve at all (it joined after the plugin was removed) counts GFD's
 /// `nvidia.com/gpu.count`, where GFD labelled it, for the full-GPU resource
-/// ([`full_gpu_resource`]).
+/// (`full_gpu_resource`).
 pub fn gpus_to_publish(
     node: &SlimNode,
     resources: &[&str],
