@@ -82,8 +82,7 @@ where
     F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
 {
     let _cluster = pool::CLUSTER.read().await;
-    let pool = Pool::with_unregister_delay(prefix, nodes, gpus, UNREGISTER, GpuName::Renamed).await?;
-    pool.run(scenario).await
+    renamed_pool(prefix, nodes, gpus, scenario).await
 }
 
 /// [`with_pool`] with the cluster to itself, for a scenario that restarts the API server: no
@@ -93,6 +92,13 @@ where
     F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
 {
     let _cluster = pool::CLUSTER.write().await;
+    renamed_pool(prefix, nodes, gpus, scenario).await
+}
+
+async fn renamed_pool<F>(prefix: &str, nodes: u32, gpus: u32, scenario: F) -> anyhow::Result<()>
+where
+    F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
+{
     let pool = Pool::with_unregister_delay(prefix, nodes, gpus, UNREGISTER, GpuName::Renamed).await?;
     pool.run(scenario).await
 }
