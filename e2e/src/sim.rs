@@ -360,6 +360,10 @@ struct State {
     /// Nodes whose device-plugin resources are advertised (or about to be): what the kubelet's
     /// device manager can hand out there.
     device_plugin_serving: std::collections::HashSet<String>,
+    /// Nodes a device plugin has served: the kubelet's device manager keeps their resources in
+    /// capacity after the plugin leaves (for its 5-minute grace period; the simulator for the
+    /// node's life), and drops only allocatable.
+    device_plugin_registered: std::collections::HashSet<String>,
     /// Pods admitted with device-plugin resources, by uid: (node, resources). What is in use on
     /// a node when the next one asks.
     admitted: HashMap<String, (String, BTreeMap<String, u32>)>,
@@ -596,7 +600,11 @@ impl Simulator {
     /// Deletes a node as an admin or a cloud controller does when the machine goes away; the
     /// simulator stops writing its status.
     pub async fn delete_node(&self, node: &str) -> anyhow::Result<()> {
-        self.state.lock().unwrap().nodes.remove(node);
+        {
+            let mut st = self.state.lock().unwrap();
+            st.nodes.remove(node);
+            st.device_plugin_registered.remove(node);
+        }
         Api::<Node>::all(self.client.clone()).delete(node, &DeleteParams::default()).await?;
         Ok(())
     }
@@ -622,7 +630,7 @@ impl Simulator {
 async fn heartbeat(
     client: &Client,
     name: &str,
-    gpu_resources: Option<&BTreeMap<String, u32>>,
+    gpu_resources: Option<GpuStatus<'_>>,
     ready: bool,
 ) -> anyhow::Result<()> {
     let node = write_status(client, name, gpu_resources, ready).await?;
@@ -637,23 +645,34 @@ async fn heartbeat(
     renew_lease(client, name, Some(node.uid().unwrap_or_default())).await
 }
 
+/// A node's device-plugin resources as its status shows them.
+#[derive(Clone, Copy)]
+struct GpuStatus<'a> {
+    capacity: &'a BTreeMap<String, u32>,
+    allocatable: &'a BTreeMap<String, u32>,
+}
+
 /// Writes a node's status as the kubelet would: Ready, capacity and allocatable, nodeInfo. The
 /// GPU resources are set only when `gpu_resources` is given; otherwise they are left alone.
 /// Returns the node as the server answered.
 async fn write_status(
     client: &Client,
     name: &str,
-    gpu_resources: Option<&BTreeMap<String, u32>>,
+    gpu_resources: Option<GpuStatus<'_>>,
     ready: bool,
 ) -> anyhow::Result<Node> {
     let now = Utc::now();
-    let mut resources = serde_json::Map::new();
-    resources.insert("cpu".into(), json!("32"));
-    resources.insert("memory".into(), json!("256Gi"));
-    resources.insert("pods".into(), json!("110"));
+    let mut capacity = serde_json::Map::new();
+    capacity.insert("cpu".into(), json!("32"));
+    capacity.insert("memory".into(), json!("256Gi"));
+    capacity.insert("pods".into(), json!("110"));
+    let mut allocatable = capacity.clone();
     if let Some(gpus) = gpu_resources {
-        for (res, n) in gpus {
-            resources.insert(res.clone(), json!(n.to_string()));
+        for (res, n) in gpus.capacity {
+            capacity.insert(res.clone(), json!(n.to_string()));
+        }
+        for (res, n) in gpus.allocatable {
+            allocatable.insert(res.clone(), json!(n.to_string()));
         }
     }
     let condition = |t: &str, s: &str, reason: &str| {
@@ -662,7 +681,7 @@ async fn write_status(
     };
     let status = json!({
         "status": {
-            "capacity": resources, "allocatable": resources,
+            "capacity": capacity, "allocatable": allocatable,
             "conditions": [
                 if ready {
                     condition("Ready", "True", "KubeletReady")
@@ -1169,14 +1188,19 @@ async fn apply_plugins(
                 st.device_plugin_serving.remove(node);
             }
         }
-        let zeroed: BTreeMap<String, u32> =
-            layout.device_plugin_resources().into_keys().map(|k| (k, 0)).collect();
-        let gpus = if dp { layout.device_plugin_resources() } else { zeroed };
-        let ready = state.lock().unwrap().ready(node);
+        let (registered, ready) = {
+            let mut st = state.lock().unwrap();
+            if dp {
+                st.device_plugin_registered.insert(node.to_owned());
+            }
+            (st.device_plugin_registered.contains(node), st.ready(node))
+        };
+        let (capacity, allocatable) = device_manager(layout, dp, registered);
+        let gpus = Some(GpuStatus { capacity: &capacity, allocatable: &allocatable });
         ok &= if config.light {
-            write_status(client, node, Some(&gpus), ready).await.is_ok()
+            write_status(client, node, gpus, ready).await.is_ok()
         } else {
-            heartbeat(client, node, Some(&gpus), ready).await.is_ok()
+            heartbeat(client, node, gpus, ready).await.is_ok()
         };
     }
     if before.is_none() || was_dra != dra {
@@ -1188,6 +1212,21 @@ async fn apply_plugins(
         ok &= result.is_ok();
     }
     ok
+}
+
+/// The kubelet device manager's (capacity, allocatable) for `layout`'s device-plugin resources:
+/// all of them while the plugin serves; once it has left, capacity kept and allocatable 0; and 0
+/// for both on a node no plugin ever served. Pure.
+fn device_manager(
+    layout: &GpuLayout,
+    serving: bool,
+    registered: bool,
+) -> (BTreeMap<String, u32>, BTreeMap<String, u32>) {
+    let advertised = layout.device_plugin_resources();
+    let zeroed: BTreeMap<String, u32> = advertised.keys().map(|k| (k.clone(), 0)).collect();
+    let allocatable = if serving { advertised.clone() } else { zeroed.clone() };
+    let capacity = if serving || registered { advertised } else { zeroed };
+    (capacity, allocatable)
 }
 
 /// Starts the agent for `node` unless a live one runs or a test holds it stopped.
@@ -1389,5 +1428,25 @@ mod tests {
         let mut claimed = gpu_pod(&[("nvidia.com/gpu", "1")], true);
         claimed.metadata.uid = Some("c".into());
         assert_eq!(st.admit("n", &claimed), Ok(()));
+    }
+
+    #[test]
+    fn the_device_manager_keeps_capacity_after_the_plugin_leaves() {
+        let layout = GpuLayout::gpus(4);
+        let gpus =
+            |n: u32| BTreeMap::from([(switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(), n)]);
+        // (case, plugin serving, it served before, capacity, allocatable)
+        let cases = [
+            ("serving", true, true, 4, 4),
+            ("left: capacity kept, nothing to allocate", false, true, 4, 0),
+            ("never served (joined after the plugin was removed)", false, false, 0, 0),
+        ];
+        for (case, serving, registered, capacity, allocatable) in cases {
+            assert_eq!(
+                device_manager(&layout, serving, registered),
+                (gpus(capacity), gpus(allocatable)),
+                "{case}"
+            );
+        }
     }
 }

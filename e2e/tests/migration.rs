@@ -5,8 +5,8 @@
 //! GPUs have a name of their own (`nvidia.com/gpu-<pool>`, [`GpuName::Renamed`]) unless the
 //! scenario is about `nvidia.com/gpu` itself (its GPU count, sharing, GPU Feature Discovery, the
 //! GPU Operator); those take `pool::NVIDIA_GPU` and run one at a time, since two DeviceClasses
-//! for one name shadow each other. A scenario that restarts the API server, or that samples the
-//! GPU gauges through a whole move, runs alone (`pool::CLUSTER`).
+//! for one name shadow each other. A scenario that restarts the API server runs alone
+//! (`pool::CLUSTER`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -108,11 +108,9 @@ const UNREGISTER: Duration = Duration::from_secs(1);
 
 #[tokio::test]
 async fn four_node_pool_migrates_to_dra_without_overlap_and_within_the_pdb() -> anyhow::Result<()> {
-    // On nvidia.com/gpu, since the GPU gauges count physical GPUs by that name, and alone: the
-    // operator's placement rolls the device plugin's pods at the start, and a replacement that
-    // comes up later than the simulator's 1 s unregister delay (a loaded machine) zeroes the
-    // node's capacity, which a kubelet keeps, and with it the pool's flat GPU figure.
-    let _cluster = pool::CLUSTER.write().await;
+    // On nvidia.com/gpu: the GPU gauges count physical GPUs by that name.
+    let _cluster = pool::CLUSTER.read().await;
+    let _nvidia = pool::NVIDIA_GPU.lock().await;
     let pool = Pool::new("mig4", 4, 4).await?;
     pool.run(async |pool| forward_migration(pool).await).await
 }
