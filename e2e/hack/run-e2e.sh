@@ -41,16 +41,32 @@ export SWITCHYARD_CLI_BIN="$target_dir/debug/switchyard"
 # The kubelet-plugin scenario drives the agent with the kubelet's own plugin code (Go, cached).
 SWITCHYARD_KUBELETPLUGIN_BIN=$(bash "$root/e2e/hack/build-kubeletplugin.sh")
 export SWITCHYARD_KUBELETPLUGIN_BIN
-# --no-fail-fast: every scenario file reports, not only those before the first failure. The
-# migration scenarios mostly wait on controllers (the machine is 80% idle running them one at a
-# time), so that file runs several at once; the others keep the default.
-others=()
+# The test files run in two phases, each with every scenario file reporting (--no-fail-fast):
+# 1. The migration scenarios mostly wait on controllers, so that file runs several at once
+#    (SWITCHYARD_E2E_MIGRATION_THREADS), and the other simulator-based files run beside it in a
+#    second process. Scenarios that must not overlap take the locks of e2e/src/locks.rs, which
+#    hold across processes.
+# 2. The files that install the packaged operator (it manages every GpuPoolMigration of the
+#    cluster) run after, with the cluster to themselves: they also take locks::cluster_alone.
+alone=(real_nodes demo)
+beside=(--lib --bins)
 for t in "$root"/e2e/tests/*.rs; do
   name=$(basename "$t" .rs)
-  [ "$name" = migration ] || others+=(--test "$name")
+  case " migration ${alone[*]} " in *" $name "*) ;; *) beside+=(--test "$name") ;; esac
 done
+# Build every test binary once, so the two processes below only run them.
+cargo test --no-run -p switchyard-e2e --lib --bins --tests
 rc=0
-cargo test --no-fail-fast -p switchyard-e2e --lib --bins "${others[@]}" -- "$@" || rc=$?
+beside_log=$(mktemp)
+cargo test --no-fail-fast -p switchyard-e2e "${beside[@]}" -- "$@" >"$beside_log" 2>&1 &
+beside_pid=$!
 cargo test --no-fail-fast -p switchyard-e2e --test migration -- \
   --test-threads="${SWITCHYARD_E2E_MIGRATION_THREADS:-4}" "$@" || rc=$?
+wait "$beside_pid" || rc=$?
+echo "--- the test files that ran beside the migration scenarios (${beside[*]}):"
+cat "$beside_log"
+rm -f "$beside_log"
+alone_args=()
+for name in "${alone[@]}"; do alone_args+=(--test "$name"); done
+cargo test --no-fail-fast -p switchyard-e2e "${alone_args[@]}" -- "$@" || rc=$?
 exit "$rc"

@@ -1,9 +1,11 @@
 //! End-to-end harness for Switchyard: the one real control plane every test shares
 //! ([`cluster`]), its real nodes and Switchyard installed on them as packaged ([`real`]), the GPU
-//! node simulator for pools larger than the real nodes ([`sim`]), and polling helpers ([`wait`]).
+//! node simulator for pools larger than the real nodes ([`sim`]), the locks between scenarios that
+//! share the cluster ([`locks`]), and polling helpers ([`wait`]).
 //! The scenarios live in `e2e/tests/`.
 
 pub mod cluster;
+pub mod locks;
 pub mod measure;
 pub mod pool;
 pub mod real;

@@ -71,8 +71,9 @@ pub enum DriverFlavor {
 /// The name a pool's device plugin advertises its full GPUs under.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GpuName {
-    /// `nvidia.com/gpu`. One such pool at a time on the shared cluster ([`NVIDIA_GPU`]): two
-    /// pools' DeviceClasses for one extended resource name shadow each other.
+    /// `nvidia.com/gpu`. One such pool at a time on the shared cluster
+    /// ([`crate::locks::nvidia_gpu`]): two pools' DeviceClasses for one extended resource name
+    /// shadow each other.
     #[default]
     Nvidia,
     /// `nvidia.com/gpu-<pool id>`, as the device plugin's `resources.gpus[].name` config renames
@@ -92,15 +93,6 @@ fn cluster_policy_resource() -> ApiResource {
 
 /// Nodes created at once when a pool is built.
 const NODE_CREATE_CONCURRENCY: usize = 16;
-
-/// Serialises the scenarios of one test binary that use the real `nvidia.com/gpu` resource name
-/// ([`GpuName::Nvidia`]): two pools with DeviceClasses for the same extended resource name would
-/// shadow each other. Pools with their own names ([`GpuName::Renamed`]) do not take it.
-pub static NVIDIA_GPU: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Every scenario of a test binary holds it shared, and one that disrupts the whole cluster (an
-/// API-server restart) holds it alone, so no other scenario runs through the outage.
-pub static CLUSTER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// A running `switchyard-operator` process.
 pub struct Operator {

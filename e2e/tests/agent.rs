@@ -19,6 +19,7 @@ use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_e2e::cluster::{self, unique};
+use switchyard_e2e::locks;
 use switchyard_e2e::sim::{
     AgentSettings, DaemonSetKey, GpuLayout, LABEL_INSTANCE, SimConfig, SimNode, Simulator,
     placeholder_daemon_set,
@@ -459,6 +460,7 @@ fn assert_pool(
 /// plain extended-resource request and for a claim with a CEL selector and a NUMA constraint.
 #[tokio::test]
 async fn agent_slices_carry_attributes_and_the_scheduler_allocates_from_them() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let h100 = GpuLayout { product: H100.into(), ..GpuLayout::gpus(8) };
     let nodes =
         vec![("h100", h100), ("a100", GpuLayout::gpus(8)), ("mig", GpuLayout::mig(8, &["1g.10gb"; 7]))];
@@ -556,6 +558,7 @@ fn xid_taint(f: &Fixture, xid: u32, effect: &str) -> Vec<(String, Option<String>
 /// gives an informational (effect None) taint that expires on its own.
 #[tokio::test]
 async fn xid_taints_keep_the_scheduler_off_the_device_until_recovery() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     scenario!(Fixture::new("agent-xid").await?, |f| {
         f.up(vec![("n", GpuLayout::gpus(2))]).await?;
         let node = f.node("n");
@@ -635,6 +638,7 @@ async fn xid_taints_keep_the_scheduler_off_the_device_until_recovery() -> anyhow
 /// clears the taint and takes over the same slices.
 #[tokio::test]
 async fn sigterm_taints_every_device_and_a_restart_takes_over_the_same_slices() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let mixed = GpuLayout { gpus: 2, ..GpuLayout::mig(1, &["1g.10gb"; 7]) };
     scenario!(Fixture::new("agent-term").await?, |f| {
         f.up(vec![("n", mixed)]).await?;
@@ -700,6 +704,7 @@ fn time_added(pool: &Pool, device: &str, key: &str) -> Option<String> {
 /// physical GPU, so that GPU's recovery clears its MIG devices after the hold.
 #[tokio::test]
 async fn health_taints_survive_an_agent_restart() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let mixed = GpuLayout { gpus: 1, ..GpuLayout::mig(1, &["1g.10gb"; 2]) };
     scenario!(Fixture::new("agent-restore").await?, |f| {
         f.up(vec![("n", mixed)]).await?;
@@ -750,6 +755,7 @@ async fn health_taints_survive_an_agent_restart() -> anyhow::Result<()> {
 /// admin may too) or changed by someone else are published again, at a higher pool generation.
 #[tokio::test]
 async fn deleted_or_changed_slices_are_published_again() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     scenario!(Fixture::new("agent-drift").await?, |f| {
         f.up(vec![("n", GpuLayout::gpus(2))]).await?;
         let node = f.node("n");
@@ -789,6 +795,7 @@ async fn deleted_or_changed_slices_are_published_again() -> anyhow::Result<()> {
 /// reports `switchyard_agent_driver_present 0`, publishes an empty pool, and keeps retrying.
 #[tokio::test]
 async fn a_node_without_the_nvidia_library_gets_one_warning_and_no_crash_loop() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let client = cluster::client().await?;
     let id = unique("nolib");
     let node = format!("{id}-n0");

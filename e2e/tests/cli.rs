@@ -18,7 +18,8 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use switchyard_e2e::cluster::{self, repo_root};
-use switchyard_e2e::pool::{self, Pool};
+use switchyard_e2e::locks;
+use switchyard_e2e::pool::Pool;
 use switchyard_e2e::wait;
 use switchyard_operator::api::v1alpha1::Phase;
 
@@ -158,7 +159,9 @@ fn unseed(quota_ns: &str) {
 
 #[tokio::test]
 async fn plan_inventory_and_status_against_a_seeded_cluster() -> anyhow::Result<()> {
-    let _serial = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    // The pool and a vendor DeviceClass use nvidia.com/gpu itself.
+    let _nvidia = locks::nvidia_gpu().await?;
     kubectl(&["apply", "--server-side", "-f", &fixture("inventory-crds.yaml").to_string_lossy()], None)?;
     kubectl(
         &[

@@ -6,9 +6,13 @@
 use std::process::Stdio;
 
 use switchyard_e2e::cluster;
+use switchyard_e2e::locks;
 
 #[tokio::test]
 async fn make_demo_completes_on_the_shared_cluster() -> anyhow::Result<()> {
+    // The packaged operator manages every GpuPoolMigration of the cluster, so no other
+    // scenario may run beside it.
+    let _cluster = locks::cluster_alone().await?;
     // Starts (or reuses) the cluster the demo will find at e2e/.cluster/kubeconfig.
     let _ = cluster::client().await?;
     let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_gpu-node-sim")).parent().expect("a target dir");

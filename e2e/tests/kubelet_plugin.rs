@@ -16,6 +16,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use switchyard_e2e::cluster::{self, unique};
+use switchyard_e2e::locks;
 use switchyard_e2e::sim::{GpuLayout, SimConfig, SimNode, Simulator};
 use switchyard_e2e::wait;
 
@@ -130,6 +131,7 @@ impl Agent {
 
 #[tokio::test]
 async fn the_kubelets_dra_code_prepares_and_unprepares_through_our_plugin() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let client = cluster::client().await?;
     let id = unique("kplug");
     let sim = Simulator::start(client.clone(), SimConfig::new(id.clone())).await?;

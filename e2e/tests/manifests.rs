@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value;
 use switchyard_e2e::cluster::{self, repo_root, unique};
+use switchyard_e2e::locks;
 
 /// Kinds whose CRDs come from the Prometheus Operator and may be absent from the cluster.
 const OPTIONAL_KINDS: [(&str, &str); 2] = [
@@ -354,6 +355,7 @@ fn agent_admission_policy_confines_slices_to_the_agents_node() {
 /// is refused with a message that says what it may change. The cluster admin is not affected.
 #[tokio::test]
 async fn operator_admission_policy_lets_it_change_only_the_backend_node_affinity() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     use k8s_openapi::api::apps::v1::DaemonSet;
     use kube::api::{Api, Patch, PatchParams, PostParams};
     use switchyard_operator::pool::placement::{self, Role};

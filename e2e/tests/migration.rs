@@ -1,12 +1,12 @@
 //! The migration engine end to end: the real `switchyard-operator` process moves simulated GPU
 //! pools between the device plugin and the real driver agent, on the real control plane.
 //!
-//! Scenarios run side by side (run-e2e.sh gives this binary several test threads). A pool's
-//! GPUs have a name of their own (`nvidia.com/gpu-<pool>`, [`GpuName::Renamed`]) unless the
-//! scenario is about `nvidia.com/gpu` itself (its GPU count, sharing, GPU Feature Discovery, the
-//! GPU Operator); those take `pool::NVIDIA_GPU` and run one at a time, since two DeviceClasses
-//! for one name shadow each other. A scenario that restarts the API server runs alone
-//! (`pool::CLUSTER`).
+//! Scenarios run side by side (run-e2e.sh gives this binary several test threads, and runs other
+//! test binaries beside it). A pool's GPUs have a name of their own (`nvidia.com/gpu-<pool>`,
+//! [`GpuName::Renamed`]) unless the scenario is about `nvidia.com/gpu` itself (its GPU count,
+//! sharing, GPU Feature Discovery, the GPU Operator); those take [`locks::nvidia_gpu`] and run one
+//! at a time, since two DeviceClasses for one name shadow each other. A scenario that restarts the
+//! API server runs alone ([`locks::cluster_alone`]).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -24,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use switchyard_e2e::locks;
 use switchyard_e2e::pool::{self, GpuName, Pool, backend, node_states, patch_spec};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
 
@@ -81,7 +82,7 @@ async fn with_pool<F>(prefix: &str, nodes: u32, gpus: u32, scenario: F) -> anyho
 where
     F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
 {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     renamed_pool(prefix, nodes, gpus, scenario).await
 }
 
@@ -91,7 +92,7 @@ async fn with_pool_alone<F>(prefix: &str, nodes: u32, gpus: u32, scenario: F) ->
 where
     F: AsyncFnOnce(&mut Pool) -> anyhow::Result<()>,
 {
-    let _cluster = pool::CLUSTER.write().await;
+    let _cluster = locks::cluster_alone().await?;
     renamed_pool(prefix, nodes, gpus, scenario).await
 }
 
@@ -109,8 +110,8 @@ const UNREGISTER: Duration = Duration::from_secs(1);
 #[tokio::test]
 async fn four_node_pool_migrates_to_dra_without_overlap_and_within_the_pdb() -> anyhow::Result<()> {
     // On nvidia.com/gpu: the GPU gauges count physical GPUs by that name.
-    let _cluster = pool::CLUSTER.read().await;
-    let _nvidia = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    let _nvidia = locks::nvidia_gpu().await?;
     let pool = Pool::new("mig4", 4, 4).await?;
     pool.run(async |pool| forward_migration(pool).await).await
 }
@@ -840,7 +841,7 @@ async fn an_api_error_on_one_node_stays_on_that_node_and_the_others_move() -> an
 
 #[tokio::test]
 async fn nodes_that_go_not_ready_or_are_deleted_mid_step_wait_or_leave_the_status() -> anyhow::Result<()> {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     // The device plugin's capacity lingers 8 s after its pod leaves, holding nodes in Switching.
     let pool = Pool::with_unregister_delay("flaky", 3, 2, Duration::from_secs(8), GpuName::Renamed).await?;
     pool.run(async |pool| {
@@ -933,7 +934,7 @@ async fn the_canary_passes_on_tainted_gpu_nodes_and_a_leftover_canary_does_not_d
 
 #[tokio::test]
 async fn a_leader_that_loses_its_lease_stops_at_once_and_the_standby_finishes() -> anyhow::Result<()> {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     let pool = Pool::with_unregister_delay("lease", 2, 2, Duration::from_secs(8), GpuName::Renamed).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
@@ -1084,8 +1085,8 @@ async fn a_gpu_operator_device_plugin_is_refused_under_managed_and_switched_by_i
     use switchyard_operator::well_known::{
         ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE as RECORD, LABEL_GPU_OPERATOR_DEVICE_PLUGIN as DEPLOY,
     };
-    let _cluster = pool::CLUSTER.read().await;
-    let _nvidia = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    let _nvidia = locks::nvidia_gpu().await?;
     let pool = Pool::gpu_operator("gpuop", 3, 2).await?;
     pool.run(async |pool| {
         let name = pool.id.clone();
@@ -1375,7 +1376,7 @@ async fn two_migrations_selecting_the_same_nodes_conflict_and_move_nothing() -> 
 
 #[tokio::test]
 async fn operator_killed_while_switching_and_while_draining_resumes_and_completes() -> anyhow::Result<()> {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     // The device plugin's capacity lingers 8 s after its pod leaves, holding nodes in Switching.
     let pool = Pool::with_unregister_delay("sigkill", 2, 2, Duration::from_secs(8), GpuName::Renamed).await?;
     pool.run(async |pool| killed_mid_step(pool).await).await
@@ -1582,7 +1583,7 @@ async fn deleting_the_device_plugin_after_completion_keeps_the_pool_ready_and_a_
 #[tokio::test]
 async fn a_gpu_with_an_xid_during_the_switch_is_counted_and_reported_and_the_pool_completes()
 -> anyhow::Result<()> {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     // The device plugin's GPUs stay 10 s after its pod leaves, so the fault lands while the
     // driver's devices still wait on the interlock.
     let pool = Pool::with_unregister_delay("xid", 2, 4, Duration::from_secs(10), GpuName::Renamed).await?;
@@ -1887,8 +1888,8 @@ async fn plan_json(name: &str) -> anyhow::Result<(i32, serde_json::Value)> {
 async fn unmapped_resources_and_shared_gpus_block_until_mapped_and_acknowledged() -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _cluster = pool::CLUSTER.read().await;
-    let _nvidia = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    let _nvidia = locks::nvidia_gpu().await?;
     // n0: 2 GPUs time-sliced 2 ways, labelled as GPU Feature Discovery labels such a node.
     // n1: 1 full GPU and 1 in MIG mode with two 1g.10gb instances.
     let gfd = BTreeMap::from([
@@ -1978,8 +1979,8 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
 -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _cluster = pool::CLUSTER.read().await;
-    let _nvidia = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    let _nvidia = locks::nvidia_gpu().await?;
     // One full GPU and one MIG GPU with two 1g.10gb instances, every device time-sliced 2 ways
     // with renameByDefault: the device plugin advertises nvidia.com/gpu.shared: 2 and
     // nvidia.com/mig-1g.10gb.shared: 4. GFD labels each under the name it had.
@@ -2050,8 +2051,8 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
 async fn sharing_without_labels_is_found_at_the_switch_and_counted_once_acknowledged() -> anyhow::Result<()> {
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _cluster = pool::CLUSTER.read().await;
-    let _nvidia = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    let _nvidia = locks::nvidia_gpu().await?;
     // 2 GPUs time-sliced 2 ways (nvidia.com/gpu: 4) and no GPU Feature Discovery: nothing says
     // so before the move.
     let layout = GpuLayout { time_slicing_replicas: 2, ..GpuLayout::gpus(2) };
@@ -2088,8 +2089,8 @@ async fn sharing_in_the_device_plugins_config_shows_before_the_move_without_labe
     use k8s_openapi::api::core::v1::ConfigMap;
     use std::collections::BTreeMap;
     use switchyard_e2e::sim::GpuLayout;
-    let _cluster = pool::CLUSTER.read().await;
-    let _nvidia = pool::NVIDIA_GPU.lock().await;
+    let _cluster = locks::cluster_shared().await?;
+    let _nvidia = locks::nvidia_gpu().await?;
     // No GPU Feature Discovery (the device plugin's chart leaves it off by default). n0 runs the
     // config its node label picks, time-slicing 2 ways (nvidia.com/gpu: 4 on 2 GPUs); n1 has no
     // label and runs the `default` config, which shares nothing.
@@ -2233,7 +2234,7 @@ fn next_random(state: &mut u64) -> u64 {
 #[tokio::test]
 async fn twenty_sigkills_at_random_instants_of_a_six_node_migration_break_no_invariant() -> anyhow::Result<()>
 {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     // A 5 s device-plugin unregister delay makes each switch take seconds, so the kills land in
     // every step, not after the migration is over.
     let pool = Pool::with_unregister_delay("chaos", 6, 2, Duration::from_secs(5), GpuName::Renamed).await?;
@@ -2425,7 +2426,7 @@ async fn plan_manifest_json(gpm: &GpuPoolMigration) -> anyhow::Result<(i32, serd
 /// prevents it. `plan` checks the classes' selectors against what the driver publishes.
 #[tokio::test]
 async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps() -> anyhow::Result<()> {
-    let _cluster = pool::CLUSTER.read().await;
+    let _cluster = locks::cluster_shared().await?;
     // 3 s between the plugin's pod leaving and its resources going: long enough that a driver
     // started beside the leaving plugin publishes while the node still advertises its GPUs.
     let pool =

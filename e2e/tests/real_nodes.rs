@@ -35,7 +35,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{Sampler, allocatable};
 use switchyard_e2e::real::{self, LABEL_GPU_PRESENT, SYSTEM_NS};
-use switchyard_e2e::{cluster, wait};
+use switchyard_e2e::{cluster, locks, wait};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
 
 const DRIVER: &str = "gpu.switchyard.dev";
@@ -71,6 +71,9 @@ fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
 
 #[tokio::test]
 async fn real_pool_moves_from_the_device_plugin_to_dra_with_the_packaged_operator() -> anyhow::Result<()> {
+    // The packaged operator manages every GpuPoolMigration of the cluster, so no other
+    // scenario may run beside it.
+    let _cluster = locks::cluster_alone().await?;
     let client = cluster::client().await?;
     let nodes = real::nodes(&client).await?;
     let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();

@@ -14,6 +14,7 @@ use kube::discovery::ApiResource;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::cluster::{self, unique};
+use switchyard_e2e::locks;
 use switchyard_e2e::sim::{GpuLayout, SimConfig, SimNode, Simulator};
 use switchyard_e2e::wait;
 use switchyard_operator::testing::admission_cases;
@@ -22,6 +23,7 @@ const SCHEDULING: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn server_is_v1_37_and_serves_dra_v1() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let out = Command::new(cluster::bin_dir().join("kubectl"))
         .arg("--kubeconfig")
         .arg(cluster::kubeconfig())
@@ -167,6 +169,7 @@ fn claim_status(pod: &Pod) -> Option<String> {
 #[tokio::test]
 async fn extended_resource_is_served_by_dra_on_one_node_and_by_the_device_plugin_on_another()
 -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let s = Scenario::new("smoke-ext").await?;
     let dra_node = s.node("dra").await?;
     let dp_node = s.node("dp").await?;
@@ -218,6 +221,7 @@ async fn extended_resource_is_served_by_dra_on_one_node_and_by_the_device_plugin
 
 #[tokio::test]
 async fn device_taint_rule_no_execute_evicts_the_claim_holder() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let s = Scenario::new("smoke-taint").await?;
     let node = s.node("dra").await?;
     s.device_class().await?;
@@ -273,6 +277,7 @@ async fn device_taint_rule_no_execute_evicts_the_claim_holder() -> anyhow::Resul
 
 #[tokio::test]
 async fn every_cel_rule_of_the_crd_is_enforced_by_the_real_api_server() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let client = cluster::client().await?;
     let resource = ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk("switchyard.dev", "v1alpha1", "GpuPoolMigration"),
@@ -318,6 +323,7 @@ async fn every_cel_rule_of_the_crd_is_enforced_by_the_real_api_server() -> anyho
 /// marked the node `Unknown`, as a kubelet whose status sync sees the change does.
 #[tokio::test]
 async fn light_simulator_posts_ready_again_after_its_node_is_marked_unknown() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let client = cluster::client().await?;
     let id = unique("lightsim");
     let sim = Simulator::start(client.clone(), SimConfig::light(id.clone())).await?;
@@ -360,6 +366,7 @@ async fn light_simulator_posts_ready_again_after_its_node_is_marked_unknown() ->
 /// and a pod without GPUs on the same node runs.
 #[tokio::test]
 async fn simulator_rejects_a_pod_bound_for_gpus_its_node_does_not_advertise() -> anyhow::Result<()> {
+    let _cluster = locks::cluster_shared().await?;
     let s = Scenario::new("admit").await?;
     let outcome = async {
         let node = s.node("n0").await?;
