@@ -244,9 +244,14 @@ pub(crate) fn status_time(at: Timestamp) -> Time {
     Time(Timestamp::from_second(at.as_second()).unwrap_or(at))
 }
 
-/// Progress-only status changes are written at most this often per migration; a change of
-/// phase, conditions, pool size or generation, a Warning, or a failed write goes out at once.
-pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(2);
+/// Progress-only status changes are written at most this often per migration: the `inProgress`
+/// lines, the counts, the pod verification, and a condition's message (its counts and names). A
+/// change of phase, of a condition's status or reason, of the pool size or the generation, a
+/// Warning or migration event, or a failed write goes out at once. Five seconds is about one
+/// node's move when the device plugin's resources leave promptly, so a pool moving one node at a
+/// time writes its status about once a node, not at every step; the node annotations hold each
+/// step meanwhile.
+pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What to do with the status a reconcile computed.
 #[derive(Debug, PartialEq, Eq)]
@@ -271,11 +276,8 @@ pub fn status_write(
         return if old.is_some() { StatusWrite::Unchanged } else { StatusWrite::Now };
     };
     fn headline(s: &GpuPoolMigrationStatus) -> impl PartialEq + '_ {
-        let conditions: Vec<_> = s
-            .conditions
-            .iter()
-            .map(|c| (&c.type_, &c.status, &c.reason, &c.message, c.observed_generation))
-            .collect();
+        let conditions: Vec<_> =
+            s.conditions.iter().map(|c| (&c.type_, &c.status, &c.reason, c.observed_generation)).collect();
         (s.phase, s.observed_generation, s.nodes.total, s.failed.len(), conditions)
     }
     if warned || headline(old) != headline(new) {
@@ -703,17 +705,37 @@ mod tests {
         // A phase change, a condition change, or a Warning never waits.
         let completed = status(Phase::Completed, "evicting 1 pod(s)");
         assert_eq!(status_write(Some(&old), &completed, false, recent, now), StatusWrite::Now);
+        let condition = |type_: &str, status: &str, reason: &str, message: &str| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: type_.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+                observed_generation: None,
+            }
+        };
         let mut conditioned = progressed.clone();
-        conditioned.conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: "Stalled".into(),
-            status: "True".into(),
-            reason: "NodeFailed".into(),
-            message: "n1 failed".into(),
-            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
-            observed_generation: None,
-        });
+        conditioned.conditions.push(condition("Stalled", "True", "NodeFailed", "n1 failed"));
         assert_eq!(status_write(Some(&old), &conditioned, false, recent, now), StatusWrite::Now);
         assert_eq!(status_write(Some(&old), &progressed, true, recent, now), StatusWrite::Now);
+        // A condition whose message alone moved (a count of migrated nodes) is progress; its
+        // status or reason moving is not.
+        let ready = |status, reason, message| {
+            let mut s = old.clone();
+            s.conditions.push(condition("Ready", status, reason, message));
+            s
+        };
+        let moving = ready("False", "NodesMoving", "1 node(s) moving, 3 of 10 migrated");
+        let counted = ready("False", "NodesMoving", "1 node(s) moving, 4 of 10 migrated");
+        assert_eq!(
+            status_write(Some(&moving), &counted, false, recent, now),
+            StatusWrite::After(STATUS_COALESCE - Duration::from_millis(300))
+        );
+        let waiting = ready("False", "WaitingForNodes", "1 node(s) moving, 4 of 10 migrated");
+        assert_eq!(status_write(Some(&moving), &waiting, false, recent, now), StatusWrite::Now);
+        let ready_now = ready("True", "NodesMoving", "1 node(s) moving, 3 of 10 migrated");
+        assert_eq!(status_write(Some(&moving), &ready_now, false, recent, now), StatusWrite::Now);
     }
 
     #[test]
