@@ -5,7 +5,8 @@
 //! file lock (`flock`) beside the cluster's kubeconfig for the other processes. A file lock is
 //! released when its file is closed, so a test process that dies holds nothing.
 //!
-//! - [`cluster_shared`]: every scenario holds it while it runs.
+//! - [`cluster_shared`] (or [`cluster_shared_blocking`] in a plain `#[test]`): every scenario that
+//!   uses the cluster holds it while it runs.
 //! - [`cluster_alone`]: a scenario that disrupts the whole cluster (an API-server restart) holds
 //!   it instead, so that no other scenario, in any process, runs through the outage.
 //! - [`nvidia_gpu`]: a scenario whose pool or DeviceClasses use the real `nvidia.com/gpu` name
@@ -55,6 +56,13 @@ pub async fn cluster_alone() -> anyhow::Result<Held> {
     Ok(Held { _file: file, _guard: Box::new(guard) })
 }
 
+/// [`cluster_shared`] for a test that runs without an async runtime (a plain `#[test]`).
+pub fn cluster_shared_blocking() -> anyhow::Result<Held> {
+    let guard = CLUSTER.blocking_read();
+    let file = flock_blocking("cluster", Mode::Shared)?;
+    Ok(Held { _file: file, _guard: Box::new(guard) })
+}
+
 /// Holds the `nvidia.com/gpu` extended resource name: one such scenario at a time, in any process.
 pub async fn nvidia_gpu() -> anyhow::Result<Held> {
     let guard = NVIDIA_GPU.lock().await;
@@ -72,22 +80,23 @@ fn lock_path(name: &str) -> anyhow::Result<PathBuf> {
 
 async fn flock(name: &'static str, mode: Mode) -> anyhow::Result<File> {
     // flock(2) blocks the thread; a blocking thread keeps the scenarios' runtime free meanwhile.
-    tokio::task::spawn_blocking(move || {
-        let path = lock_path(name)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        match mode {
-            Mode::Shared => file.lock_shared(),
-            Mode::Exclusive => file.lock(),
-        }
-        .with_context(|| format!("locking {}", path.display()))?;
-        Ok(file)
-    })
-    .await?
+    tokio::task::spawn_blocking(move || flock_blocking(name, mode)).await?
+}
+
+fn flock_blocking(name: &str, mode: Mode) -> anyhow::Result<File> {
+    let path = lock_path(name)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match mode {
+        Mode::Shared => file.lock_shared(),
+        Mode::Exclusive => file.lock(),
+    }
+    .with_context(|| format!("locking {}", path.display()))?;
+    Ok(file)
 }
 
 #[cfg(test)]

@@ -159,11 +159,13 @@ fn dry_run_all(source: &str, objs: Vec<Value>) {
 
 #[test]
 fn kustomize_config_passes_server_side_dry_run() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
     dry_run_all("kubectl kustomize config/", kustomize("config/"));
 }
 
 #[test]
 fn kustomize_with_monitoring_component_passes_server_side_dry_run() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
     dry_run_all("kubectl kustomize e2e/overlays/monitoring", kustomize("e2e/overlays/monitoring"));
 }
 
@@ -171,6 +173,7 @@ fn kustomize_with_monitoring_component_passes_server_side_dry_run() {
 /// them (NVIDIA's driver without the interlock among them).
 #[test]
 fn samples_pass_server_side_dry_run() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
     let mut objs = parse(
         &std::fs::read_to_string(repo_root().join("crds/switchyard.dev_gpupoolmigrations.yaml"))
             .expect("the CRD"),
@@ -190,6 +193,7 @@ fn samples_pass_server_side_dry_run() {
 
 #[test]
 fn helm_chart_passes_server_side_dry_run() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
     dry_run_all("helm template (every toggle on)", helm_template());
 }
 
@@ -241,6 +245,7 @@ fn kustomize_and_helm_install_the_same_objects() {
 /// `agent.driverRoot`: the agent's pod spec is the same either way, and passes dry-run.
 #[test]
 fn driver_root_components_equal_the_charts_driver_root() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
     for (component, root) in [("host", "/"), ("gpu-operator", "/run/nvidia/driver")] {
         let overlay = format!("e2e/overlays/driver-root-{component}");
         let kust = kustomize(&overlay);
@@ -267,6 +272,7 @@ fn driver_root_components_equal_the_charts_driver_root() {
 /// API server puts in pod-bound tokens.
 #[test]
 fn agent_admission_policy_confines_slices_to_the_agents_node() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
     let objs = kustomize("config/");
     let wanted: Vec<&Value> = objs
         .iter()
