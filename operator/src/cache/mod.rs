@@ -201,6 +201,8 @@ pub struct CachedSlice {
     name: Box<str>,
     driver: Box<str>,
     node_name: Option<Box<str>>,
+    /// `spec.pool.name`: a claim's allocation names a device by its driver, pool and name.
+    pool: Box<str>,
     counts: DeviceCounts,
     /// Whether Switchyard's agent wrote it ([`LABEL_MANAGED_BY`]), whatever the driver's name.
     ours: bool,
@@ -229,6 +231,7 @@ impl CachedSlice {
             name: metadata.name.unwrap_or_default().into_boxed_str(),
             driver: spec.driver.into_boxed_str(),
             node_name: node_name.map(String::into_boxed_str),
+            pool: spec.pool.name.into_boxed_str(),
             counts,
             ours,
             devices: miniz_oxide::deflate::compress_to_vec(&json, DEVICES_LEVEL).into_boxed_slice(),
@@ -250,7 +253,8 @@ impl CachedSlice {
         self.devices.len()
     }
 
-    /// The slice's name, driver and node, nothing else: what maps a slice event to migrations.
+    /// The slice's name, driver, node and pool name, nothing else: what maps a slice event to
+    /// migrations.
     pub fn key(&self) -> ResourceSlice {
         ResourceSlice {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -260,6 +264,10 @@ impl CachedSlice {
             spec: k8s_openapi::api::resource::v1::ResourceSliceSpec {
                 driver: self.driver.to_string(),
                 node_name: self.node_name.as_deref().map(str::to_owned),
+                pool: k8s_openapi::api::resource::v1::ResourcePool {
+                    name: self.pool.to_string(),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         }
@@ -614,14 +622,16 @@ mod tests {
         let mut labelled = slice.clone();
         labelled.labels_mut().insert(LABEL_MANAGED_BY.into(), AGENT_FIELD_MANAGER.into());
         assert!(CachedSlice::new(labelled).ours(), "the agent's label, whatever the driver");
-        // What a switch reads comes back as it was: name, driver, node and every device, with
-        // its attributes, capacity and taints.
+        // What a switch reads comes back as it was: name, driver, node, pool name (a claim's
+        // allocation names devices by it) and every device, with its attributes, capacity and
+        // taints.
         let back = cached.with_devices();
         assert_eq!(back.spec.devices, slice.spec.devices);
         assert_eq!(
             (back.metadata.name.as_deref(), back.spec.driver.as_str(), back.spec.node_name.as_deref()),
             (Some("s-1"), "gpu.switchyard.dev", Some("gpu-1"))
         );
+        assert_eq!(back.spec.pool.name, "gpu-1");
         assert_eq!(
             crate::pool::overlap::schedulable(&[&back], "gpu.switchyard.dev", "gpu-1").count() as u64,
             cached.counts().schedulable
