@@ -527,6 +527,8 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
     // The scheduler retries a pod it already refused only on events its plugins register for, or
     // at the periodic flush of unschedulable pods (5 minutes); a DeviceClass update is not such an
     // event for NodeResourcesFit. A pod created now is scheduled at once: replace the refused one.
+    // (Another scenario's DeviceClass, created meanwhile, is such an event for the DRA plugin: then
+    // the refused pod was retried after the re-apply and is bound already.)
     let refused: Vec<String> = pods
         .list(&ListParams::default().labels("app=trainer"))
         .await?
@@ -535,8 +537,10 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
         .filter_map(|p| p.metadata.name)
         .collect();
-    assert_eq!(refused.len(), 1, "{refused:?}");
-    pods.delete(&refused[0], &Default::default()).await?;
+    assert!(refused.len() <= 1, "{refused:?}");
+    if let Some(p) = refused.first() {
+        pods.delete(p, &Default::default()).await?;
+    }
     let running = pool.wait_running(5).await?;
     let trainers: Vec<&Pod> = running
         .iter()
