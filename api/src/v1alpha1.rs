@@ -260,7 +260,26 @@ pub enum Direction {
 /// How fast and how carefully nodes move.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("(has(self.type) && self.type == 'Replace') == has(self.replace)")
+        .message("spec.strategy.replace is required when spec.strategy.type is Replace, and must be unset otherwise"),
+    validation = Rule::new("(has(self.type) ? self.type : 'InPlace') == (has(oldSelf.type) ? oldSelf.type : 'InPlace')")
+        .message("spec.strategy.type is immutable: create a new GpuPoolMigration to move the pool another way")
+)]
 pub struct Strategy {
+    /// `InPlace` (default): each node of the pool switches from the device plugin to the DRA
+    /// driver where it stands. `Replace`: the pool's nodes stay on the device plugin; their GPU
+    /// pods are drained onto a target node pool that the DRA driver already serves
+    /// (`replace.targetNodeSelector`), and the drained nodes are left cordoned and marked for
+    /// the provider to remove. Replace is for managed clusters whose provider owns the device
+    /// plugin (GKE, AKS, EKS Auto Mode), where the supported path is a new node pool. Immutable.
+    #[serde(default, rename = "type")]
+    pub type_: StrategyType,
+
+    /// The target pool of a Replace migration. Required when `type` is Replace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace: Option<ReplaceSpec>,
+
     /// How many pool nodes may be unavailable at once, counting nodes that were already cordoned
     /// or NotReady: an integer of at least 1, or a percentage from "1%" to "100%" of the pool
     /// (rounded down, at least 1). Default 1.
@@ -287,6 +306,8 @@ pub struct Strategy {
 impl Default for Strategy {
     fn default() -> Self {
         Self {
+            type_: StrategyType::default(),
+            replace: None,
             max_unavailable: default_max_unavailable(),
             drain: DrainSpec::default(),
             verify: VerifySpec::default(),
@@ -297,6 +318,54 @@ impl Default for Strategy {
 
 fn default_max_unavailable() -> IntOrString {
     IntOrString::Int(1)
+}
+
+impl Strategy {
+    /// The target pool, when the migration replaces its nodes rather than switching them.
+    pub fn replace(&self) -> Option<&ReplaceSpec> {
+        match self.type_ {
+            StrategyType::Replace => self.replace.as_ref(),
+            StrategyType::InPlace => None,
+        }
+    }
+}
+
+/// How the pool's nodes come to be served by DRA.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StrategyType {
+    /// Each node switches backends where it stands: cordon, drain, switch, verify, uncordon.
+    #[default]
+    InPlace,
+    /// Each node is drained onto a target pool the DRA driver already serves, then left
+    /// cordoned for removal.
+    Replace,
+}
+
+/// The target pool of a Replace migration, and how the drain waits for room there.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplaceSpec {
+    /// Selects the nodes of the target pool: nodes that `spec.driver` serves (its ResourceSlices
+    /// publish their GPUs) and where the pool's GPU pods go. Required and must select something.
+    /// It must not select a node that `spec.nodeSelector` selects: such a pool does not start
+    /// (`PrerequisitesMet` False, reason `TargetOverlapsPool`).
+    #[x_kube(
+        validation = Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)")
+            .message("spec.strategy.replace.targetNodeSelector must not be empty: set matchLabels or matchExpressions to select the target pool's nodes")
+    )]
+    pub target_node_selector: LabelSelector,
+
+    /// Before a node drains, Switchyard checks that the target pool has free DRA devices for the
+    /// node's GPU pods, per `spec.resources` entry: devices its DeviceClass selects on the target
+    /// nodes that are Ready and schedulable, less the devices allocated to ResourceClaims and
+    /// those that pending GPU pods and draining nodes still need. Short of that, the node waits
+    /// cordoned (`TargetCapacityShort`, saying how many of which resource are missing) until
+    /// target nodes are added. An autoscaler adds nodes only for Pending pods, which this wait
+    /// never makes: raise the target pool's minimum size instead. When true, the node drains
+    /// anyway and its pods wait Pending, where an autoscaler of the target pool sees them.
+    /// Default false.
+    #[serde(default)]
+    pub evict_without_capacity: bool,
 }
 
 /// How GPU pods leave a node before it switches.
@@ -473,9 +542,16 @@ pub struct GpuPoolMigrationStatus {
 
     /// Going forward: the GPU pods running on migrated nodes, each checked against the devices
     /// that serve it (the runbook's verification step, for every pod and not only the canary).
-    /// Absent until a node has migrated; read at most every 30 seconds.
+    /// Absent until a node has migrated; read at most every 30 seconds. Under `strategy.type:
+    /// Replace`: the GPU pods on the target pool's nodes, and any on an old node left for removal
+    /// (reported: the device plugin serves it), once a node is Replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<PodVerification>,
+
+    /// Under `strategy.type: Replace`: the target pool's free devices and the old nodes left for
+    /// removal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace: Option<ReplaceStatus>,
 
     /// Ready, Reconciling and Stalled (kstatus), and PrerequisitesMet, DeviceClassesReady,
     /// PlacementReady, BackendOverlap (True is a fault), NodeConflict (nodes another migration
@@ -515,7 +591,8 @@ pub struct NodeCounts {
     pub pending: i32,
     /// Nodes moving now.
     pub in_progress: i32,
-    /// Nodes served by the DRA driver.
+    /// Nodes served by the DRA driver. Under `strategy.type: Replace`, old nodes whose GPU pods
+    /// have moved to the target pool (state Replaced).
     pub migrated: i32,
     /// Nodes that failed to move.
     pub failed: i32,
@@ -547,6 +624,9 @@ pub enum NodeState {
     RollingBack,
     /// Served by the device plugin again.
     RolledBack,
+    /// `strategy.type: Replace`: drained onto the target pool, left cordoned and marked
+    /// `switchyard.dev/replaced` for the provider (or a person) to remove.
+    Replaced,
 }
 
 /// The GPU pods on migrated nodes, checked (see `status.pods`). A pod is verified when every GPU
@@ -640,4 +720,34 @@ pub struct DeviceClassStatus {
     /// The DeviceClass that wins the extended resource name instead of ours, if any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub shadowed_by: String,
+}
+
+/// A Replace migration's target pool and the old nodes it has emptied.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplaceStatus {
+    /// Target nodes that are Ready and schedulable: the nodes whose devices count.
+    pub target_nodes: i32,
+    /// Per `spec.resources` entry, the target pool's free devices as last checked. Read only while
+    /// a node waits for room or is about to start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub capacity: Vec<TargetCapacity>,
+    /// Old nodes drained and left cordoned for removal (state Replaced), by name (capped at 64;
+    /// `nodes.migrated` has the count). Each carries the label `switchyard.dev/replaced`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub replaced_nodes: Vec<String>,
+}
+
+/// One resource's room on the target pool.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetCapacity {
+    /// The extended resource name (`spec.resources[].extendedResourceName`).
+    pub resource: String,
+    /// Devices its DeviceClass selects on the target pool's Ready, schedulable nodes, untainted.
+    pub devices: i32,
+    /// Of those, the devices no ResourceClaim holds and no pending pod or draining node needs.
+    pub free: i32,
 }

@@ -25,6 +25,12 @@ pub const BACKEND_NONE: &str = "none";
 /// refused by every other, so two CRs never move the same node.
 pub const LABEL_MIGRATION: &str = "switchyard.dev/migration";
 
+/// Node label a Replace migration (`spec.strategy.type: Replace`) puts on each old node it has
+/// drained onto the target pool, naming the migration: the node is cordoned and empty of GPU
+/// pods, for the provider's autoscaler or a person to remove (`kubectl delete node -l
+/// switchyard.dev/replaced`). A rollback removes it with the cordon.
+pub const LABEL_REPLACED: &str = "switchyard.dev/replaced";
+
 /// Node annotation with the node's migration state (see `NodeState`). It is the durable record a
 /// restarted operator resumes from.
 pub const ANNOTATION_MIGRATION_STATE: &str = "switchyard.dev/migration-state";

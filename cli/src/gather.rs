@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -162,6 +162,10 @@ pub async fn plan_inputs(
             }
             None => None,
         };
+    let target = match spec.strategy.replace() {
+        Some(r) if facts.served.resource_slices => Some(target_inputs(client, spec, r).await?),
+        _ => None,
+    };
     Ok(Inputs {
         uid: if exists { gpm.metadata.uid.clone().unwrap_or_default() } else { String::new() },
         name,
@@ -181,6 +185,39 @@ pub async fn plan_inputs(
         findings: readers::find(&observed),
         skipped: observed.skipped,
         now: Timestamp::now(),
+        target,
+    })
+}
+
+/// A Replace migration's target pool: its nodes, the driver's devices claims hold, and what
+/// pending pods not yet bound ask for (the operator's capacity check reads the same).
+async fn target_inputs(
+    client: &Client,
+    spec: &switchyard_operator::api::v1alpha1::GpuPoolMigrationSpec,
+    r: &switchyard_operator::api::v1alpha1::ReplaceSpec,
+) -> anyhow::Result<preview::TargetInputs> {
+    use switchyard_operator::pool::replace;
+    let selector = kube::core::Selector::try_from(r.target_node_selector.clone())
+        .context("spec.strategy.replace.targetNodeSelector")?;
+    let nodes = Api::<SlimNode>::all(client.clone())
+        .list(&ListParams::default().labels_from(&selector))
+        .await
+        .context("listing the target pool's nodes")?
+        .items;
+    let claims = reader_objects::list_all(Api::<ResourceClaim>::all(client.clone()), ListParams::default())
+        .await
+        .context("listing ResourceClaims")?;
+    let pending = reader_objects::list_all(
+        Api::<Pod>::all(client.clone()),
+        ListParams::default().fields("spec.nodeName=,status.phase=Pending"),
+    )
+    .await
+    .context("listing pending pods")?;
+    let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
+    Ok(preview::TargetInputs {
+        nodes,
+        held: replace::allocated(&claims, &spec.driver.name),
+        pending: replace::pending_demand(&pending, &res),
     })
 }
 

@@ -104,6 +104,8 @@ pub fn render(r: &Report) -> String {
 
     render_nodes(&mut out, r);
 
+    render_replace(&mut out, r);
+
     render_classes(&mut out, r);
 
     render_placement(&mut out, r);
@@ -120,6 +122,35 @@ pub fn render(r: &Report) -> String {
         }
     }
     out
+}
+
+/// `units` as `2 nvidia.com/gpu, 1 nvidia.com/mig-1g.10gb`, or `nothing`.
+fn units(d: &std::collections::BTreeMap<String, u64>) -> String {
+    let parts: Vec<String> = d.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{n} {r}")).collect();
+    if parts.is_empty() { "no GPU".into() } else { parts.join(", ") }
+}
+
+/// The TARGET POOL section of a Replace plan: its room, then each node's needs in order.
+fn render_replace(out: &mut String, r: &Report) {
+    let Some(p) = &r.replace else {
+        return;
+    };
+    let rooms: Vec<String> = p
+        .capacity
+        .iter()
+        .map(|c| format!("{}: {} device(s), {} free", c.resource, c.devices, c.free))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nTARGET POOL (strategy Replace)  {} Ready, schedulable node(s); {}; the nodes to move need {}",
+        p.target_nodes,
+        if rooms.is_empty() { "no resource".into() } else { rooms.join("; ") },
+        units(&p.needed)
+    );
+    for n in &p.nodes {
+        let verdict = if n.fits { "fits".to_string() } else { format!("waits: {}", n.short) };
+        let _ = writeln!(out, "  {}  needs {}: {verdict}", n.name, units(&n.needs));
+    }
 }
 
 /// The NODES section: the summary, one row a node, and the pods each node evicts.

@@ -76,6 +76,8 @@ pub struct Snapshot {
     pub device_plugin_removable: Option<String>,
     /// `status.pods`: the GPU pods on migrated nodes, checked.
     pub pods: Option<switchyard_api::v1alpha1::PodVerification>,
+    /// `status.replace`: a Replace migration's target room and the old nodes left for removal.
+    pub replace: Option<switchyard_api::v1alpha1::ReplaceStatus>,
 }
 
 /// A condition that explains why a migration does not move.
@@ -189,6 +191,7 @@ pub fn snapshot(gpm: &GpuPoolMigration, now: Timestamp) -> Snapshot {
         device_plugin_removable: find(ConditionType::DevicePluginRemovable, "True")
             .map(|c| one_line(&c.message)),
         pods: status.and_then(|s| s.pods.clone()),
+        replace: status.and_then(|s| s.replace.clone()),
     }
 }
 
@@ -390,7 +393,33 @@ pub fn once_lines(s: &Snapshot) -> Vec<String> {
     out.extend(s.nodes.iter().map(|n| format!("  {}", node_column_text(n, width))));
     out.extend(s.failed.iter().map(|f| format!("  {}", failed_text(f))));
     out.extend(pods_lines(s));
+    out.extend(replace_lines(s));
     out.extend(device_plugin_line(s));
+    out
+}
+
+/// How many replaced nodes `replace_lines` names.
+const REPLACED_NAMED: usize = 10;
+
+/// A Replace migration's target room as last checked, and the old nodes left for removal.
+pub fn replace_lines(s: &Snapshot) -> Vec<String> {
+    let Some(r) = &s.replace else { return Vec::new() };
+    let rooms: Vec<String> =
+        r.capacity.iter().map(|c| format!("{} {} of {} free", c.resource, c.free, c.devices)).collect();
+    let mut out = vec![format!(
+        "target pool: {} Ready, schedulable node(s){}",
+        r.target_nodes,
+        if rooms.is_empty() { String::new() } else { format!("; {}", rooms.join(", ")) }
+    )];
+    if !r.replaced_nodes.is_empty() {
+        let shown: Vec<&str> = r.replaced_nodes.iter().take(REPLACED_NAMED).map(String::as_str).collect();
+        let more = s.counts.migrated as usize - shown.len().min(s.counts.migrated as usize);
+        out.push(format!(
+            "replaced, cordoned for removal (label switchyard.dev/replaced): {}{}",
+            shown.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        ));
+    }
     out
 }
 

@@ -678,19 +678,26 @@ async fn admin_cordoned_nodes_stay_cordoned_take_budget_only_while_moving_and_ne
     .await
 }
 
+/// Creates `notebook`, a GPU pod on the pool that no controller manages (as `kubectl run` makes:
+/// an eviction would lose it); returns the workload namespace's pods.
+async fn bare_notebook(pool: &Pool) -> anyhow::Result<Api<Pod>> {
+    let bare: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "notebook", "labels": {"app": "notebook"}},
+        "spec": {"nodeSelector": {"pool": pool.id}, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": {&pool.resource: "1"}}}]}
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+    pods.create(&PostParams::default(), &bare).await?;
+    Ok(pods)
+}
+
 #[tokio::test]
 async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_eviction() -> anyhow::Result<()> {
     with_pool("bare", 2, 2, async |pool| {
         let name = pool.id.clone();
         // A GPU pod no controller manages, as `kubectl run` makes: an eviction would lose it.
-        let bare: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "notebook", "labels": {"app": "notebook"}},
-            "spec": {"nodeSelector": {"pool": pool.id}, "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": {&pool.resource: "1"}}}]}
-        }))?;
-        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
-        pods.create(&PostParams::default(), &bare).await?;
+        let pods = bare_notebook(pool).await?;
         let running = pool.wait_running(1).await?;
         let bare_uid = running[0].uid().unwrap();
         let bare_node = running[0].spec.as_ref().unwrap().node_name.clone().unwrap();
@@ -2552,6 +2559,314 @@ async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps(
             "with the interlock assumed, the driver published beside the device plugin: {:?}",
             samples.backend_history
         );
+        Ok(())
+    })
+    .await
+}
+
+/// A Replace migration's old pool (the pool's nodes, on the device plugin) and its target: nodes
+/// labelled `tier: dra` that only the DRA driver serves, as a provider's new node pool is. The
+/// device plugin's DaemonSet keeps off them as the provider keeps its plugin off a DRA pool.
+struct ReplacePools {
+    /// The GpuPoolMigration overrides that select the old pool and name the target.
+    overrides: serde_json::Value,
+    targets: Vec<String>,
+}
+
+impl ReplacePools {
+    async fn new(pool: &Pool, extra: serde_json::Value) -> anyhow::Result<Self> {
+        let plugins: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        let off_dra = json!({"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "switchyard.dev/gpu-backend", "operator": "NotIn", "values": ["dra"]}]}]}}}}}}});
+        plugins.patch(pool::DEVICE_PLUGIN_DS, &PatchParams::default(), &Patch::Merge(&off_dra)).await?;
+        let mut overrides = json!({
+            "nodeSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
+            "strategy": {"type": "Replace", "maxUnavailable": 1,
+                "replace": {"targetNodeSelector": {"matchLabels": {"pool": pool.id, "tier": "dra"}}}}
+        });
+        switchyard_operator::testing::merge_patch(&mut overrides, &extra);
+        Ok(Self { overrides, targets: Vec::new() })
+    }
+
+    /// Adds a target node of `gpus` GPUs and waits until the driver publishes them.
+    async fn add_target(&mut self, pool: &Pool, gpus: u32) -> anyhow::Result<String> {
+        use switchyard_e2e::sim::{GpuLayout, SimNode};
+        let name = format!("{}-t{}", pool.id, self.targets.len());
+        let labels = [("pool", pool.id.as_str()), ("tier", "dra"), ("switchyard.dev/gpu-backend", "dra")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let layout = GpuLayout { gpu_resource: Some(pool.resource.clone()), ..GpuLayout::gpus(gpus) };
+        pool.sim().add_node(SimNode { name: name.clone(), labels, layout }).await?;
+        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(pool.client.clone());
+        let fields = format!("spec.nodeName={name},spec.driver={}", pool.driver);
+        switchyard_e2e::wait::until(&format!("the driver to publish {name}'s GPUs"), MIGRATION, || {
+            let (slices, fields) = (slices.clone(), fields.clone());
+            async move {
+                let devices: usize = slices
+                    .list(&ListParams::default().fields(&fields))
+                    .await?
+                    .items
+                    .iter()
+                    .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                    .sum();
+                Ok((devices == gpus as usize).then_some(()))
+            }
+        })
+        .await?;
+        self.targets.push(name.clone());
+        Ok(name)
+    }
+}
+
+/// Every GPU pod runs on a target node through a generated claim the driver allocated there.
+async fn assert_gpu_pods_on_targets(pool: &Pool, targets: &[String], count: usize) -> anyhow::Result<()> {
+    let pods = pool.wait_running(count).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+    for p in &pods {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        assert!(targets.contains(&node), "GPU pod {} runs on {node}, not on the target pool", p.name_any());
+        let status = p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref());
+        let claim =
+            status.unwrap_or_else(|| panic!("GPU pod {} on {node} has no generated claim", p.name_any()));
+        let claim = claims.get(&claim.resource_claim_name).await?;
+        let results = claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap_or_default();
+        assert_eq!(results.len(), 1, "{}", p.name_any());
+        assert_eq!(
+            (results[0].driver.as_str(), results[0].pool.as_str()),
+            (pool.driver.as_str(), node.as_str())
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_rolls_back()
+-> anyhow::Result<()> {
+    with_pool("replace", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({})).await?;
+        pools.add_target(pool, 2).await?;
+        // Four GPU pods fill the two old nodes; the budget lets one go at a time.
+        pool.deployment("trainer", 4, 1).await?;
+        pool.pdb("trainer", "trainer", 3).await?;
+        let before = pool.wait_running(4).await?;
+        assert!(
+            before.iter().all(|p| pool.nodes.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap()))
+        );
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+
+        // The plan, before anything moves: the first node fits, the second waits for room.
+        let (_, plan) = plan_json(&name).await?;
+        let replace = &plan["replace"];
+        assert_eq!(replace["targetNodes"], 1, "{replace}");
+        assert_eq!(replace["capacity"][0]["free"], 2, "{replace}");
+        assert_eq!(replace["needed"][&pool.resource], 4, "{replace}");
+        let fits: Vec<(String, bool)> = replace["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["name"].as_str().unwrap().to_owned(), n["fits"].as_bool().unwrap()))
+            .collect();
+        assert_eq!(fits, [(pool.nodes[0].clone(), true), (pool.nodes[1].clone(), false)], "{replace}");
+        assert!(
+            replace["nodes"][1]["short"].as_str().unwrap().contains(&format!("2 {} missing", pool.resource))
+        );
+
+        let sampler = pool.sample();
+        pool.start_operator()?;
+        let short = format!("2 {} missing (the node's pods need 2, 0 free)", pool.resource);
+        let waiting = pool
+            .wait_status(&name, "the first node replaced, the second waiting for room", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.nodes.migrated == 1
+                        && s.in_progress.iter().any(|p| {
+                            p.name == pool.nodes[1]
+                                && p.message.starts_with("TargetCapacityShort:")
+                                && p.message.contains(&short)
+                        })
+                })
+            })
+            .await?;
+        let ready = condition(&waiting, "Ready").expect("Ready");
+        assert_eq!(
+            ready.reason, "TargetCapacityShort",
+            "kubectl get gpm says what it waits for: {}",
+            ready.message
+        );
+        assert!(
+            ready.message.contains(&pool.nodes[1]) && ready.message.contains(&short),
+            "{}",
+            ready.message
+        );
+        let status = waiting.status.unwrap();
+        let room = status.replace.as_ref().expect("status.replace");
+        assert_eq!(room.replaced_nodes, [pool.nodes[0].clone()]);
+        assert_eq!(
+            (room.target_nodes, room.capacity[0].devices, room.capacity[0].free),
+            (1, 2, 0),
+            "{room:?}"
+        );
+        assert_eq!(status.phase, Some(Phase::Progressing));
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let waiting_node = nodes.get(&pool.nodes[1]).await?;
+        assert_eq!(
+            waiting_node.spec.as_ref().unwrap().unschedulable,
+            Some(true),
+            "the waiting node is cordoned"
+        );
+        assert_eq!(pool::node_state(&pool.client, &pool.nodes[1]).await?, "Cordoned");
+        // Nothing was evicted that had nowhere to go: the waiting node keeps its two pods.
+        let on_waiting = pool
+            .wait_running(4)
+            .await?
+            .iter()
+            .filter(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(pool.nodes[1].as_str()))
+            .count();
+        assert_eq!(on_waiting, 2);
+
+        // A node joins the target pool: the second node drains onto it.
+        pools.add_target(pool, 2).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_gpu_pods_on_targets(pool, &pools.targets, 4).await?;
+        let samples = sampler.stop();
+        assert!(samples.events > 20, "the sampler saw too few events to mean anything: {}", samples.events);
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(
+            samples.min_ready.get("trainer").is_some_and(|m| *m >= 3),
+            "the PDB: {:?}",
+            samples.min_ready
+        );
+        assert!(samples.max_in_flight.0 <= 1, "maxUnavailable 1: {:?}", samples.max_in_flight);
+        for n in &pool.nodes {
+            assert_eq!(
+                samples.backend_history.get(n).map(Vec::as_slice),
+                Some(&["device-plugin".to_owned()][..]),
+                "{n}"
+            );
+        }
+        let replaced = done.status.as_ref().unwrap().replace.as_ref().unwrap().replaced_nodes.clone();
+        assert_eq!(replaced, pool.nodes);
+        for n in &pool.nodes {
+            let node = nodes.get(n).await?;
+            assert_eq!(
+                node.spec.as_ref().unwrap().unschedulable,
+                Some(true),
+                "{n} is left cordoned for removal"
+            );
+            assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name), "{n}");
+            assert_eq!(backend(&node), "device-plugin", "{n} never switched");
+            assert_eq!(pool::node_state(&pool.client, n).await?, "Replaced");
+        }
+        let verified = pool
+            .wait_status(&name, "the moved pods verified on the target", MIGRATION, |g| {
+                g.status
+                    .as_ref()
+                    .and_then(|s| s.pods.as_ref())
+                    .is_some_and(|p| p.verified == 4 && p.unverified == 0)
+            })
+            .await?;
+        assert_eq!(condition(&verified, "Ready").map(|c| c.status.as_str()), Some("True"));
+        let events = object_events(pool, "Node", &pool.nodes[0]).await?;
+        assert!(events.iter().any(|(r, _)| r == "NodeReplaced"), "{events:?}");
+
+        // Rolling back gives the old nodes back to the scheduler.
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        for n in &pool.nodes {
+            let node = nodes.get(n).await?;
+            assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "{n} is uncordoned");
+            assert!(!node.labels().contains_key("switchyard.dev/replaced"), "{n}");
+        }
+        // The target pool goes away: the pods come back to the old nodes, on the device plugin.
+        for t in &pools.targets {
+            pool.sim().delete_node(t).await?;
+        }
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        switchyard_e2e::wait::until("the pods back on the old nodes", MIGRATION, || {
+            let pods = pods.clone();
+            let old = pool.nodes.clone();
+            async move {
+                let running = pool::running(pods.list(&ListParams::default()).await?.items);
+                let back = running.len() == 4
+                    && running.iter().all(|p| {
+                        old.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap())
+                            && p.status.as_ref().unwrap().extended_resource_claim_status.is_none()
+                    });
+                Ok(back.then_some(()))
+            }
+        })
+        .await
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_is_refused()
+-> anyhow::Result<()> {
+    with_pool("replbare", 1, 1, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({})).await?;
+        pools.add_target(pool, 1).await?;
+        // A bare GPU pod, as `kubectl run` makes: the drain keeps it until the spec forces it.
+        let pods = bare_notebook(pool).await?;
+        pool.wait_running(1).await?;
+
+        // First a target selector that also selects the old node: nothing starts, and the
+        // condition says which node and what to change.
+        let mut overrides = pools.overrides.clone();
+        overrides["strategy"]["replace"]["targetNodeSelector"] = json!({"matchLabels": {"pool": pool.id}});
+        let gpm = pool.migration(&name, overrides)?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let refused = pool
+            .wait_status(&name, "PrerequisitesMet False: TargetOverlapsPool", MIGRATION, |g| {
+                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "TargetOverlapsPool")
+            })
+            .await?;
+        let message = &condition(&refused, "PrerequisitesMet").unwrap().message;
+        assert!(
+            message.contains(&pool.nodes[0]) && message.contains("make the two selectors disjoint"),
+            "{message}"
+        );
+        assert_eq!(pool::node_state(&pool.client, &pool.nodes[0]).await?, "", "the node never started");
+        // The type cannot change, but the target can: a new migration with the right one.
+        pool.migrations().delete(&name, &DeleteParams::default()).await?;
+        switchyard_e2e::wait::until("the refused migration to go", MIGRATION, || async {
+            Ok(pool.migrations().get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await?;
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let waiting = pool
+            .wait_status(&name, "the bare pod named", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| {
+                        p.message.starts_with("UnmanagedPodsBlockDrain:") && p.message.contains("notebook")
+                    })
+                })
+            })
+            .await?;
+        assert!(waiting.status.unwrap().in_progress[0].message.contains("spec.strategy.drain.force"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            pods.get("notebook").await?.metadata.deletion_timestamp.is_none(),
+            "the bare pod was evicted"
+        );
+        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+        // Deleting the finished migration leaves the replaced node cordoned for removal.
+        pool.migrations().delete(&name, &DeleteParams::default()).await?;
+        switchyard_e2e::wait::until("the migration to be deleted", MIGRATION, || async {
+            Ok(pool.migrations().get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await?;
+        let node = Api::<Node>::all(pool.client.clone()).get(&pool.nodes[0]).await?;
+        assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+        assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name));
         Ok(())
     })
     .await

@@ -22,6 +22,9 @@
 //! - every GPU pod on the migrated nodes is verified by the operator (`status.pods`);
 //! - a rollback of one node (a one-node migration with `direction: Rollback`) returns it to the
 //!   device plugin: allocatable comes back, and a GPU pod there runs without a claim;
+//! - `strategy.type: Replace`: the rolled-back node's GPU pod is drained onto the nodes on DRA, as
+//!   onto a provider's new node pool, and comes back there through a claim and our CDI spec; the
+//!   node is left cordoned and labelled `switchyard.dev/replaced`;
 //! - no instant, sampled on every watch event, where a node was served by both backends.
 
 use std::collections::BTreeSet;
@@ -574,6 +577,8 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     // Every trainer runs again, on whichever backend its node has.
     real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
 
+    replace_onto_the_dra_nodes(client, id, &gpm, &back, names).await?;
+
     let samples = sampler.stop();
     assert!(samples.events > 0, "the sampler saw the migration");
     assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
@@ -590,12 +595,102 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     operator_rbac_is_what_it_uses(client, &started).await
 }
 
+/// `strategy.type: Replace` on the real nodes: the node on the device plugin (`back`) is drained
+/// onto the nodes on DRA as onto a provider's new node pool, and left cordoned for removal. Its
+/// GPU pod comes back on a DRA node through a generated claim and our CDI spec.
+async fn replace_onto_the_dra_nodes(
+    client: &Client,
+    id: &str,
+    gpm: &GpuPoolMigration,
+    back: &str,
+    names: &[String],
+) -> anyhow::Result<()> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let node_api: Api<Node> = Api::all(client.clone());
+    // The rollback's migration hands the node back; the pinned pod could go nowhere else.
+    migrations.delete(&format!("{id}-back"), &DeleteParams::default()).await?;
+    real::kubectl(&["-n", id, "delete", "deployment", "pinned", "--wait=true", "--timeout=120s"])?;
+    // A GPU pod on the device plugin's node: the DRA nodes are cordoned while it is placed.
+    let dra: Vec<&String> = names.iter().filter(|n| n.as_str() != back).collect();
+    for n in &dra {
+        real::kubectl(&["cordon", n])?;
+    }
+    real::gpu_workload(client, id, "mover", 1, None).await?;
+    let mover = real::wait_workload(client, id, "mover", 1, Duration::from_secs(120)).await?;
+    for n in &dra {
+        real::kubectl(&["uncordon", n])?;
+    }
+    assert_eq!(mover[0].spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(back));
+    assert!(mover[0].status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none());
+    wait::until("the rollback's migration to be deleted", Duration::from_secs(120), || {
+        let migrations = migrations.clone();
+        async move { Ok(migrations.get_opt(&format!("{id}-back")).await?.is_none().then_some(())) }
+    })
+    .await?;
+
+    let name = format!("{id}-replace");
+    let mut replace: serde_json::Value = serde_json::to_value(gpm)?;
+    replace["metadata"] = json!({"name": name});
+    replace["spec"]["nodeSelector"] = json!({"matchLabels": {"pool": id, "kubernetes.io/hostname": back}});
+    replace["spec"]["strategy"] = json!({
+        "type": "Replace",
+        "replace": {"targetNodeSelector": {"matchLabels": {"pool": id, "switchyard.dev/gpu-backend": "dra"}}},
+        "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
+    });
+    migrations.create(&PostParams::default(), &serde_json::from_value(replace)?).await?;
+    let done = wait::until("the Replace migration to complete", Duration::from_secs(300), || {
+        let (migrations, name) = (migrations.clone(), name.clone());
+        async move {
+            let s = migrations.get(&name).await?.status.unwrap_or_default();
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "Replace failed: {s:?}");
+            Ok((s.phase == Some(Phase::Completed)).then_some(s))
+        }
+    })
+    .await?;
+    assert_eq!(done.replace.as_ref().map(|r| r.replaced_nodes.clone()), Some(vec![back.to_owned()]));
+    let n = node_api.get(back).await?;
+    assert_eq!(
+        n.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "{back} is left cordoned for removal"
+    );
+    assert_eq!(n.labels().get("switchyard.dev/replaced"), Some(&name));
+    assert_eq!(n.labels().get("switchyard.dev/gpu-backend").map(String::as_str), Some("device-plugin"));
+
+    // Every GPU pod now runs on a DRA node, through a claim of our driver on that node, and the
+    // container got a GPU of the inventory from our CDI spec.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    let mut pods = real::wait_workload(client, id, "mover", 1, Duration::from_secs(180)).await?;
+    pods.extend(real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?);
+    for p in &pods {
+        let pod = p.name_any();
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        assert_ne!(node, back, "{pod} runs on the replaced node");
+        let claim = p
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .unwrap_or_else(|| panic!("{pod} on {node} has no generated claim"));
+        let claim = claims.get(&claim.resource_claim_name).await?;
+        let results = claim.status.and_then(|s| s.allocation).and_then(|a| a.devices).and_then(|d| d.results);
+        let results = results.unwrap_or_default();
+        assert_eq!(
+            (results.len(), results[0].driver.as_str(), results[0].pool.as_str()),
+            (1, DRIVER, node.as_str())
+        );
+        let (visible, gpus) = what_the_container_saw(&real::logs(id, &pod)?);
+        assert!(uuids_in_inventory().contains(&visible), "{pod}: {visible:?} is a GPU of the inventory");
+        assert_eq!(gpus.len(), 1, "{pod}: one GPU device node");
+    }
+    Ok(())
+}
+
 /// Leaves the shared cluster as it found it, whatever the outcome: the migration deleted while the
 /// operator still runs (it releases the finalizer), Switchyard and the device plugin removed, the
 /// nodes unlabelled and uncordoned.
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
-    for name in [id.to_owned(), format!("{id}-back")] {
+    for name in [id.to_owned(), format!("{id}-back"), format!("{id}-replace")] {
         if migrations.get_opt(&name).await?.is_some() {
             migrations.delete(&name, &DeleteParams::default()).await?;
             wait::until(&format!("migration {name} to be deleted"), Duration::from_secs(120), || {
@@ -625,7 +720,7 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
         real::label(
             client,
             n,
-            json!({"pool": null, LABEL_GPU_PRESENT: null, "switchyard.dev/gpu-backend": null}),
+            json!({"pool": null, LABEL_GPU_PRESENT: null, "switchyard.dev/gpu-backend": null, "switchyard.dev/replaced": null}),
         )
         .await?;
         node_api

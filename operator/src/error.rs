@@ -31,6 +31,11 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("listing the cluster's pending pods not yet bound to a node (paged): {source}")]
+    ListPendingPods {
+        #[source]
+        source: kube::Error,
+    },
     #[error("listing the cluster's bound pods (paged): {source}")]
     ListBoundPods {
         #[source]
@@ -142,6 +147,7 @@ impl Error {
             Error::GetResourceClaim { .. } => "GetResourceClaim",
             Error::ListResourceClaims { .. } => "ListResourceClaims",
             Error::ListPods { .. } => "ListPods",
+            Error::ListPendingPods { .. } => "ListPendingPods",
             Error::ListBoundPods { .. } => "ListBoundPods",
             Error::ListNodes { .. } => "ListNodes",
             Error::GetNode { .. } => "GetNode",
@@ -190,6 +196,7 @@ impl Error {
         match self {
             Error::EvictPod { source, .. }
             | Error::ListPods { source, .. }
+            | Error::ListPendingPods { source }
             | Error::GetNode { source, .. }
             | Error::PatchNode { source, .. }
             | Error::CreateDeviceTaintRule { source, .. }
@@ -218,6 +225,7 @@ impl Error {
             | Error::GetResourceClaim { source, .. }
             | Error::ListResourceClaims { source }
             | Error::ListPods { source, .. }
+            | Error::ListPendingPods { source }
             | Error::ListBoundPods { source }
             | Error::ListNodes { source }
             | Error::GetNode { source, .. }

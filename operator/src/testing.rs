@@ -158,6 +158,8 @@ pub fn snapshot(
         canary_namespace: "switchyard-system".into(),
         departed: Vec::new(),
         pods: None,
+        replace: None,
+        targets: Vec::new(),
     }
 }
 

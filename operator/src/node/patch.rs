@@ -219,8 +219,16 @@ pub fn node_patch(
             p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
             p.gpu_operator_restore(node, placement, false);
         }
+        Action::Retire => {
+            p.label(LABEL_REPLACED, Some(migration.to_string()));
+            p.annotate(ANNOTATION_FAILURE, None);
+            p.state(NodeState::Replaced, now);
+        }
         Action::FinishRollback => {
             p.uncordon(node);
+            if node.labels.contains_key(LABEL_REPLACED) {
+                p.label(LABEL_REPLACED, None);
+            }
             p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
             p.gpu_operator_restore(node, placement, true);
             p.annotate(ANNOTATION_GPUS_BEFORE, None);
@@ -235,6 +243,8 @@ pub fn node_patch(
 ///   the device plugin): back in service, uncordoned unless an admin had cordoned it, every
 ///   record removed. The device plugin serves it as before.
 /// - Moved (Migrated, RolledBack): the records go; the backend label stays, and says it all.
+/// - Replaced: the records go; the node stays cordoned with its `switchyard.dev/replaced` label,
+///   empty of GPU pods, for removal.
 /// - Failed after the flip: the migration's ownership goes, the rest stays: cordoned, state
 ///   `Failed` and `switchyard.dev/failure`, so a person reads what happened and a later migration
 ///   reads a failed node (it waits for a person), never a Migrated one.
@@ -346,6 +356,26 @@ mod tests {
                 Action::Complete,
                 admin_cordoned.clone(),
                 json!({"metadata": {"annotations": {"switchyard.dev/failure": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "Migrated", "switchyard.dev/state-since": NOW}}, "spec": {"unschedulable": true}}),
+            ),
+            (
+                "retire leaves the node cordoned and marks it for removal",
+                Action::Retire,
+                ours.clone(),
+                json!({"metadata": {"labels": {"switchyard.dev/replaced": "pool-a"}, "annotations": {"switchyard.dev/failure": null, "switchyard.dev/migration-state": "Replaced", "switchyard.dev/state-since": NOW}}}),
+            ),
+            (
+                "rolling a replaced node back uncordons it and takes the mark off",
+                Action::FinishRollback,
+                PoolNode {
+                    labels: [("switchyard.dev/replaced", "pool-a")]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    ..ours.clone()
+                },
+                json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "device-plugin", "switchyard.dev/replaced": null},
+                    "annotations": {"switchyard.dev/gpus-before": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "RolledBack", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": false}}),
             ),
             (
                 "a rollback takes ownership too, on a node another migration moved",

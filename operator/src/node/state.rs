@@ -10,6 +10,10 @@
 //!              └───────────┴───────────┴───────────┴──→ Failed ──(onFailure: Rollback)──┐
 //! Migrated / Switching / Verifying ──(direction: Rollback)──→ RollingBack → RolledBack ←─┘
 //! Cordoned / Draining ──(direction: Rollback)──→ RolledBack (never switched: just uncordon)
+//!
+//! strategy.type: Replace (the node never switches; its pods move to the target pool):
+//! Pending → Cordoned (waits while the target lacks room) → Draining → Replaced
+//! Replaced / Cordoned / Draining ──(direction: Rollback)──→ RolledBack (uncordon)
 //! ```
 //!
 //! A node whose device-plugin GPU count is known is cordoned and starts draining in one write;
@@ -98,6 +102,8 @@ pub enum WaitReason {
     GpuHeldByDaemonSetPod,
     /// A static pod holds a device-plugin GPU the switch would publish again.
     GpuHeldByStaticPod,
+    /// Replace: the target pool lacks free devices for the node's GPU pods.
+    TargetCapacityShort,
 }
 
 impl WaitReason {
@@ -123,6 +129,7 @@ impl WaitReason {
             WaitReason::WaitingForDriverToLeave => "WaitingForDriverToLeave",
             WaitReason::GpuHeldByDaemonSetPod => "GpuHeldByDaemonSetPod",
             WaitReason::GpuHeldByStaticPod => "GpuHeldByStaticPod",
+            WaitReason::TargetCapacityShort => "TargetCapacityShort",
         }
     }
 }
@@ -204,6 +211,23 @@ impl Hold {
     }
 }
 
+/// What a node of a Replace migration (`spec.strategy.type: Replace`) knows of its target pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Replace {
+    /// What the target pool lacks for the node's GPU pods (`pool::replace::Shortfall`), when it
+    /// does; `None` when they fit, or when the check does not apply to the node's state.
+    pub short: Option<String>,
+    /// `spec.strategy.replace.evictWithoutCapacity`.
+    pub evict_without_capacity: bool,
+}
+
+impl Replace {
+    /// Whether the node must wait for room before it drains.
+    fn waits(&self) -> bool {
+        self.short.is_some() && !self.evict_without_capacity
+    }
+}
+
 /// Everything `next_step` looks at for one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -265,6 +289,8 @@ pub struct Observed {
     pub canary: Canary,
     pub drain_timeout_seconds: i64,
     pub verify_timeout_seconds: i64,
+    /// `spec.strategy.type: Replace`: the node drains onto the target pool and never switches.
+    pub replace: Option<Replace>,
 }
 
 /// The one thing to do for a node now. Each action that changes state names the new state; the
@@ -323,6 +349,9 @@ pub enum Action {
     DeleteTaintRule,
     /// Uncordon unless an admin had cordoned it; → RolledBack.
     FinishRollback,
+    /// Replace: the node is drained; leave it cordoned and label it `switchyard.dev/replaced`
+    /// for removal; → Replaced.
+    Retire,
 }
 
 impl Action {
@@ -337,6 +366,7 @@ impl Action {
             Action::Fail { .. } => Some(NodeState::Failed),
             Action::StartRollback => Some(NodeState::RollingBack),
             Action::FinishRollback => Some(NodeState::RolledBack),
+            Action::Retire => Some(NodeState::Replaced),
             _ => None,
         }
     }
@@ -548,11 +578,27 @@ fn cordoned(o: &Observed) -> Action {
     }
 }
 
-/// Draining: evict or wait until the drain is done, then switch; fail at the drain timeout.
+/// Replace, Cordoned: drain once the target pool has room for the node's GPU pods.
+fn replace_cordoned(o: &Observed, r: &Replace) -> Action {
+    if let Some(h) = o.hold {
+        h.wait("cordoned")
+    } else if !o.unschedulable {
+        Action::Cordon
+    } else if r.waits() {
+        wait(WaitReason::TargetCapacityShort, r.short.clone().unwrap_or_default())
+    } else {
+        Action::StartDrain
+    }
+}
+
+/// Draining: evict or wait until the drain is done, then switch (or, replacing the node, retire
+/// it: nothing is left to switch, so a hold does not keep it); fail at the drain timeout.
 fn draining(o: &Observed) -> Action {
     // A finished drain is never late: the timeout is for the drain, not for a pause.
     let Some(undrained) = undrained(o) else {
-        return if let Some(h) = o.hold {
+        return if o.replace.is_some() {
+            Action::Retire
+        } else if let Some(h) = o.hold {
             h.wait("drained, before the switch")
         } else if let Some(held) = gpus_held(o, false) {
             held
@@ -741,6 +787,9 @@ pub fn next_step(o: &Observed) -> Action {
         Pending | RolledBack => {
             if !o.start || o.hold.is_some() {
                 Action::Nothing
+            } else if let Some(r) = &o.replace {
+                // Cordoned first either way: no new GPU pod lands on a node about to empty.
+                if r.waits() { Action::Cordon } else { Action::CordonAndDrain }
             } else if o.device_plugin_gpus == 0 {
                 // Cordoned, it waits there until the count the switch is verified against shows.
                 Action::Cordon
@@ -750,7 +799,10 @@ pub fn next_step(o: &Observed) -> Action {
         }
         // Never switched: going back is just letting the node schedule again.
         Cordoned | Draining if rollback => Action::FinishRollback,
-        Cordoned => cordoned(o),
+        Cordoned => match &o.replace {
+            Some(r) => replace_cordoned(o, r),
+            None => cordoned(o),
+        },
         Draining => draining(o),
         Switching | Verifying if rollback => Action::StartRollback,
         Switching => {
@@ -769,6 +821,9 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::Nothing
             }
         }
+        // Drained onto the target: going back is letting it schedule again.
+        Replaced if rollback && o.start && o.hold.is_none() => Action::FinishRollback,
+        Replaced => Action::Nothing,
         Failed => failed(o),
         RollingBack => rolling_back(o),
     }
@@ -808,6 +863,7 @@ mod tests {
             canary: Canary::NotConfigured,
             drain_timeout_seconds: 600,
             verify_timeout_seconds: 300,
+            replace: None,
         }
     }
 
@@ -816,6 +872,127 @@ mod tests {
             Action::Wait { reason, .. } => format!("Wait:{reason}"),
             Action::Fail { reason, .. } => format!("Fail:{reason}"),
             other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn replace_transitions_table() {
+        use NodeState::*;
+        type Edit = fn(&mut Observed);
+        fn short(o: &mut Observed) {
+            o.replace = Some(Replace {
+                short: Some("2 nvidia.com/gpu missing".into()),
+                evict_without_capacity: false,
+            });
+        }
+        // (name, state, edit, expected action); every case replaces the node.
+        let cases: Vec<(&str, NodeState, Edit, &str)> = vec![
+            ("pending picked, room on the target", Pending, |o| o.start = true, "CordonAndDrain"),
+            (
+                "pending picked, no room: cordoned, to wait",
+                Pending,
+                |o| {
+                    o.start = true;
+                    short(o)
+                },
+                "Cordon",
+            ),
+            (
+                "pending picked, no room, but the spec drains anyway",
+                Pending,
+                |o| {
+                    o.start = true;
+                    o.replace = Some(Replace { short: Some("x".into()), evict_without_capacity: true })
+                },
+                "CordonAndDrain",
+            ),
+            (
+                "pending picked, its device-plugin GPU count unknown: nothing is verified against it",
+                Pending,
+                |o| {
+                    o.start = true;
+                    o.device_plugin_gpus = 0
+                },
+                "CordonAndDrain",
+            ),
+            (
+                "pending picked while paused",
+                Pending,
+                |o| {
+                    o.start = true;
+                    o.hold = Some(Hold::Paused)
+                },
+                "Nothing",
+            ),
+            ("cordoned, no room", Cordoned, short, "Wait:TargetCapacityShort"),
+            ("cordoned, room", Cordoned, |_| {}, "StartDrain"),
+            ("cordoned, paused", Cordoned, |o| o.hold = Some(Hold::Paused), "Wait:Paused"),
+            ("cordoned, uncordoned by someone", Cordoned, |o| o.unschedulable = false, "Cordon"),
+            ("draining with pods", Draining, |o| o.drain.to_evict = 2, "Evict"),
+            ("draining, a PDB holds the last pod", Draining, |o| o.drain.to_evict = 1, "Evict"),
+            (
+                "draining past the timeout",
+                Draining,
+                |o| {
+                    o.drain.to_evict = 1;
+                    o.since = Some(Timestamp::from_second(0).unwrap())
+                },
+                "Fail:DrainTimeout",
+            ),
+            ("draining, a bare pod", Draining, |o| o.drain.unmanaged = 1, "Wait:UnmanagedPodsBlockDrain"),
+            ("draining, an emptyDir pod", Draining, |o| o.drain.blocked = 1, "Wait:EmptyDirBlocksDrain"),
+            ("draining, uncordoned by someone", Draining, |o| o.unschedulable = false, "Recordon"),
+            ("draining on a NotReady node", Draining, |o| o.ready = false, "Wait:NodeNotReady"),
+            ("drained", Draining, |_| {}, "Retire"),
+            (
+                "drained while paused: nothing left to stop at",
+                Draining,
+                |o| o.hold = Some(Hold::Paused),
+                "Retire",
+            ),
+            (
+                "drained, a DaemonSet pod holds a GPU: it stays, as kubectl drain leaves it",
+                Draining,
+                |o| o.drain.daemon_set_holders = 1,
+                "Retire",
+            ),
+            ("replaced", Replaced, |_| {}, "Nothing"),
+            (
+                "replaced, rolling back, not picked",
+                Replaced,
+                |o| o.direction = Direction::Rollback,
+                "Nothing",
+            ),
+            (
+                "replaced, rolling back, picked",
+                Replaced,
+                |o| {
+                    o.direction = Direction::Rollback;
+                    o.start = true
+                },
+                "FinishRollback",
+            ),
+            ("cordoned, rolling back", Cordoned, |o| o.direction = Direction::Rollback, "FinishRollback"),
+            ("draining, rolling back", Draining, |o| o.direction = Direction::Rollback, "FinishRollback"),
+            (
+                "failed (drain timeout), onFailure Rollback: uncordoned",
+                Failed,
+                |o| o.on_failure = FailurePolicy::Rollback,
+                "FinishRollback",
+            ),
+            ("failed, onFailure Pause", Failed, |_| {}, "Wait:NeedsHuman"),
+        ];
+        for (name, state, edit, want) in cases {
+            let mut o = base(state);
+            o.replace = Some(Replace::default());
+            edit(&mut o);
+            assert_eq!(kind(&next_step(&o)), want, "{name}");
+        }
+        let mut o = base(Cordoned);
+        short(&mut o);
+        match next_step(&o) {
+            Action::Wait { message, .. } => assert_eq!(message, "2 nvidia.com/gpu missing"),
+            other => panic!("{other:?}"),
         }
     }
 

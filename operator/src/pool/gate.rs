@@ -37,6 +37,11 @@ pub(crate) fn resources(spec: &GpuPoolMigrationSpec) -> Vec<&str> {
 /// last step deletes the device plugin), the migration does not need it: a node that joins the
 /// pool afterwards, with no plugin on it, moves to DRA.
 pub fn device_plugin_needed(spec: &GpuPoolMigrationSpec, nodes: &[impl Borrow<SlimNode>]) -> bool {
+    // Replace moves no node off the device plugin: it keeps serving the old nodes as it is,
+    // whoever runs it (often the provider, under a name of its own).
+    if spec.strategy.replace().is_some() {
+        return false;
+    }
     let res = resources(spec);
     let mut unmoved =
         nodes.iter().map(Borrow::borrow).filter(|n| record::node_state(n) != NodeState::Migrated);
@@ -124,6 +129,9 @@ pub struct Inputs<'a, N> {
     pub facts: &'a ServerFacts,
     /// The nodes `spec.nodeSelector` selects.
     pub nodes: &'a [N],
+    /// Replace: the target pool's nodes, whose kubelets and runtimes the prerequisites judge
+    /// instead of the old nodes' (which never serve DRA).
+    pub target_nodes: &'a [N],
     /// Every DeviceClass of the cluster; `None` where resource.k8s.io/v1 does not serve them.
     pub device_classes: Option<&'a [DeviceClass]>,
     pub driver_ds: Option<&'a DaemonSet>,
@@ -270,6 +278,34 @@ fn device_class_gate<N>(
     }
 }
 
+/// The PrerequisitesMet reason of a Replace migration whose target selector selects pool nodes.
+pub const REASON_TARGET_OVERLAPS_POOL: &str = "TargetOverlapsPool";
+
+/// Replace: the pool's nodes that `spec.strategy.replace.targetNodeSelector` selects too, said as
+/// the problem to fix. A node in both pools would be drained onto itself.
+fn target_overlap<N: Borrow<SlimNode>>(spec: &GpuPoolMigrationSpec, nodes: &[N]) -> Option<String> {
+    let r = spec.strategy.replace()?;
+    let query = match kube::core::Selector::try_from(r.target_node_selector.clone()) {
+        Ok(s) => crate::node::str_map::LabelQuery::from(&s),
+        Err(e) => return Some(format!("spec.strategy.replace.targetNodeSelector does not parse: {e}")),
+    };
+    let both: Vec<&str> = nodes
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|n| query.matches(n.labels()))
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    (!both.is_empty()).then(|| {
+        let shown: Vec<&str> = both.iter().take(5).copied().collect();
+        let more = if both.len() > 5 { format!(" and {} more", both.len() - 5) } else { String::new() };
+        format!(
+            "spec.strategy.replace.targetNodeSelector also selects {} node(s) of spec.nodeSelector ({}{more}): a node cannot be drained onto itself; make the two selectors disjoint",
+            both.len(),
+            shown.join(", ")
+        )
+    })
+}
+
 /// Judges the pool: prerequisites, DeviceClasses, placement, overlap and the rollout plan. An
 /// error is a spec the plan cannot be made from (`maxUnavailable`), said as the field's problem.
 ///
@@ -278,7 +314,8 @@ fn device_class_gate<N>(
 pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let spec = i.spec;
     let res = resources(spec);
-    let versions = i.nodes.iter().map(|n| node_versions(n.borrow())).collect();
+    let judged = if spec.strategy.replace().is_some() { i.target_nodes } else { i.nodes };
+    let versions = judged.iter().map(|n| node_versions(n.borrow())).collect();
     let device_plugin =
         DevicePluginFacts { exists: i.plugin_ds.is_some(), needed: device_plugin_needed(spec, i.nodes) };
     let verdict =
@@ -293,7 +330,14 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     // A device plugin someone else keeps (reason, message): no edit of ours would stick.
     let mut kept_by_other: Option<(&'static str, String)> = None;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
-    for (ds, role, r) in [(i.plugin_ds, Role::DevicePlugin, dp), (i.driver_ds, Role::Driver, dn)] {
+    // Replace switches no node, so neither DaemonSet needs the backend affinity: the target pool
+    // is the driver's and the old pool the device plugin's, as the provider set them up.
+    let daemon_sets = if spec.strategy.replace().is_some() {
+        vec![]
+    } else {
+        vec![(i.plugin_ds, Role::DevicePlugin, dp), (i.driver_ds, Role::Driver, dn)]
+    };
+    for (ds, role, r) in daemon_sets {
         let need = ds.map(|ds| placement::need(spec.placement, ds, role, sequential));
         match &need {
             None | Some(Need::Placed) => {}
@@ -324,6 +368,12 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
     let placement_reason = kept_by_other.as_ref().map_or("NodeAffinityMissing", |(reason, _)| reason);
     let verdict = match kept_by_other {
         Some((reason, message)) if verdict.met => Verdict { met: false, reason, message, ..verdict },
+        _ => verdict,
+    };
+    let verdict = match target_overlap(spec, i.nodes) {
+        Some(message) if verdict.met => {
+            Verdict { met: false, reason: REASON_TARGET_OVERLAPS_POOL, message, ..verdict }
+        }
         _ => verdict,
     };
 
@@ -394,6 +444,7 @@ mod tests {
         plugin: Option<DaemonSet>,
         plugin_config: Option<PluginConfig>,
         schedulable: u64,
+        targets: Vec<SlimNode>,
     }
 
     impl Pool {
@@ -413,6 +464,7 @@ mod tests {
                 plugin: Some(placed_daemon_set("gpu", "plugin", Role::DevicePlugin)),
                 plugin_config: None,
                 schedulable: 0,
+                targets: Vec::new(),
                 spec,
             }
         }
@@ -426,6 +478,7 @@ mod tests {
                 spec: &self.spec,
                 facts: &server_v1_37(),
                 nodes: &self.nodes,
+                target_nodes: &self.targets,
                 device_classes: Some(&self.classes),
                 driver_ds: self.driver.as_ref(),
                 plugin_ds: self.plugin.as_ref(),
@@ -574,6 +627,64 @@ mod tests {
         for (case, patch, nodes, want) in cases {
             assert_eq!(device_plugin_needed(&spec(patch), &nodes), want, "{case}");
         }
+    }
+
+    #[test]
+    fn replace_edits_no_daemon_set_and_refuses_a_target_that_overlaps_the_pool() {
+        let replace = json!({"strategy": {"type": "Replace", "replace": {"targetNodeSelector": {"matchLabels": {"pool": "dra"}}}}});
+        // A provider's device plugin, an addon manager keeping it, no affinity on either
+        // DaemonSet: nothing for a Replace migration to patch or to ask for.
+        let mut pool = Pool::ready(replace.clone());
+        pool.plugin = Some(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "kube-system", "name": "nvidia-gpu-device-plugin",
+                    "labels": {placement::LABEL_ADDON_MANAGER_MODE: "Reconcile"}},
+                "spec": {"selector": {}, "template": {"spec": {"containers": []}}}
+            }))
+            .unwrap(),
+        );
+        pool.driver = Some(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "switchyard", "name": "driver"},
+                "spec": {"selector": {}, "template": {"spec": {"containers": []}}}
+            }))
+            .unwrap(),
+        );
+        let g = pool.judge();
+        assert!(g.placement.is_empty() && g.placement_patches.is_empty(), "{:?}", g.placement);
+        assert!(g.placement_ready && g.verdict.met && g.open, "{:?}", g.verdict);
+        assert!(!g.device_plugin_needed);
+
+        // The old nodes never serve DRA: their kubelets may be older. The target's may not.
+        let old_kubelet = json!({"status": {"nodeInfo": {"kubeletVersion": "v1.33.4"}}});
+        pool.nodes = vec![gpu_node("n1", &old_kubelet)];
+        assert!(pool.judge().verdict.met, "{:?}", pool.judge().verdict);
+        pool.targets = vec![gpu_node("t1", &old_kubelet)];
+        let g = pool.judge();
+        assert_eq!((g.verdict.met, g.verdict.reason), (false, "KubeletTooOld"), "{}", g.verdict.message);
+        assert!(g.verdict.message.contains("t1"), "{}", g.verdict.message);
+        pool.targets = vec![gpu_node("t1", &json!({}))];
+
+        // Without the driver's DaemonSet, the target pool has nothing to serve it.
+        pool.driver = None;
+        assert!(!pool.judge().placement_ready);
+
+        // A pool node the target selector selects too.
+        let mut pool = Pool::ready(replace);
+        pool.nodes.push(gpu_node("n3", &json!({"metadata": {"labels": {"pool": "dra"}}})));
+        let g = pool.judge();
+        assert!(!g.verdict.met && !g.open);
+        assert_eq!(g.verdict.reason, REASON_TARGET_OVERLAPS_POOL);
+        assert!(
+            g.verdict.message.contains("selects 1 node(s) of spec.nodeSelector (n3)"),
+            "{}",
+            g.verdict.message
+        );
+        assert!(
+            g.verdict.message.contains("spec.strategy.replace.targetNodeSelector"),
+            "{}",
+            g.verdict.message
+        );
     }
 
     #[test]

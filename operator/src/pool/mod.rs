@@ -13,5 +13,6 @@ pub mod plugin_config;
 pub mod prerequisites;
 pub mod preview;
 pub mod readers;
+pub mod replace;
 pub mod rollout;
 pub mod selectors;

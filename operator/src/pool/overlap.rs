@@ -72,7 +72,7 @@ fn devices<'a>(
 }
 
 /// Whether `t` keeps a device out of scheduling.
-fn keeps_out(t: &DeviceTaint) -> bool {
+pub(crate) fn keeps_out(t: &DeviceTaint) -> bool {
     t.effect == "NoSchedule" || t.effect == "NoExecute"
 }
 

@@ -29,6 +29,7 @@ use crate::pool::overlap;
 use crate::pool::placement::{self, Need, Role};
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding, Severity};
+use crate::pool::replace;
 use crate::pool::rollout::{Halt, OtherMigration, Plan};
 use crate::pool::selectors;
 use crate::well_known::LABEL_GPU_OPERATOR_DEVICE_PLUGIN;
@@ -63,6 +64,47 @@ pub struct Inputs {
     pub findings: Vec<Finding>,
     pub skipped: Vec<String>,
     pub now: Timestamp,
+    /// Replace: the target pool as read (`None` for an in-place migration, or when not read).
+    pub target: Option<TargetInputs>,
+}
+
+/// What the plan of a Replace migration reads of its target pool besides `slices`.
+#[derive(Clone, Debug, Default)]
+pub struct TargetInputs {
+    /// The nodes `spec.strategy.replace.targetNodeSelector` selects.
+    pub nodes: Vec<SlimNode>,
+    /// The driver's devices allocated claims hold ([`replace::allocated`]).
+    pub held: std::collections::HashSet<replace::DeviceKey>,
+    /// What pending pods not yet bound ask for ([`replace::pending_demand`]).
+    pub pending: replace::Demand,
+}
+
+/// A Replace migration's plan on its target pool: the room before anything moves, and whether
+/// each node's GPU pods fit when its turn comes (judged in the move order, each on what the nodes
+/// before it leave, as the operator judges them).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplacePlan {
+    /// Target nodes that are Ready and schedulable.
+    pub target_nodes: u64,
+    /// Per resource, the target's devices and what is free of them now.
+    pub capacity: Vec<replace::ResourceRoom>,
+    /// What the GPU pods of every node left to move ask for, per resource.
+    pub needed: replace::Demand,
+    /// Each node left to move, in order.
+    pub nodes: Vec<ReplaceNode>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplaceNode {
+    pub name: String,
+    /// What the node's GPU pods ask for.
+    pub needs: replace::Demand,
+    /// Whether they fit on what the target has left when the node's turn comes.
+    pub fits: bool,
+    /// What is missing when they do not.
+    pub short: String,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -80,6 +122,9 @@ pub struct Report {
     pub summary: Summary,
     /// Why the migration would not start (or would stop) now; empty when it can go.
     pub blockers: Vec<String>,
+    /// `strategy.type: Replace`: the target pool's room and what each node needs of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replace: Option<ReplacePlan>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -545,6 +590,7 @@ fn judge(inputs: &Inputs) -> Result<gate::Gate, String> {
         spec,
         facts: &inputs.facts,
         nodes: &inputs.nodes,
+        target_nodes: inputs.target.as_ref().map(|t| t.nodes.as_slice()).unwrap_or_default(),
         device_classes: inputs.facts.served.device_classes.then_some(inputs.device_classes.as_slice()),
         driver_ds: inputs.driver_daemonset.as_ref(),
         plugin_ds: inputs.device_plugin_daemonset.as_ref(),
@@ -761,21 +807,25 @@ fn blockers(
         let shown = pods.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
         if pods.len() > 5 { format!("{shown} and {} more", pods.len() - 5) } else { shown }
     };
-    if !named.gpu_held_by_static_pods.is_empty() {
+    // Replace switches no node: pods a drain leaves keep their device-plugin GPUs on a node that
+    // is only cordoned, and the node's GPU count is not what anything is verified against.
+    let in_place = spec.strategy.replace().is_none();
+    if in_place && !named.gpu_held_by_static_pods.is_empty() {
         blockers.push(format!(
             "{} static pod(s) hold device-plugin GPUs ({}): their nodes wait until the manifests are removed, or leave them out of spec.nodeSelector",
             named.gpu_held_by_static_pods.len(),
             list(&named.gpu_held_by_static_pods)
         ));
     }
-    if !named.gpu_held_by_daemon_sets.is_empty() && !spec.strategy.drain.evict_daemon_set_gpu_pods {
+    if in_place && !named.gpu_held_by_daemon_sets.is_empty() && !spec.strategy.drain.evict_daemon_set_gpu_pods
+    {
         blockers.push(format!(
             "{} DaemonSet pod(s) hold device-plugin GPUs ({}): move their GPU request to DRA, leave their nodes out of spec.nodeSelector, or set spec.strategy.drain.evictDaemonSetGpuPods: true",
             named.gpu_held_by_daemon_sets.len(),
             list(&named.gpu_held_by_daemon_sets)
         ));
     }
-    if !named.advertise_nothing.is_empty() {
+    if in_place && !named.advertise_nothing.is_empty() {
         blockers.push(format!(
             "the device plugin on {} advertises nothing ({} is 0 in capacity and allocatable, and no nvidia.com/gpu.count label says how many GPUs there are): its pod found no GPU (see its log: the NVML library, the driver root), or the node has none. Such a node would wait cordoned until a count shows: fix the device plugin, label the count, or leave the node out of spec.nodeSelector",
             list(&named.advertise_nothing),
@@ -804,7 +854,17 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     let (nodes, summary, named) = node_plans(inputs, p);
     let device_classes = class_plans(inputs);
     let placement = placement_plans(inputs, &judged);
-    let blockers = blockers(inputs, &judged, &device_classes, &placement, &named);
+    let mut blockers = blockers(inputs, &judged, &device_classes, &placement, &named);
+    let replace = replace_plan(inputs, &nodes);
+    // The first node to move waits for room: nothing moves until target nodes are added.
+    if let Some(first) = replace.as_ref().and_then(|r| r.nodes.first()).filter(|n| !n.fits)
+        && !spec.strategy.replace.as_ref().is_some_and(|r| r.evict_without_capacity)
+    {
+        blockers.push(format!(
+            "node {} would wait cordoned for room on the target pool: {}",
+            first.name, first.short
+        ));
+    }
     Ok(Report {
         migration: inputs.name.clone(),
         exists: inputs.exists,
@@ -829,7 +889,47 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
         },
         summary,
         blockers,
+        replace,
     })
+}
+
+/// The target pool's part in a Replace plan: nodes in flight draining take their devices first,
+/// then each node that moves, in order, as the operator's capacity check takes them.
+fn replace_plan(inputs: &Inputs, nodes: &[NodePlan]) -> Option<ReplacePlan> {
+    let spec = &inputs.spec;
+    spec.strategy.replace()?;
+    let t = inputs.target.as_ref()?;
+    let res = crate::pool::gate::resources(spec);
+    let demand = |n: &str| {
+        inputs
+            .pods
+            .get(n)
+            .map(|pods| replace::moving_demand(pods, &res, &spec.strategy.drain))
+            .unwrap_or_default()
+    };
+    let mut on_the_way = t.pending.clone();
+    for n in nodes.iter().filter(|n| n.action == NodeAction::InFlight && n.state == NodeState::Draining) {
+        replace::add(&mut on_the_way, &demand(&n.name));
+    }
+    let selectors = selectors::Selectors::new(spec);
+    let mut target =
+        replace::target(&res, &selectors, &spec.driver.name, &t.nodes, &inputs.slices, &t.held, &on_the_way);
+    let capacity = target.room();
+    let mut needed = replace::Demand::new();
+    let mut out = Vec::new();
+    let moving = |n: &&NodePlan| {
+        n.action == NodeAction::Moves || (n.action == NodeAction::InFlight && n.state == NodeState::Cordoned)
+    };
+    for n in nodes.iter().filter(moving) {
+        let needs = demand(&n.name);
+        replace::add(&mut needed, &needs);
+        let (fits, short) = match target.take(&needs) {
+            Ok(()) => (true, String::new()),
+            Err(s) => (false, s.to_string()),
+        };
+        out.push(ReplaceNode { name: n.name.clone(), needs, fits, short });
+    }
+    Some(ReplacePlan { target_nodes: target.target_nodes(), capacity, needed, nodes: out })
 }
 
 #[cfg(test)]
@@ -929,7 +1029,75 @@ mod tests {
             findings: vec![],
             skipped: vec![],
             now,
+            target: None,
         }
+    }
+
+    /// A target pool of `nodes` nodes, each publishing `gpus` devices of the driver.
+    fn target_pool(i: &mut Inputs, nodes: usize, gpus: usize, held: usize) {
+        let mut t = TargetInputs::default();
+        for k in 0..nodes {
+            let name = format!("dra-{k}");
+            t.nodes.push(from(json!({
+                "metadata": {"name": name, "labels": {"pool": "dra"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+            })));
+            let devices: Vec<serde_json::Value> = (0..gpus)
+                .map(|g| json!({"name": format!("gpu-{g}"), "attributes": {"type": {"string": "gpu"}}}))
+                .collect();
+            i.slices.push(from(json!({
+                "metadata": {"name": format!("{name}-slice")},
+                "spec": {"driver": "gpu.switchyard.dev", "nodeName": name,
+                    "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+            })));
+            for g in 0..held.min(gpus) {
+                t.held.insert((name.clone(), format!("gpu-{g}")));
+            }
+        }
+        i.target = Some(t);
+    }
+
+    #[test]
+    fn a_replace_plan_shows_the_order_and_the_room_each_node_needs_on_the_target() {
+        let replace = json!({"maxUnavailable": 1, "drain": {"force": true}, "type": "Replace",
+            "replace": {"targetNodeSelector": {"matchLabels": {"pool": "dra"}}}});
+        // Two target nodes of 2 GPUs, one held by a claim: 3 free. n4 drains (1 GPU pod left
+        // on it? none in the fixture), then n3 (0), n1 (1), n2 (3: train-1, bare, train-2).
+        let mut i = inputs(spec(json!({"strategy": replace})));
+        target_pool(&mut i, 2, 2, 1);
+        let r = build(&i).expect("report");
+        let plan = r.replace.as_ref().expect("a replace plan");
+        assert_eq!(plan.target_nodes, 2);
+        assert_eq!(
+            plan.capacity,
+            vec![replace::ResourceRoom { resource: "nvidia.com/gpu".into(), devices: 4, free: 2 }]
+        );
+        let rows: Vec<(&str, u64, bool)> = plan
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.needs.get("nvidia.com/gpu").copied().unwrap_or(0), n.fits))
+            .collect();
+        assert_eq!(rows, [("n3", 0, true), ("n1", 1, true), ("n2", 3, false)]);
+        assert!(
+            plan.nodes[2].short.contains("2 nvidia.com/gpu missing (the node's pods need 3, 1 free)"),
+            "{}",
+            plan.nodes[2].short
+        );
+        assert_eq!(plan.needed.get("nvidia.com/gpu"), Some(&4));
+        // The first node fits: the migration starts, and n2 will wait for room.
+        assert!(r.blockers.iter().all(|b| !b.contains("room on the target")), "{:?}", r.blockers);
+
+        // No room at all for the first node that needs any: it blocks.
+        let mut i = inputs(spec(json!({"strategy": replace})));
+        i.nodes
+            .retain(|n| n.metadata.name.as_deref() != Some("n3") && n.metadata.name.as_deref() != Some("n4"));
+        target_pool(&mut i, 1, 1, 1);
+        let r = build(&i).expect("report");
+        assert!(
+            r.blockers.iter().any(|b| b.contains("node n1 would wait cordoned for room on the target pool")),
+            "{:?}",
+            r.blockers
+        );
     }
 
     #[test]

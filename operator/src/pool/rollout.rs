@@ -106,13 +106,13 @@ fn standing(node: &PoolNode, direction: Direction, on_failure: FailurePolicy) ->
         // removing its state annotation. Rolled back on purpose: it moves forward again.
         (Direction::Forward, RolledBack) if failure.is_some() => Standing::Failed,
         (Direction::Forward, RolledBack) => Standing::Candidate,
-        (Direction::Forward, Migrated) => Standing::Done,
+        (Direction::Forward, Migrated | Replaced) => Standing::Done,
         (Direction::Forward, Failed) if on_failure == FailurePolicy::Rollback && !failed_in_rollback => {
             Standing::InFlight
         }
         (Direction::Forward, Failed) => Standing::Failed,
         (Direction::Rollback, Pending | RolledBack) => Standing::Done,
-        (Direction::Rollback, Migrated) => Standing::Candidate,
+        (Direction::Rollback, Migrated | Replaced) => Standing::Candidate,
         (Direction::Rollback, Failed) if !failed_in_rollback => Standing::InFlight,
         (Direction::Rollback, Failed) => Standing::Failed,
     }
@@ -202,7 +202,7 @@ pub fn plan(
         }
         p.counts.total += 1;
         match n.state() {
-            NodeState::Migrated => p.counts.migrated += 1,
+            NodeState::Migrated | NodeState::Replaced => p.counts.migrated += 1,
             _ if st == Standing::Failed => p.counts.failed += 1,
             NodeState::Failed => p.counts.failed += 1,
             _ if st == Standing::InFlight => p.counts.in_progress += 1,

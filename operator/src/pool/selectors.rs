@@ -160,6 +160,24 @@ impl Selectors {
             .collect()
     }
 
+    /// For each class, in `spec.resources` order, whether it selects `device`: what a device of a
+    /// Replace migration's target pool can serve. A selector this engine cannot compile selects
+    /// every device, as [`Selectors::evaluate`] counts it; one that fails on the device does not.
+    pub fn serves(&self, device: &Device) -> Vec<bool> {
+        let value = self.device_value(device);
+        self.classes
+            .iter()
+            .map(|c| match &c.program {
+                Err(_) => true,
+                Ok(p) => {
+                    let mut scope = self.root.new_inner_scope();
+                    scope.add_variable_from_value("device", value.clone());
+                    matches!(p.execute(&scope), Ok(Value::Bool(true)))
+                }
+            })
+            .collect()
+    }
+
     /// The devices of a switching node that the pool's classes select, against `before` (the
     /// node's `gpus-before`, per resource). Only devices the scheduler may allocate are passed in.
     ///

@@ -63,7 +63,12 @@ pub(crate) async fn settle_node(
                     // A deletion starts no node: what a node publishes was stamped when it did.
                     plugin_config: None,
                 };
-                decide::node_step(&view, node, &slices, published, &reads, false, None)
+                let replace = gpm.spec.strategy.replace().map(|r| state::Replace {
+                    short: None,
+                    evict_without_capacity: r.evict_without_capacity,
+                });
+                let turn = decide::Turn { start: false, last_message: None, replace };
+                decide::node_step(&view, node, &slices, published, &reads, turn)
             };
             let out = execute::node_step(ctx, gpm, &step).await?;
             execute::publish_node_events(ctx, gpm, node, &out.events).await;

@@ -111,7 +111,10 @@ fn progress(
         if let Some(r) = out.recheck_after {
             recheck = Some(recheck.map_or(r, |x| x.min(r)));
         }
-        let at_rest = matches!(out.state, NodeState::Migrated | NodeState::RolledBack | NodeState::Pending);
+        let at_rest = matches!(
+            out.state,
+            NodeState::Migrated | NodeState::RolledBack | NodeState::Pending | NodeState::Replaced
+        );
         if !at_rest || out.message.starts_with(STEP_ERROR) {
             progress.push(NodeProgress {
                 name: step.node.clone(),
@@ -538,17 +541,19 @@ async fn publish_on_migration(ctx: &Context, gpm: &GpuPoolMigration, ev: &Migrat
 /// How many node names an arrival event on the migration lists before it says how many more.
 const ARRIVALS_NAMED: usize = 10;
 
-/// The nodes that arrived in this reconcile (their `NodeMigrated` or `NodeRolledBack` on the
-/// node), told in one event per reason on the migration: a step of 500 nodes is one event there,
+/// The nodes that arrived in this reconcile (their `NodeMigrated`, `NodeRolledBack` or
+/// `NodeReplaced` on the node), told in one event per reason on the migration: a step of 500 nodes is one event there,
 /// not 500. Pure.
 pub fn arrivals(
     events: &[(&SlimNode, NodeEvent)],
     counts: &crate::api::v1alpha1::NodeCounts,
 ) -> Vec<MigrationEvent> {
     let mut out = Vec::new();
-    for (reason, what) in
-        [("NodeMigrated", "migrated to DRA"), ("NodeRolledBack", "rolled back to the device plugin")]
-    {
+    for (reason, what) in [
+        ("NodeMigrated", "migrated to DRA"),
+        ("NodeRolledBack", "rolled back to the device plugin"),
+        ("NodeReplaced", "drained onto the target pool and left cordoned for removal"),
+    ] {
         let mut names: Vec<&str> = events
             .iter()
             .filter(|(_, e)| e.reason == reason)
@@ -650,6 +655,14 @@ mod tests {
             one[0].note.starts_with("1 node(s) rolled back to the device plugin: gpu-03"),
             "{}",
             one[0].note
+        );
+        let replaced = arrivals(&[(&nodes[2], ev("NodeReplaced"))], &counts);
+        assert!(
+            replaced[0]
+                .note
+                .starts_with("1 node(s) drained onto the target pool and left cordoned for removal: gpu-02"),
+            "{}",
+            replaced[0].note
         );
         assert!(arrivals(&[(&nodes[0], ev("NodeDraining"))], &counts).is_empty());
     }

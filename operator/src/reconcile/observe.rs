@@ -31,6 +31,7 @@ use crate::pool::gate::resources;
 use crate::pool::plugin_config::PluginConfig;
 use crate::pool::prerequisites::ServerFacts;
 use crate::pool::readers::{self, Finding};
+use crate::pool::replace;
 use crate::pool::rollout::{self, OtherMigration};
 use crate::reads::pods::pods_on_node;
 use crate::reads::reader_objects;
@@ -81,6 +82,20 @@ pub struct Snapshot<'a> {
     /// Going forward, the last check of the GPU pods on the pool's migrated nodes, and whether it
     /// is still settling (see `pods_verified`).
     pub pods: Option<(PodVerification, bool)>,
+    /// Replace, going forward: the target pool's room and what each node that may start or waits
+    /// for room would move onto it. `None` where no node needs the check.
+    pub replace: Option<ReplaceRoom>,
+    /// Replace: the target pool's nodes (the prerequisites judge their kubelets and runtimes).
+    pub targets: Vec<Arc<SlimNode>>,
+}
+
+/// What a Replace migration's capacity check reads ([`crate::pool::replace`]).
+#[derive(Clone, Debug)]
+pub struct ReplaceRoom {
+    /// The target pool's free devices, less what pending pods and draining nodes will take.
+    pub target: replace::Target,
+    /// Per node that may start or waits cordoned for room: what its drain would move.
+    pub demand: HashMap<String, replace::Demand>,
 }
 
 impl Snapshot<'_> {
@@ -129,7 +144,10 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let now = Timestamp::now();
 
     let nodes = cached_pool_nodes(ctx, spec).await?;
-    let versions: Vec<_> = nodes.iter().map(|n| crate::pool::gate::node_versions(n)).collect();
+    let targets = target_nodes(ctx, spec).await?;
+    // Replace: the old nodes never serve DRA; the target's kubelets and runtimes must.
+    let judged = if spec.strategy.replace().is_some() { &targets } else { &nodes };
+    let versions: Vec<_> = judged.iter().map(|n| crate::pool::gate::node_versions(n)).collect();
     let facts = server_facts(ctx, &versions).await?;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
     cache::synced(&ctx.caches.daemon_sets, "DaemonSet").await?;
@@ -206,8 +224,13 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         }
     }
 
+    let replace = if facts.served.resource_slices {
+        replace_room(ctx, spec, &first, &pool, &targets, &gpu_pods).await?
+    } else {
+        None
+    };
     let inventory = inventory_for(ctx, gpm, &nodes).await;
-    let pods = pods_verified(ctx, gpm, &pool, &gpu_pods).await;
+    let pods = pods_verified(ctx, gpm, &pool, &targets, &gpu_pods).await;
     Ok(Snapshot {
         gpm,
         now,
@@ -227,7 +250,81 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         canary_namespace: ctx.config.canary_namespace.clone(),
         departed: Vec::new(),
         pods,
+        replace,
+        targets,
     })
+}
+
+/// Replace: the nodes `spec.strategy.replace.targetNodeSelector` selects, from the node cache
+/// (none for an in-place migration).
+async fn target_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<SlimNode>>> {
+    let Some(r) = spec.strategy.replace() else {
+        return Ok(Vec::new());
+    };
+    let selector = kube::core::Selector::try_from(r.target_node_selector.clone()).map_err(|e| {
+        Error::InvalidSpec { message: format!("spec.strategy.replace.targetNodeSelector: {e}") }
+    })?;
+    cached_nodes(ctx, &selector).await
+}
+
+/// Replace, going forward: the target pool's room, read only when a node may start or waits
+/// cordoned for room. The target's nodes and slices come from the caches; the claims that hold
+/// devices and the pending pods that will take some are LISTed (paged), since no cache holds them.
+async fn replace_room(
+    ctx: &Context,
+    spec: &GpuPoolMigrationSpec,
+    first: &rollout::Plan,
+    pool: &[PoolNode],
+    targets: &[Arc<SlimNode>],
+    gpu_pods: &PodsByNode,
+) -> Result<Option<ReplaceRoom>> {
+    if spec.strategy.replace().is_none() || spec.direction != Direction::Forward {
+        return Ok(None);
+    }
+    let in_flight: HashSet<&str> = first.in_flight.iter().map(String::as_str).collect();
+    let in_flight = &in_flight;
+    let state_of = |s: NodeState| {
+        pool.iter()
+            .filter(move |p| in_flight.contains(p.name.as_str()) && p.state() == s)
+            .map(|p| p.name.as_str())
+    };
+    let checked: Vec<&str> =
+        first.to_start.iter().map(String::as_str).chain(state_of(NodeState::Cordoned)).collect();
+    if checked.is_empty() {
+        return Ok(None);
+    }
+    let res = resources(spec);
+    let drain_spec = &spec.strategy.drain;
+    let demand = |n: &str| replace::moving_demand(&gpu_pods.on(n).collect::<Vec<_>>(), &res, drain_spec);
+
+    let names: HashSet<&str> = targets.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+    let slices: Vec<ResourceSlice> = ctx
+        .caches
+        .resource_slices
+        .state()
+        .iter()
+        .filter(|s| s.driver() == spec.driver.name && s.node_name().is_some_and(|n| names.contains(n)))
+        .map(|s| s.with_devices())
+        .collect();
+    let claims = reader_objects::list_all(Api::<ResourceClaim>::all(ctx.client.clone()), Default::default())
+        .await
+        .map_err(|source| Error::ListResourceClaims { source })?;
+    let held = replace::allocated(&claims, &spec.driver.name);
+    drop(claims);
+    let pending = reader_objects::list_all(
+        Api::<Pod>::all(ctx.client.clone()),
+        kube::api::ListParams::default().fields("spec.nodeName=,status.phase=Pending"),
+    )
+    .await
+    .map_err(|source| Error::ListPendingPods { source })?;
+    let mut on_the_way = replace::pending_demand(&pending, &res);
+    for n in state_of(NodeState::Draining) {
+        replace::add(&mut on_the_way, &demand(n));
+    }
+    let selectors = crate::pool::selectors::Selectors::new(spec);
+    let target = replace::target(&res, &selectors, &spec.driver.name, targets, &slices, &held, &on_the_way);
+    let demand = checked.iter().map(|n| (n.to_string(), demand(n))).collect();
+    Ok(Some(ReplaceRoom { target, demand }))
 }
 
 /// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): the GPU-pod cache's, and
@@ -239,24 +336,31 @@ async fn pods_verified(
     ctx: &Context,
     gpm: &GpuPoolMigration,
     pool: &[PoolNode],
+    targets: &[Arc<SlimNode>],
     gpu_pods: &PodsByNode,
 ) -> Option<(PodVerification, bool)> {
     let spec = &gpm.spec;
     if spec.direction != Direction::Forward {
         return None;
     }
-    let migrated: HashSet<&str> =
-        pool.iter().filter(|p| p.state() == NodeState::Migrated).map(|p| p.name.as_str()).collect();
+    // Replace: the pods that moved run on the target pool, and a GPU pod on an old node left for
+    // removal (an uncordon, a stale scheduler) is reported there: it is served by the device
+    // plugin, not by a claim.
+    let arrived = if spec.strategy.replace().is_some() { NodeState::Replaced } else { NodeState::Migrated };
+    let mut migrated: HashSet<&str> =
+        pool.iter().filter(|p| p.state() == arrived).map(|p| p.name.as_str()).collect();
     if migrated.is_empty() {
         return None;
     }
+    let arrivals = migrated.len();
+    migrated.extend(targets.iter().filter_map(|n| n.metadata.name.as_deref()));
     let name = gpm.name_any();
     let last = ctx.pod_checks.lock().ok().and_then(|g| g.get(&name).cloned()).unwrap_or_default();
     // Every TTL, not on each newly migrated node: a reconcile of a pool moving at 10% sees a new
     // one nearly every time, and a check reads new pods' claims. The last node's arrival checks
     // at once, so a finished pool reports its pods without waiting out the TTL.
     let fresh = last.at.is_some_and(|at| at.elapsed() < POD_VERIFY_TTL);
-    let all_arrived = migrated.len() == pool.len() && last.migrated != migrated.len();
+    let all_arrived = arrivals == pool.len() && last.migrated != arrivals;
     if fresh && last.generation == gpm.metadata.generation && !all_arrived {
         return Some((last.result, last.settling));
     }
@@ -310,7 +414,7 @@ async fn pods_verified(
             PodCheck {
                 at: Some(Instant::now()),
                 generation: gpm.metadata.generation,
-                migrated: migrated.len(),
+                migrated: arrivals,
                 result: result.clone(),
                 verified,
                 settling,

@@ -121,7 +121,7 @@ pub struct Metrics {
 }
 
 /// Every node state, so a gauge drops to 0 when the last node leaves a state.
-pub const ALL_STATES: [NodeState; 9] = [
+pub const ALL_STATES: [NodeState; 10] = [
     NodeState::Pending,
     NodeState::Cordoned,
     NodeState::Draining,
@@ -131,6 +131,7 @@ pub const ALL_STATES: [NodeState; 9] = [
     NodeState::Failed,
     NodeState::RollingBack,
     NodeState::RolledBack,
+    NodeState::Replaced,
 ];
 
 pub fn state_label(s: NodeState) -> &'static str {
@@ -144,6 +145,7 @@ pub fn state_label(s: NodeState) -> &'static str {
         NodeState::Failed => "Failed",
         NodeState::RollingBack => "RollingBack",
         NodeState::RolledBack => "RolledBack",
+        NodeState::Replaced => "Replaced",
     }
 }
 

@@ -9,7 +9,7 @@ mod step;
 
 pub use report::{inventory_message, phase, queued_message};
 pub(crate) use step::gpus_before;
-pub use step::{NodeStep, NodeView, POD_GONE_SLACK, node_step, parse_since, recheck_after};
+pub use step::{NodeStep, NodeView, POD_GONE_SLACK, Turn, node_step, parse_since, recheck_after};
 
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ use super::observe::Snapshot;
 use crate::api::v1alpha1::{GpuPoolMigrationStatus, NodeState};
 use crate::cache::DeviceCounts;
 use crate::error::{Error, Result};
-use crate::node::state::Hold;
+use crate::node::state::{Action, Hold, WaitReason};
 use crate::pool::gate::{self, PlacementPatch};
 use crate::report::gpus::GpusByBackend;
 
@@ -107,7 +107,13 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         p.queued.extend(held);
     }
     let steps = step::steps(s, &name, &p, hold);
-    let report = report::report(s, &name, &gate, needs_human, &p);
+    let short_of_room = steps.iter().find_map(|st| match &st.action {
+        Action::Wait { reason: WaitReason::TargetCapacityShort, message } => {
+            Some(format!("node {}: {message}", st.node))
+        }
+        _ => None,
+    });
+    let report = report::report(s, &name, &gate, needs_human, &p, short_of_room);
     Ok(Decision {
         class_applies: gate.class_applies,
         placement_patches: gate.placement_patches,
@@ -132,6 +138,7 @@ fn judge(s: &Snapshot<'_>, name: &str) -> Result<gate::Gate> {
         spec: &s.gpm.spec,
         facts: &s.facts,
         nodes: &s.nodes,
+        target_nodes: &s.targets,
         device_classes: s.device_classes.as_deref(),
         driver_ds: s.driver_ds.as_ref(),
         plugin_ds: s.plugin_ds.as_ref(),
@@ -340,6 +347,61 @@ mod tests {
             Action::Wait { reason, .. } => Some(*reason),
             _ => None,
         })
+    }
+
+    /// A Replace migration whose target has `free` free GPUs, each node's pods needing one.
+    fn replace_decide(w: &World, free: usize, needs: &[&str]) -> Decision {
+        use crate::pool::replace::{Demand, Target, TargetDevice};
+        let devices = (0..free).map(|_| TargetDevice { serves: vec![true] }).collect();
+        let target = Target::new(vec!["nvidia.com/gpu".into()], 1, devices, &[], &Demand::new());
+        let demand = needs
+            .iter()
+            .map(|n| (n.to_string(), Demand::from([("nvidia.com/gpu".to_string(), 1)])))
+            .collect();
+        let s = Snapshot {
+            facts: crate::testing::server_v1_37(),
+            driver_ds: w.driver_ds.clone(),
+            plugin_ds: w.plugin_ds.clone(),
+            device_classes: w.classes.clone(),
+            replace: Some(crate::reconcile::observe::ReplaceRoom { target, demand }),
+            ..crate::testing::snapshot(&w.gpm, w.nodes.clone(), NOW)
+        };
+        pool(&s).expect("a decision")
+    }
+
+    #[test]
+    fn replace_spends_the_target_room_node_by_node_and_says_what_it_waits_for() {
+        let replace = json!({"strategy": {"type": "Replace", "maxUnavailable": 2,
+            "replace": {"targetNodeSelector": {"matchLabels": {"pool": "dra"}}}}});
+        // Two nodes start in one reconcile; the target has room for one node's pods: the first
+        // drains, the second is only cordoned.
+        let w = world(replace.clone());
+        let d = replace_decide(&w, 1, &["n1", "n2"]);
+        assert_eq!(actions(&d), vec![("n1", &Action::CordonAndDrain), ("n2", &Action::Cordon)]);
+        let room = d.status.replace.as_ref().expect("status.replace");
+        assert_eq!((room.target_nodes, room.capacity[0].devices, room.capacity[0].free), (1, 1, 1));
+
+        // Next reconcile: the cordoned node waits, and the migration's Ready reason says so.
+        let mut w = world(replace);
+        w.nodes = vec![node("n1", Some("Draining"), json!({})), node("n2", Some("Cordoned"), json!({}))];
+        let d = replace_decide(&w, 0, &["n2"]);
+        assert_eq!(waits(&d, "n2"), Some(WaitReason::TargetCapacityShort));
+        let ready = condition(&d, ConditionType::Ready);
+        assert_eq!(ready.reason, "TargetCapacityShort");
+        assert!(
+            ready.message.contains("node n2: the target pool (1 Ready, schedulable node(s)) lacks room"),
+            "{}",
+            ready.message
+        );
+        assert!(
+            ready.message.contains("1 nvidia.com/gpu missing (the node's pods need 1, 0 free)"),
+            "{}",
+            ready.message
+        );
+        // Room appears: it drains.
+        let d = replace_decide(&w, 1, &["n2"]);
+        assert_eq!(d.steps.iter().find(|s| s.node == "n2").map(|s| &s.action), Some(&Action::StartDrain));
+        assert_eq!(condition(&d, ConditionType::Ready).reason, "NodesMoving");
     }
 
     #[test]

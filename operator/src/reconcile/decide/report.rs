@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 
 use crate::api::v1alpha1::{
-    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase, UnverifiedPod,
+    Direction, FailedNode, GpuPoolMigrationSpec, GpuPoolMigrationStatus, NodeState, Phase, ReplaceStatus,
+    TargetCapacity, UnverifiedPod,
 };
 use crate::node::record::{self, PoolNode};
 use crate::node::verify;
@@ -49,12 +50,14 @@ pub(super) fn report(
     gate: &Gate,
     needs_human: Option<(&'static str, String)>,
     p: &Plan,
+    short_of_room: Option<String>,
 ) -> Report {
     let spec = &s.gpm.spec;
     let pool = &gate.pool;
     let findings = Findings::new(s, name, gate);
     let conflict = conflict(p);
-    let desired = conditions(s, gate, needs_human, p, &findings, conflict.as_deref());
+    let moving = Moving { conflict: conflict.as_deref(), short_of_room };
+    let desired = conditions(s, gate, needs_human, p, &findings, moving);
     let old = s.gpm.status.clone().unwrap_or_default();
     let status = GpuPoolMigrationStatus {
         observed_generation: s.gpm.metadata.generation,
@@ -64,6 +67,7 @@ pub(super) fn report(
         failed: failed(pool, p),
         device_classes: gate.class_statuses.clone(),
         pods: s.pods.as_ref().map(|(pods, _)| pods.clone()),
+        replace: replace_status(s, pool, old.replace.as_ref()),
         conditions: conditions::merge(&old.conditions, &desired, s.gpm.metadata.generation, &Time(s.now)),
     };
     let mut events = removed_nodes(s);
@@ -112,6 +116,32 @@ fn removed_nodes(s: &Snapshot<'_>) -> Vec<MigrationEvent> {
 }
 
 /// `status.failed`: the nodes the plan counts failed, and any node whose record says Failed.
+/// A Replace migration's status: the target's room as this reconcile read it (as last read when it
+/// read none), and the old nodes left for removal.
+fn replace_status(s: &Snapshot<'_>, pool: &[PoolNode], old: Option<&ReplaceStatus>) -> Option<ReplaceStatus> {
+    s.gpm.spec.strategy.replace()?;
+    let mut replaced_nodes: Vec<String> =
+        pool.iter().filter(|n| n.state() == NodeState::Replaced).map(|n| n.name.clone()).collect();
+    replaced_nodes.sort();
+    replaced_nodes.truncate(STATUS_LIST_MAX);
+    let (target_nodes, capacity) = match &s.replace {
+        Some(r) => (
+            r.target.target_nodes() as i32,
+            r.target
+                .room()
+                .into_iter()
+                .map(|x| TargetCapacity {
+                    resource: x.resource,
+                    devices: x.devices as i32,
+                    free: x.free as i32,
+                })
+                .collect(),
+        ),
+        None => old.map(|o| (o.target_nodes, o.capacity.clone())).unwrap_or_default(),
+    };
+    Some(ReplaceStatus { target_nodes, capacity, replaced_nodes })
+}
+
 fn failed(pool: &[PoolNode], p: &Plan) -> Vec<FailedNode> {
     let failed_names: BTreeSet<&str> = p.failed.iter().map(String::as_str).collect();
     pool.iter()
@@ -161,6 +191,14 @@ fn conflict(p: &Plan) -> Option<String> {
     })
 }
 
+/// What the conditions say of the nodes in flight besides their count.
+struct Moving<'a> {
+    /// Nodes another migration also selects (the NodeConflict message).
+    conflict: Option<&'a str>,
+    /// Replace: a node waits cordoned for room on the target pool (`node <name>: <message>`).
+    short_of_room: Option<String>,
+}
+
 /// Every condition, as this reconcile decides it: kstatus's three, then Switchyard's own.
 fn conditions(
     s: &Snapshot<'_>,
@@ -168,16 +206,20 @@ fn conditions(
     needs_human: Option<(&'static str, String)>,
     p: &Plan,
     findings: &Findings,
-    conflict: Option<&str>,
+    Moving { conflict, short_of_room }: Moving<'_>,
 ) -> Vec<Desired> {
     let spec = &s.gpm.spec;
     let moving = p.in_flight.len() + p.to_start.len();
     let kp = Progress {
         in_flight: (moving > 0).then(|| {
-            (
-                "NodesMoving".to_string(),
-                format!("{moving} node(s) moving, {} of {} migrated", p.counts.migrated, p.counts.total),
-            )
+            let counts =
+                format!("{moving} node(s) moving, {} of {} migrated", p.counts.migrated, p.counts.total);
+            // Waiting for room is what `kubectl get gpm` should say: someone must add target
+            // nodes, and nothing else will.
+            match &short_of_room {
+                Some(m) => ("TargetCapacityShort".to_string(), format!("{counts}; {m}")),
+                None => ("NodesMoving".to_string(), counts),
+            }
         }),
         needs_human: needs_human.map(|(r, m)| (r.to_string(), m)),
         waiting: if spec.paused {

@@ -175,6 +175,9 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
     let by_name: HashMap<&str, &SlimNode> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let no_reads = NodeReads::default();
+    // Replace: the target's room, spent node by node in the order the steps run, so two nodes
+    // that start in one reconcile never count the same free device.
+    let mut room = s.replace.as_ref().map(|r| r.target.clone());
     let mut steps = Vec::new();
     for (n, start) in p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true))) {
         let Some(node) = by_name.get(n.as_str()) else { continue };
@@ -187,9 +190,39 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         }
         let reads = s.node_reads.get(n).unwrap_or(&no_reads);
         let published = node_counts(s, node).present;
-        steps.push(node_step(&view, node, node_slices(s, node), published, reads, start, last));
+        let replace = replace_view(spec, s, room.as_mut(), n);
+        let turn = Turn { start, last_message: last, replace };
+        steps.push(node_step(&view, node, node_slices(s, node), published, reads, turn));
     }
     steps
+}
+
+/// What a node brings to its step besides itself and its reads.
+pub struct Turn<'a> {
+    /// The pool plan starts the node now.
+    pub start: bool,
+    /// Its status message as last written.
+    pub last_message: Option<&'a str>,
+    /// Replace: what it knows of the target pool (`replace_view`).
+    pub replace: Option<state::Replace>,
+}
+
+/// What a node of a Replace migration knows of the target pool: whether its pods fit, judged on
+/// what the nodes decided before it left (their devices taken only when their drain starts).
+fn replace_view(
+    spec: &GpuPoolMigrationSpec,
+    s: &Snapshot<'_>,
+    room: Option<&mut crate::pool::replace::Target>,
+    node: &str,
+) -> Option<state::Replace> {
+    let r = spec.strategy.replace()?;
+    let demand = s.replace.as_ref().and_then(|x| x.demand.get(node));
+    let short = match (room, demand) {
+        (Some(room), Some(demand)) => room.take(demand).err().map(|e| e.to_string()),
+        // Not read: the node is past the check (draining, replaced), or nothing starts.
+        _ => None,
+    };
+    Some(state::Replace { short, evict_without_capacity: r.evict_without_capacity })
 }
 
 /// Decides one node's step from the node, its driver's slices for it (read only by a switch), the
@@ -200,9 +233,9 @@ pub fn node_step(
     slices: &[impl std::borrow::Borrow<ResourceSlice>],
     published: u64,
     reads: &NodeReads,
-    start: bool,
-    last_message: Option<&str>,
+    turn: Turn<'_>,
 ) -> NodeStep {
+    let Turn { start, last_message, replace } = turn;
     let spec = v.spec;
     let res = resources(spec);
     let pn = PoolNode::from_node(node);
@@ -268,6 +301,7 @@ pub fn node_step(
         canary,
         drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
         verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
+        replace,
     };
     let action = state::next_step(&observed);
     let mut step = NodeStep {
@@ -579,5 +613,6 @@ fn transition_reason(to: NodeState) -> &'static str {
         NodeState::Failed => "NodeFailed",
         NodeState::RollingBack => "NodeRollingBack",
         NodeState::RolledBack => "NodeRolledBack",
+        NodeState::Replaced => "NodeReplaced",
     }
 }

@@ -1,0 +1,483 @@
+//! The Replace strategy's capacity check: whether the target pool has free DRA devices for the
+//! GPU pods of an old node before that node drains. Pure: the controller gathers the target's
+//! devices ([`TargetDevice`]), what ResourceClaims hold and what is already on its way
+//! ([`Target::new`]); [`Target::take`] says whether a node's pods fit, and takes their devices
+//! when they do, so that the next node of the same reconcile is judged on what is left.
+//!
+//! A device counts for a resource when the resource's DeviceClass selects it (the pool's
+//! selectors, as the switch uses them), it has no NoSchedule or NoExecute taint, its node is Ready
+//! and schedulable, and no allocated ResourceClaim holds it. A device several classes select (a
+//! GPU a broad class and a narrower one both match) serves one pod: the resources with the fewest
+//! candidate devices choose first, each taking the devices that serve the fewest other resources.
+
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::api::v1alpha1::DrainSpec;
+use crate::node::drain;
+use crate::node::slim::SlimNode;
+use crate::pool::overlap::keeps_out;
+use crate::pool::selectors::Selectors;
+
+/// A device as a ResourceClaim's allocation names it: `(pool, device)` of one driver.
+pub type DeviceKey = (String, String);
+
+/// The devices of `driver` that allocated claims hold.
+pub fn allocated(claims: &[ResourceClaim], driver: &str) -> HashSet<DeviceKey> {
+    claims
+        .iter()
+        .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref()?.results.as_ref())
+        .flatten()
+        .filter(|r| r.driver == driver)
+        .map(|r| (r.pool.clone(), r.device.clone()))
+        .collect()
+}
+
+/// What the pods a drain of the node would move ask for: those it evicts, and those it waits on
+/// (bare pods, emptyDir) that need a place too once they go. Pods already terminating are not
+/// counted: their replacements are pending pods, counted as such.
+pub fn moving_demand(pods: &[Pod], resources: &[&str], drain_spec: &DrainSpec) -> Demand {
+    let s = drain::select(pods, resources, drain_spec);
+    let moving: HashSet<(&str, &str)> = s
+        .evict
+        .iter()
+        .chain(&s.blocked_by_empty_dir)
+        .chain(&s.unmanaged)
+        .map(|r| (r.namespace.as_str(), r.name.as_str()))
+        .collect();
+    let mut out = Demand::new();
+    for p in pods {
+        let key = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
+        if moving.contains(&key) {
+            add(&mut out, &pod_demand(p, resources));
+        }
+    }
+    out
+}
+
+/// What pending pods not yet bound to a node ask for: each will take a device wherever the
+/// scheduler places it, so a node that drains now waits behind them.
+pub fn pending_demand<'p>(pods: impl IntoIterator<Item = &'p Pod>, resources: &[&str]) -> Demand {
+    let mut out = Demand::new();
+    for p in pods {
+        let unbound = p.spec.as_ref().is_none_or(|s| s.node_name.as_deref().unwrap_or("").is_empty());
+        if unbound && !drain::is_finished(p) && p.metadata.deletion_timestamp.is_none() {
+            add(&mut out, &pod_demand(p, resources));
+        }
+    }
+    out
+}
+
+/// The target pool as the scheduler can use it now: the devices of `driver` on `nodes` that are
+/// Ready and schedulable, without a NoSchedule or NoExecute taint, each with the resources the
+/// pool's classes serve through it; those in `held` are taken by claims.
+pub fn target(
+    resources: &[&str],
+    selectors: &Selectors,
+    driver: &str,
+    nodes: &[impl Borrow<SlimNode>],
+    slices: &[impl Borrow<ResourceSlice>],
+    held: &HashSet<DeviceKey>,
+    on_the_way: &Demand,
+) -> Target {
+    let usable: HashSet<&str> = nodes
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|n| n.is_ready() && !n.unschedulable)
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    let (mut free, mut taken) = (Vec::new(), Vec::new());
+    for s in slices.iter().map(Borrow::borrow) {
+        let on_usable = s.spec.node_name.as_deref().is_some_and(|n| usable.contains(n));
+        if s.spec.driver != driver || !on_usable {
+            continue;
+        }
+        for d in s.spec.devices.iter().flatten() {
+            if d.taints.iter().flatten().any(keeps_out) {
+                continue;
+            }
+            let device = TargetDevice { serves: selectors.serves(d) };
+            if held.contains(&(s.spec.pool.name.clone(), d.name.clone())) {
+                taken.push(device);
+            } else {
+                free.push(device);
+            }
+        }
+    }
+    Target::new(
+        resources.iter().map(|r| r.to_string()).collect(),
+        usable.len() as u64,
+        free,
+        &taken,
+        on_the_way,
+    )
+}
+
+/// What a set of pods asks for, per extended resource name.
+pub type Demand = BTreeMap<String, u64>;
+
+/// The units of `resources` one pod needs while it runs: its containers' requests (or limits,
+/// where only those are set) summed, or its largest init container's, whichever is more.
+pub fn pod_demand(pod: &Pod, resources: &[&str]) -> Demand {
+    let mut out = Demand::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return out;
+    };
+    let units = |c: &k8s_openapi::api::core::v1::Container, r: &str| -> u64 {
+        let Some(res) = c.resources.as_ref() else {
+            return 0;
+        };
+        let q = res
+            .requests
+            .as_ref()
+            .and_then(|m| m.get(r))
+            .or_else(|| res.limits.as_ref().and_then(|m| m.get(r)));
+        q.map_or(0, whole_units)
+    };
+    for r in resources {
+        let running: u64 = spec.containers.iter().map(|c| units(c, r)).sum();
+        let init: u64 = spec.init_containers.iter().flatten().map(|c| units(c, r)).max().unwrap_or(0);
+        let n = running.max(init);
+        if n > 0 {
+            out.insert(r.to_string(), n);
+        }
+    }
+    out
+}
+
+/// An extended resource's quantity as whole units (they are integers by API validation).
+fn whole_units(q: &Quantity) -> u64 {
+    q.0.trim().parse::<u64>().unwrap_or(0)
+}
+
+/// Adds `b` into `a`.
+pub fn add(a: &mut Demand, b: &Demand) {
+    for (r, n) in b {
+        *a.entry(r.clone()).or_default() += n;
+    }
+}
+
+/// One device of the target pool the scheduler may allocate now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetDevice {
+    /// For each `spec.resources` entry, in order: whether its DeviceClass selects the device.
+    pub serves: Vec<bool>,
+}
+
+/// One resource's standing on the target pool, for the status and the plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRoom {
+    pub resource: String,
+    /// Devices its class selects on usable target nodes, untainted.
+    pub devices: u64,
+    /// Of those, the ones nothing holds or is about to take.
+    pub free: u64,
+}
+
+/// What a node's pods need that the target pool lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shortfall {
+    /// Per resource short: (resource, needed by the node's pods, free on the target).
+    pub short: Vec<(String, u64, u64)>,
+    /// Target nodes whose devices counted.
+    pub target_nodes: u64,
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .short
+            .iter()
+            .map(|(r, need, free)| {
+                format!("{} {r} missing (the node's pods need {need}, {free} free)", need - free)
+            })
+            .collect();
+        write!(
+            f,
+            "the target pool ({} Ready, schedulable node(s)) lacks room for this node's GPU pods: {}; add target nodes, or set spec.strategy.replace.evictWithoutCapacity: true to drain anyway",
+            self.target_nodes,
+            parts.join(", ")
+        )
+    }
+}
+
+/// The target pool's free devices, as a reconcile spends them on the nodes it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    resources: Vec<String>,
+    /// Devices no claim holds and nothing has taken yet.
+    free: Vec<TargetDevice>,
+    /// Per resource, the devices its class selects, held or not.
+    devices: Vec<u64>,
+    target_nodes: u64,
+}
+
+impl Target {
+    /// The target pool: `resources` in `spec.resources` order; `free` the usable devices no
+    /// allocated claim holds; `held` how many usable devices per resource claims hold (for the
+    /// totals); `on_the_way` what pending GPU pods and nodes already draining will take.
+    pub fn new(
+        resources: Vec<String>,
+        target_nodes: u64,
+        free: Vec<TargetDevice>,
+        held: &[TargetDevice],
+        on_the_way: &Demand,
+    ) -> Self {
+        let devices = (0..resources.len())
+            .map(|i| free.iter().chain(held).filter(|d| d.serves.get(i) == Some(&true)).count() as u64)
+            .collect();
+        let mut t = Target { resources, free, devices, target_nodes };
+        // What is on its way and finds no device leaves nothing of its resources for a node.
+        t.spend(on_the_way);
+        t
+    }
+
+    /// Whether `demand` fits what is free; when it does, its devices are taken. Demand already
+    /// on its way was served first ([`Target::new`]): a node never jumps the queue of pods
+    /// already pending.
+    pub fn take(&mut self, demand: &Demand) -> Result<(), Shortfall> {
+        let mut trial = self.clone();
+        let missing = trial.spend(demand);
+        let short: Vec<(String, u64, u64)> = demand
+            .iter()
+            .filter_map(|(r, need)| {
+                let m = missing.get(r).copied().unwrap_or(0);
+                (m > 0).then(|| (r.clone(), *need, need - m))
+            })
+            .collect();
+        if short.is_empty() {
+            *self = trial;
+            Ok(())
+        } else {
+            Err(Shortfall { short, target_nodes: self.target_nodes })
+        }
+    }
+
+    /// Per resource, its devices and what is free now (for the status).
+    pub fn room(&self) -> Vec<ResourceRoom> {
+        self.resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let free = self.free.iter().filter(|d| d.serves.get(i) == Some(&true)).count() as u64;
+                ResourceRoom { resource: r.clone(), devices: self.devices[i], free }
+            })
+            .collect()
+    }
+
+    pub fn target_nodes(&self) -> u64 {
+        self.target_nodes
+    }
+
+    /// Takes devices for `demand`, most constrained resource first; returns what found none.
+    fn spend(&mut self, demand: &Demand) -> Demand {
+        let mut order: Vec<(usize, u64)> = demand
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(r, n)| (self.resources.iter().position(|x| x == r).unwrap_or(usize::MAX), *n))
+            .collect();
+        let candidates =
+            |free: &[TargetDevice], i: usize| free.iter().filter(|d| d.serves.get(i) == Some(&true)).count();
+        order.sort_by_key(|(i, _)| candidates(&self.free, *i));
+        let mut missing = Demand::new();
+        for (i, need) in order {
+            for _ in 0..need {
+                // The device that serves the fewest other resources.
+                let pick = self
+                    .free
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| d.serves.get(i) == Some(&true))
+                    .min_by_key(|(_, d)| d.serves.iter().filter(|s| **s).count())
+                    .map(|(k, _)| k);
+                match pick {
+                    Some(k) => {
+                        self.free.swap_remove(k);
+                    }
+                    None => {
+                        let name = self.resources.get(i).cloned().unwrap_or_default();
+                        *missing.entry(name).or_default() += 1;
+                    }
+                }
+            }
+        }
+        missing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn gpu() -> TargetDevice {
+        TargetDevice { serves: vec![true, false] }
+    }
+    fn mig() -> TargetDevice {
+        TargetDevice { serves: vec![false, true] }
+    }
+    fn both() -> TargetDevice {
+        TargetDevice { serves: vec![true, true] }
+    }
+    fn res() -> Vec<String> {
+        vec!["nvidia.com/gpu".into(), "nvidia.com/mig-1g.10gb".into()]
+    }
+    fn d(pairs: &[(&str, u64)]) -> Demand {
+        pairs.iter().map(|(r, n)| (r.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn pod_demand_sums_containers_and_takes_the_larger_init() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "2", "cpu": "1"}}}
+                ]
+            }
+        }))
+        .unwrap();
+        let r = res();
+        let r: Vec<&str> = r.iter().map(String::as_str).collect();
+        assert_eq!(pod_demand(&pod, &r), d(&[("nvidia.com/gpu", 3), ("nvidia.com/mig-1g.10gb", 2)]));
+        let cpu_only: Pod = serde_json::from_value(json!({"spec": {"containers": [{"name": "a"}]}})).unwrap();
+        assert!(pod_demand(&cpu_only, &r).is_empty());
+    }
+
+    /// What a node lacks: (resource, needed, free).
+    type Short = Vec<(&'static str, u64, u64)>;
+
+    #[test]
+    fn capacity_table() {
+        struct Case {
+            name: &'static str,
+            free: Vec<TargetDevice>,
+            held: Vec<TargetDevice>,
+            on_the_way: Demand,
+            nodes: Vec<Demand>,
+            /// Per node: Ok, or the (resource, need, free) that is short.
+            want: Vec<Result<(), Short>>,
+            /// Free per resource after the nodes.
+            free_after: [u64; 2],
+        }
+        let cases = vec![
+            Case {
+                name: "a node that fits takes its devices; the next one is judged on what is left",
+                free: vec![gpu(), gpu(), gpu()],
+                held: vec![],
+                on_the_way: d(&[]),
+                nodes: vec![d(&[("nvidia.com/gpu", 2)]), d(&[("nvidia.com/gpu", 2)])],
+                want: vec![Ok(()), Err(vec![("nvidia.com/gpu", 2, 1)])],
+                free_after: [1, 0],
+            },
+            Case {
+                name: "devices claims hold are not free, but count among the devices",
+                free: vec![gpu()],
+                held: vec![gpu(), gpu(), gpu()],
+                on_the_way: d(&[]),
+                nodes: vec![d(&[("nvidia.com/gpu", 2)])],
+                want: vec![Err(vec![("nvidia.com/gpu", 2, 1)])],
+                free_after: [1, 0],
+            },
+            Case {
+                name: "pending pods and draining nodes are served before a new node",
+                free: vec![gpu(), gpu(), gpu(), gpu()],
+                held: vec![],
+                on_the_way: d(&[("nvidia.com/gpu", 3)]),
+                nodes: vec![d(&[("nvidia.com/gpu", 2)])],
+                want: vec![Err(vec![("nvidia.com/gpu", 2, 1)])],
+                free_after: [1, 0],
+            },
+            Case {
+                name: "demand on its way beyond the pool leaves nothing for a node",
+                free: vec![gpu()],
+                held: vec![],
+                on_the_way: d(&[("nvidia.com/gpu", 3)]),
+                nodes: vec![d(&[("nvidia.com/gpu", 1)])],
+                want: vec![Err(vec![("nvidia.com/gpu", 1, 0)])],
+                free_after: [0, 0],
+            },
+            Case {
+                name: "counted per resource: MIG devices do not serve whole-GPU pods",
+                free: vec![mig(), mig(), mig(), gpu()],
+                held: vec![],
+                on_the_way: d(&[]),
+                nodes: vec![d(&[("nvidia.com/gpu", 2), ("nvidia.com/mig-1g.10gb", 3)])],
+                want: vec![Err(vec![("nvidia.com/gpu", 2, 1)])],
+                free_after: [1, 3],
+            },
+            Case {
+                name: "a device two classes select serves one pod; the narrow resource chooses first",
+                free: vec![both(), gpu()],
+                held: vec![],
+                on_the_way: d(&[]),
+                nodes: vec![
+                    d(&[("nvidia.com/gpu", 1), ("nvidia.com/mig-1g.10gb", 1)]),
+                    d(&[("nvidia.com/gpu", 1)]),
+                ],
+                want: vec![Ok(()), Err(vec![("nvidia.com/gpu", 1, 0)])],
+                free_after: [0, 0],
+            },
+            Case {
+                name: "a node without GPU pods always fits",
+                free: vec![],
+                held: vec![],
+                on_the_way: d(&[]),
+                nodes: vec![d(&[])],
+                want: vec![Ok(())],
+                free_after: [0, 0],
+            },
+            Case {
+                name: "a resource no class serves on the target is short by all of it",
+                free: vec![gpu()],
+                held: vec![],
+                on_the_way: d(&[]),
+                nodes: vec![d(&[("nvidia.com/mig-1g.10gb", 2)])],
+                want: vec![Err(vec![("nvidia.com/mig-1g.10gb", 2, 0)])],
+                free_after: [1, 0],
+            },
+        ];
+        for c in cases {
+            let held = c.held.clone();
+            let mut t = Target::new(res(), 2, c.free.clone(), &held, &c.on_the_way);
+            for (i, (node, want)) in c.nodes.iter().zip(&c.want).enumerate() {
+                let got = t.take(node).map_err(|s| s.short);
+                let want = want
+                    .clone()
+                    .map_err(|v| v.into_iter().map(|(r, n, f)| (r.to_string(), n, f)).collect::<Vec<_>>());
+                assert_eq!(got, want, "{}: node {i}", c.name);
+            }
+            let free: Vec<u64> = t.room().iter().map(|r| r.free).collect();
+            assert_eq!(free, c.free_after.to_vec(), "{}: free after", c.name);
+        }
+    }
+
+    #[test]
+    fn room_counts_held_devices_among_the_devices() {
+        let t = Target::new(res(), 1, vec![gpu(), mig()], &[gpu(), gpu()], &d(&[]));
+        assert_eq!(
+            t.room(),
+            vec![
+                ResourceRoom { resource: "nvidia.com/gpu".into(), devices: 3, free: 1 },
+                ResourceRoom { resource: "nvidia.com/mig-1g.10gb".into(), devices: 1, free: 1 },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_shortfall_says_how_many_of_which_resource_are_missing_and_what_to_do() {
+        let s = Shortfall { short: vec![("nvidia.com/gpu".into(), 4, 1)], target_nodes: 2 };
+        let m = s.to_string();
+        assert!(m.contains("3 nvidia.com/gpu missing (the node's pods need 4, 1 free)"), "{m}");
+        assert!(m.contains("2 Ready, schedulable node(s)"), "{m}");
+        assert!(m.contains("spec.strategy.replace.evictWithoutCapacity"), "{m}");
+    }
+}
