@@ -355,12 +355,12 @@ pub struct ReplaceSpec {
     )]
     pub target_node_selector: LabelSelector,
 
-    /// Before a node drains, Switchyard checks that the target pool has free DRA devices for the
-    /// node's GPU pods, per `spec.resources` entry: devices its DeviceClass selects on the target
+    /// Before a node drains, and before each eviction while it drains, Switchyard checks that the
+    /// target pool has free DRA devices for the node's GPU pods, per `spec.resources` entry: devices its DeviceClass selects on the target
     /// nodes that are Ready and schedulable, less the devices allocated to ResourceClaims and
-    /// those that pending GPU pods and draining nodes still need. Short of that, the node waits
-    /// cordoned (`TargetCapacityShort`, saying how many of which resource are missing) until
-    /// target nodes are added. An autoscaler adds nodes only for Pending pods, which this wait
+    /// those that pending GPU pods and nodes already draining still need. Short of that, the node
+    /// waits cordoned (`TargetCapacityShort`, saying how many of which resource are missing; a
+    /// node already draining waits within `drain.timeoutSeconds`) until target nodes are added. An autoscaler adds nodes only for Pending pods, which this wait
     /// never makes: raise the target pool's minimum size instead. When true, the node drains
     /// anyway and its pods wait Pending, where an autoscaler of the target pool sees them.
     /// Default false.
@@ -670,8 +670,9 @@ pub struct UnverifiedPod {
     pub namespace: String,
     pub name: String,
     /// `HoldsDevicePluginGpu` (it runs without a claim for a GPU resource: the device plugin
-    /// serves it, an overlap), `ClaimMissing`, `ClaimNotAllocated`, `RequestNotAllocated` or
-    /// `OtherDevices` (allocated from another driver, or another node's devices).
+    /// serves it, an overlap), `ClaimMissing`, `ClaimNotAllocated`, `RequestNotAllocated`,
+    /// `OtherDevices` (allocated from another driver, or another node's devices) or, under
+    /// `strategy.type: Replace`, `OnReplacedNode` (it runs on an old node left for removal).
     pub reason: String,
     /// What was found, naming the resource, claim and devices.
     pub message: String,

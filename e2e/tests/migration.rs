@@ -2858,13 +2858,40 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+
+        // Someone uncordons the replaced node and a GPU pod lands there, on the device plugin:
+        // the migration reports it rather than counting it as moved.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let uncordon = |to: bool| Patch::Merge(json!({"spec": {"unschedulable": to}}));
+        nodes.patch(&pool.nodes[0], &PatchParams::default(), &uncordon(false)).await?;
+        let stray: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "stray"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": pool.nodes[0]}, "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {&pool.resource: "1"}}}]}
+        }))?;
+        pods.create(&PostParams::default(), &stray).await?;
+        let reported = pool
+            .wait_status(&name, "the pod on the replaced node reported", MIGRATION, |g| {
+                g.status.as_ref().and_then(|s| s.pods.as_ref()).is_some_and(|p| {
+                    p.unverified_pods.iter().any(|u| u.name == "stray" && u.reason == "OnReplacedNode")
+                })
+            })
+            .await?;
+        let stray = reported.status.unwrap().pods.unwrap().unverified_pods.into_iter().find(|u| u.name == "stray");
+        let stray = stray.expect("the stray pod named");
+        assert_eq!(stray.node, pool.nodes[0]);
+        assert!(stray.message.contains("left for removal"), "{}", stray.message);
+        pods.delete("stray", &DeleteParams::default()).await?;
+        nodes.patch(&pool.nodes[0], &PatchParams::default(), &uncordon(true)).await?;
+
         // Deleting the finished migration leaves the replaced node cordoned for removal.
         pool.migrations().delete(&name, &DeleteParams::default()).await?;
         switchyard_e2e::wait::until("the migration to be deleted", MIGRATION, || async {
             Ok(pool.migrations().get_opt(&name).await?.is_none().then_some(()))
         })
         .await?;
-        let node = Api::<Node>::all(pool.client.clone()).get(&pool.nodes[0]).await?;
+        let node = nodes.get(&pool.nodes[0]).await?;
         assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
         assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name));
         Ok(())

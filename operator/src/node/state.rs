@@ -619,7 +619,13 @@ fn draining(o: &Observed) -> Action {
             ),
         };
     }
-    undrained
+    // Replace: a pod is evicted only when the target has room for it; the drain's clock runs on.
+    match &o.replace {
+        Some(r) if r.waits() && undrained == Action::Evict => {
+            wait(WaitReason::TargetCapacityShort, r.short.clone().unwrap_or_default())
+        }
+        _ => undrained,
+    }
 }
 
 /// Verifying: no device-plugin GPU may come back; the canary, where configured, must succeed.
@@ -930,6 +936,43 @@ mod tests {
             ("cordoned, uncordoned by someone", Cordoned, |o| o.unschedulable = false, "Cordon"),
             ("draining with pods", Draining, |o| o.drain.to_evict = 2, "Evict"),
             ("draining, a PDB holds the last pod", Draining, |o| o.drain.to_evict = 1, "Evict"),
+            (
+                "draining, the target's room taken meanwhile: no eviction",
+                Draining,
+                |o| {
+                    o.drain.to_evict = 1;
+                    short(o)
+                },
+                "Wait:TargetCapacityShort",
+            ),
+            (
+                "draining, no room, but the spec drains anyway",
+                Draining,
+                |o| {
+                    o.drain.to_evict = 1;
+                    o.replace = Some(Replace { short: Some("x".into()), evict_without_capacity: true })
+                },
+                "Evict",
+            ),
+            (
+                "draining, no room, past the drain timeout",
+                Draining,
+                |o| {
+                    o.drain.to_evict = 1;
+                    short(o);
+                    o.since = Some(Timestamp::from_second(0).unwrap())
+                },
+                "Fail:DrainTimeout",
+            ),
+            (
+                "draining, no room, only terminating pods left: nothing to evict",
+                Draining,
+                |o| {
+                    o.drain.terminating = 1;
+                    short(o)
+                },
+                "Wait:PodsTerminating",
+            ),
             (
                 "draining past the timeout",
                 Draining,

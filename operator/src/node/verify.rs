@@ -29,6 +29,9 @@ pub enum Fault {
     RequestNotAllocated,
     /// A device comes from another driver, or from another node's pool.
     OtherDevices,
+    /// `strategy.type: Replace`: the pod runs on an old node left for removal, where the device
+    /// plugin serves it: it landed back on the old pool (an uncordon, a stale scheduler).
+    OnReplacedNode,
 }
 
 impl Fault {
@@ -39,6 +42,7 @@ impl Fault {
             Fault::ClaimNotAllocated => "ClaimNotAllocated",
             Fault::RequestNotAllocated => "RequestNotAllocated",
             Fault::OtherDevices => "OtherDevices",
+            Fault::OnReplacedNode => "OnReplacedNode",
         }
     }
 }
@@ -57,6 +61,16 @@ pub fn is_checked(pod: &Pod, resources: &[&str]) -> bool {
 pub fn generated_claim(pod: &Pod) -> Option<String> {
     let name = &pod.status.as_ref()?.extended_resource_claim_status.as_ref()?.resource_claim_name;
     Some(format!("{}/{name}", pod.metadata.namespace.as_deref().unwrap_or_default()))
+}
+
+/// A pod on a Replace migration's old node, left for removal: not where the migration moved it.
+pub fn on_replaced_node(node: &str) -> Verdict {
+    Err((
+        Fault::OnReplacedNode,
+        format!(
+            "runs on {node}, an old node left for removal (switchyard.dev/replaced), through the device plugin: it landed back on the old pool (someone uncordoned the node, or a scheduler placed it there); delete it so that its controller re-creates it on the target pool"
+        ),
+    ))
 }
 
 /// Judges a pod [`is_checked`] picked, on `node`, with its generated claim as read (`None`: not

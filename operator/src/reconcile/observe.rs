@@ -94,7 +94,8 @@ pub struct Snapshot<'a> {
 pub struct ReplaceRoom {
     /// The target pool's free devices, less what pending pods and draining nodes will take.
     pub target: replace::Target,
-    /// Per node that may start or waits cordoned for room: what its drain would move.
+    /// Per node that drains, may start or waits cordoned for room: what its drain would move
+    /// (has left to move).
     pub demand: HashMap<String, replace::Demand>,
 }
 
@@ -267,8 +268,8 @@ async fn target_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<
     cached_nodes(ctx, &selector).await
 }
 
-/// Replace, going forward: the target pool's room, read only when a node may start or waits
-/// cordoned for room. The target's nodes and slices come from the caches; the claims that hold
+/// Replace, going forward: the target pool's room, read only when a node drains, may start or
+/// waits cordoned for room. The target's nodes and slices come from the caches; the claims that hold
 /// devices and the pending pods that will take some are LISTed (paged), since no cache holds them.
 async fn replace_room(
     ctx: &Context,
@@ -288,8 +289,14 @@ async fn replace_room(
             .filter(move |p| in_flight.contains(p.name.as_str()) && p.state() == s)
             .map(|p| p.name.as_str())
     };
-    let checked: Vec<&str> =
-        first.to_start.iter().map(String::as_str).chain(state_of(NodeState::Cordoned)).collect();
+    // Draining nodes too: each eviction needs room for the pod it sends away.
+    let checked: Vec<&str> = first
+        .to_start
+        .iter()
+        .map(String::as_str)
+        .chain(state_of(NodeState::Cordoned))
+        .chain(state_of(NodeState::Draining))
+        .collect();
     if checked.is_empty() {
         return Ok(None);
     }
@@ -317,10 +324,9 @@ async fn replace_room(
     )
     .await
     .map_err(|source| Error::ListPendingPods { source })?;
-    let mut on_the_way = replace::pending_demand(&pending, &res);
-    for n in state_of(NodeState::Draining) {
-        replace::add(&mut on_the_way, &demand(n));
-    }
+    // The pods draining nodes have left are not on their way yet: those nodes take their room
+    // first when the steps are decided.
+    let on_the_way = replace::pending_demand(&pending, &res);
     let selectors = crate::pool::selectors::Selectors::new(spec);
     let target = replace::target(&res, &selectors, &spec.driver.name, targets, &slices, &held, &on_the_way);
     let demand = checked.iter().map(|n| (n.to_string(), demand(n))).collect();
@@ -353,6 +359,11 @@ async fn pods_verified(
         return None;
     }
     let arrivals = migrated.len();
+    // Replace: the old nodes checked are the replaced ones, where no GPU pod belongs.
+    let replaced: HashSet<String> = match spec.strategy.replace() {
+        Some(_) => migrated.iter().map(|n| n.to_string()).collect(),
+        None => HashSet::new(),
+    };
     migrated.extend(targets.iter().filter_map(|n| n.metadata.name.as_deref()));
     let name = gpm.name_any();
     let last = ctx.pod_checks.lock().ok().and_then(|g| g.get(&name).cloned()).unwrap_or_default();
@@ -394,7 +405,9 @@ async fn pods_verified(
     for (node, pods) in pods {
         for pod in pods {
             let id = uid(&pod);
-            let verdict = if known.contains(&id) {
+            let verdict = if replaced.contains(node) {
+                verify::on_replaced_node(node)
+            } else if known.contains(&id) {
                 Ok(())
             } else {
                 let claim = verify::generated_claim(&pod).and_then(|k| claims.get(&k).cloned().flatten());

@@ -349,8 +349,22 @@ mod tests {
         })
     }
 
-    /// A Replace migration whose target has `free` free GPUs, each node's pods needing one.
+    /// [`replace_decide`] with the world's node reads.
+    fn replace_decide_with(w: &World, free: usize, needs: &[&str]) -> Decision {
+        replace_decide_reads(w, free, needs, w.reads.clone())
+    }
+
     fn replace_decide(w: &World, free: usize, needs: &[&str]) -> Decision {
+        replace_decide_reads(w, free, needs, HashMap::new())
+    }
+
+    /// A Replace migration whose target has `free` free GPUs, each node's pods needing one.
+    fn replace_decide_reads(
+        w: &World,
+        free: usize,
+        needs: &[&str],
+        reads: HashMap<String, NodeReads>,
+    ) -> Decision {
         use crate::pool::replace::{Demand, Target, TargetDevice};
         let devices = (0..free).map(|_| TargetDevice { serves: vec![true] }).collect();
         let target = Target::new(vec!["nvidia.com/gpu".into()], 1, devices, &[], &Demand::new());
@@ -364,6 +378,7 @@ mod tests {
             plugin_ds: w.plugin_ds.clone(),
             device_classes: w.classes.clone(),
             replace: Some(crate::reconcile::observe::ReplaceRoom { target, demand }),
+            node_reads: reads,
             ..crate::testing::snapshot(&w.gpm, w.nodes.clone(), NOW)
         };
         pool(&s).expect("a decision")
@@ -402,6 +417,19 @@ mod tests {
         let d = replace_decide(&w, 1, &["n2"]);
         assert_eq!(d.steps.iter().find(|s| s.node == "n2").map(|s| &s.action), Some(&Action::StartDrain));
         assert_eq!(condition(&d, ConditionType::Ready).reason, "NodesMoving");
+
+        // A node already draining takes the room first, though another sorts before it: its
+        // pods are on their way. Its next eviction waits when nothing is left for it.
+        w.nodes = vec![node("n1", Some("Cordoned"), json!({})), node("n2", Some("Draining"), json!({}))];
+        w.reads.insert(
+            "n2".into(),
+            NodeReads { pods: vec![pod("train-0", true)], pods_read: true, ..Default::default() },
+        );
+        let d = replace_decide_with(&w, 1, &["n1", "n2"]);
+        assert_eq!(waits(&d, "n1"), Some(WaitReason::TargetCapacityShort));
+        assert_eq!(d.steps.iter().find(|s| s.node == "n2").map(|s| &s.action), Some(&Action::Evict));
+        let d = replace_decide_with(&w, 0, &["n1", "n2"]);
+        assert_eq!(waits(&d, "n2"), Some(WaitReason::TargetCapacityShort), "no eviction without room");
     }
 
     #[test]

@@ -175,9 +175,7 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
     let by_name: HashMap<&str, &SlimNode> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let no_reads = NodeReads::default();
-    // Replace: the target's room, spent node by node in the order the steps run, so two nodes
-    // that start in one reconcile never count the same free device.
-    let mut room = s.replace.as_ref().map(|r| r.target.clone());
+    let shorts = room_by_node(s, p, &by_name);
     let mut steps = Vec::new();
     for (n, start) in p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true))) {
         let Some(node) = by_name.get(n.as_str()) else { continue };
@@ -190,7 +188,10 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         }
         let reads = s.node_reads.get(n).unwrap_or(&no_reads);
         let published = node_counts(s, node).present;
-        let replace = replace_view(spec, s, room.as_mut(), n);
+        let replace = spec.strategy.replace().map(|r| state::Replace {
+            short: shorts.get(n).cloned().flatten(),
+            evict_without_capacity: r.evict_without_capacity,
+        });
         let turn = Turn { start, last_message: last, replace };
         steps.push(node_step(&view, node, node_slices(s, node), published, reads, turn));
     }
@@ -207,22 +208,36 @@ pub struct Turn<'a> {
     pub replace: Option<state::Replace>,
 }
 
-/// What a node of a Replace migration knows of the target pool: whether its pods fit, judged on
-/// what the nodes decided before it left (their devices taken only when their drain starts).
-fn replace_view(
-    spec: &GpuPoolMigrationSpec,
+/// Replace: what each node that drains, waits for room or starts lacks on the target pool
+/// (`None` when its pods fit). The target's room is spent node by node: first the nodes already
+/// draining (the pods they have left are on their way), then the others in the order the steps
+/// run, so that no two nodes count the same free device.
+fn room_by_node(
     s: &Snapshot<'_>,
-    room: Option<&mut crate::pool::replace::Target>,
-    node: &str,
-) -> Option<state::Replace> {
-    let r = spec.strategy.replace()?;
-    let demand = s.replace.as_ref().and_then(|x| x.demand.get(node));
-    let short = match (room, demand) {
-        (Some(room), Some(demand)) => room.take(demand).err().map(|e| e.to_string()),
-        // Not read: the node is past the check (draining, replaced), or nothing starts.
-        _ => None,
+    p: &Plan,
+    by_name: &HashMap<&str, &SlimNode>,
+) -> HashMap<String, Option<String>> {
+    let Some(r) = &s.replace else {
+        return HashMap::new();
     };
-    Some(state::Replace { short, evict_without_capacity: r.evict_without_capacity })
+    let mut room = r.target.clone();
+    let draining = |n: &&String| {
+        by_name
+            .get(n.as_str())
+            .is_some_and(|node| crate::node::record::node_state(node) == NodeState::Draining)
+    };
+    let order = p
+        .in_flight
+        .iter()
+        .filter(draining)
+        .chain(p.in_flight.iter().filter(|n| !draining(n)))
+        .chain(&p.to_start);
+    order
+        .filter_map(|n| {
+            let demand = r.demand.get(n)?;
+            Some((n.clone(), room.take(demand).err().map(|e| e.to_string())))
+        })
+        .collect()
 }
 
 /// Decides one node's step from the node, its driver's slices for it (read only by a switch), the
