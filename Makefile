@@ -45,7 +45,7 @@ lint: ## rustfmt check and clippy with warnings denied
 	  echo "lint: switchyard-cli links the operator process's allocator or HTTP server (see operator/Cargo.toml, feature runtime)" >&2; exit 1; fi
 
 .PHONY: unit
-unit: ## Unit tests only (no cluster), and the NVML mock through NVIDIA's Go bindings
+unit: ## Unit tests only (no cluster), the NVML mock through NVIDIA's Go bindings and under NVIDIA's GPU Feature Discovery
 	$(CARGO) test --workspace --exclude switchyard-e2e
 	@bash e2e/hack/nvml-mock-check.sh
 

@@ -33,8 +33,10 @@ use std::time::{Duration, Instant};
 
 use inventory::{FaultKind, Inventory};
 use nvml_wrapper_sys::bindings::{
-    nvmlDevice_t, nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlMemory_v2_t,
-    nvmlPciInfo_t,
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
+    nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t,
 };
 
 type Ret = c_uint;
@@ -631,6 +633,187 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: nvmlDevice_t, id
     with_device(device, |_, _, mig| match mig {
         Some(m) => unsafe { put(id, m.compute_instance_id) },
         None => NOT_SUPPORTED,
+    })
+}
+
+// ---- MIG: GPU instances and compute instances ----
+//
+// Each MIG device of the inventory is one GPU instance holding one compute instance of the same
+// slices (the `<n>g.<m>gb` profiles); the instance handles are the MIG device's handle. This is
+// what go-nvlib's MIG profile lookup walks (GPU Feature Discovery's MIG labels, NVIDIA's DRA
+// driver): the instance by id, its info, then the profiles until one matches.
+
+/// The number of GPU instance profiles NVML numbers (`NVML_GPU_INSTANCE_PROFILE_COUNT`); the
+/// compute instance profiles use the same bound here.
+const INSTANCE_PROFILE_COUNT: c_uint = 15;
+
+/// NVML's profile index for a count of slices: `NVML_GPU_INSTANCE_PROFILE_<n>_SLICE`, and the same
+/// numbers for `NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE`. The profile's id is its index here.
+fn profile_index(slices: c_uint) -> Option<c_uint> {
+    Some(match slices {
+        1 => 0,
+        2 => 1,
+        3 => 2,
+        4 => 3,
+        7 => 4,
+        8 => 5,
+        6 => 6,
+        _ => return None,
+    })
+}
+
+/// Runs `f` on the MIG device an instance handle names.
+fn with_instance<F: FnOnce(&State, &inventory::Gpu, &inventory::Mig, nvmlDevice_t) -> Ret>(
+    instance: nvmlDevice_t,
+    f: F,
+) -> Ret {
+    with_device(instance, |s, g, mig| match (mig, s.handle(instance)) {
+        (Some(m), Some(h)) => f(s, g, m, s.ptr(h.gpu, None)),
+        _ => INVALID_ARGUMENT,
+    })
+}
+
+/// # Safety
+/// `gpu_instance` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    device: nvmlDevice_t,
+    id: c_uint,
+    gpu_instance: *mut nvmlGpuInstance_t,
+) -> Ret {
+    with(|s| {
+        s.refresh();
+        let Some(h) = s.handle(device) else { return INVALID_ARGUMENT };
+        let g = &s.inv.gpus[h.gpu];
+        if s.lost[h.gpu] {
+            return GPU_IS_LOST;
+        }
+        if h.mig.is_some() || !g.mig_enabled {
+            return NOT_SUPPORTED;
+        }
+        match g.mig.iter().position(|m| m.gpu_instance_id == id) {
+            Some(j) => unsafe { put(gpu_instance, s.ptr(h.gpu, Some(j)) as nvmlGpuInstance_t) },
+            None => NOT_FOUND,
+        }
+    })
+}
+
+/// # Safety
+/// `info` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gpu_instance: nvmlGpuInstance_t,
+    info: *mut nvmlGpuInstanceInfo_t,
+) -> Ret {
+    with_instance(gpu_instance as nvmlDevice_t, |_, _, m, parent| {
+        let Some(profile) = profile_index(m.gpu_instance_slices) else { return NOT_SUPPORTED };
+        let placement = nvmlGpuInstancePlacement_t { start: 0, size: m.gpu_instance_slices };
+        let value =
+            nvmlGpuInstanceInfo_t { device: parent, id: m.gpu_instance_id, profileId: profile, placement };
+        unsafe { put(info, value) }
+    })
+}
+
+/// # Safety
+/// `compute_instance` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
+    gpu_instance: nvmlGpuInstance_t,
+    id: c_uint,
+    compute_instance: *mut nvmlComputeInstance_t,
+) -> Ret {
+    with_instance(gpu_instance as nvmlDevice_t, |_, _, m, _| {
+        if m.compute_instance_id != id {
+            return NOT_FOUND;
+        }
+        unsafe { put(compute_instance, gpu_instance as nvmlComputeInstance_t) }
+    })
+}
+
+/// # Safety
+/// `info` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
+    compute_instance: nvmlComputeInstance_t,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> Ret {
+    with_instance(compute_instance as nvmlDevice_t, |_, _, m, parent| {
+        let Some(profile) = profile_index(m.gpu_instance_slices) else { return NOT_SUPPORTED };
+        let value = nvmlComputeInstanceInfo_t {
+            device: parent,
+            gpuInstance: compute_instance as nvmlGpuInstance_t,
+            id: m.compute_instance_id,
+            profileId: profile,
+            placement: nvmlComputeInstancePlacement_t { start: 0, size: m.gpu_instance_slices },
+        };
+        unsafe { put(info, value) }
+    })
+}
+
+/// # Safety
+/// `info` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo(
+    compute_instance: nvmlComputeInstance_t,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> Ret {
+    unsafe { nvmlComputeInstanceGetInfo_v2(compute_instance, info) }
+}
+
+/// The GPU instance profiles of a GPU in MIG mode: those its MIG devices use.
+///
+/// # Safety
+/// `info` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_t,
+) -> Ret {
+    with_device(device, |_, g, mig| {
+        if mig.is_some() || !g.mig_enabled {
+            return NOT_SUPPORTED;
+        }
+        if profile >= INSTANCE_PROFILE_COUNT {
+            return INVALID_ARGUMENT;
+        }
+        let of_profile: Vec<&inventory::Mig> =
+            g.mig.iter().filter(|m| profile_index(m.gpu_instance_slices) == Some(profile)).collect();
+        let Some(m) = of_profile.first() else { return NOT_SUPPORTED };
+        let mut value: nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+        value.id = profile;
+        value.sliceCount = m.gpu_instance_slices;
+        value.instanceCount = of_profile.len() as c_uint;
+        value.multiprocessorCount = m.multiprocessors;
+        value.memorySizeMB = m.memory_bytes >> 20;
+        unsafe { put(info, value) }
+    })
+}
+
+/// The one compute instance profile of a GPU instance: the whole instance, shared engines.
+///
+/// # Safety
+/// `info` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    gpu_instance: nvmlGpuInstance_t,
+    profile: c_uint,
+    engine_profile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_t,
+) -> Ret {
+    with_instance(gpu_instance as nvmlDevice_t, |_, _, m, _| {
+        if profile >= INSTANCE_PROFILE_COUNT {
+            return INVALID_ARGUMENT;
+        }
+        if engine_profile != 0 || profile_index(m.gpu_instance_slices) != Some(profile) {
+            return NOT_SUPPORTED;
+        }
+        let mut value: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+        value.id = profile;
+        value.sliceCount = m.gpu_instance_slices;
+        value.instanceCount = 1;
+        value.multiprocessorCount = m.multiprocessors;
+        unsafe { put(info, value) }
     })
 }
 

@@ -337,6 +337,59 @@ mod tests {
     /// (case, labels, nvidia.com/gpu advertised, expected (physical, how) or None)
     type SharingCase = (&'static str, serde_json::Value, &'static str, Option<(u64, &'static str)>);
 
+    /// The labels NVIDIA's GPU Feature Discovery v0.19.3 wrote for two H100s of the NVML mock,
+    /// whole and time-sliced 4 ways (e2e/nvml-mock/gocheck runs GFD again and keeps these files
+    /// equal to what it writes).
+    fn gfd_labels(file: &str) -> serde_json::Value {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gfd").join(file),
+        )
+        .expect("a GFD fixture");
+        let labels: serde_json::Map<String, serde_json::Value> =
+            text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), json!(v))).collect();
+        serde_json::Value::Object(labels)
+    }
+
+    #[test]
+    fn what_real_gpu_feature_discovery_writes_is_read_as_it_means() {
+        // Two whole GPUs: nothing shared, two to publish.
+        let whole = node("n", gfd_labels("v0.19.3-two-h100.labels"), json!({"nvidia.com/gpu": "2"}));
+        assert_eq!(sharing(&whole), None);
+        assert!(gfd_labelled(&whole, "nvidia.com/gpu"));
+        assert_eq!(
+            gpus_to_publish(&whole, MAPPED, None),
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 2)])
+        );
+        // Time-sliced 4 ways: the plugin advertises 8, the driver will publish the 2 GPUs.
+        let sliced =
+            node("n", gfd_labels("v0.19.3-two-h100-time-sliced-4.labels"), json!({"nvidia.com/gpu": "8"}));
+        let s = sharing(&sliced).expect("shared");
+        assert_eq!((s.advertised, s.physical, s.how.as_str()), (8, 2, "time-slicing, 4 replicas per GPU"));
+        assert_eq!(
+            gpus_to_publish(&sliced, MAPPED, None),
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 2)])
+        );
+        // MIG, mixed strategy: each profile is labelled under its own name, one device each, not
+        // shared.
+        let mig = node(
+            "n",
+            gfd_labels("v0.19.3-h100-mig-mixed.labels"),
+            json!({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}),
+        );
+        for profile in ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"] {
+            assert!(gfd_labelled(&mig, profile), "{profile}");
+            assert_eq!(sharing_of(&mig, profile), None, "{profile}");
+        }
+        let mapped = ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"];
+        assert_eq!(
+            gpus_to_publish(&mig, &mapped, None),
+            BTreeMap::from([
+                ("nvidia.com/mig-1g.10gb".to_string(), 1),
+                ("nvidia.com/mig-3g.40gb".to_string(), 1)
+            ])
+        );
+    }
+
     #[test]
     fn sharing_table() {
         let cases: Vec<SharingCase> = vec![
