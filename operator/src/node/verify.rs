@@ -57,6 +57,16 @@ pub fn is_checked(pod: &Pod, resources: &[&str]) -> bool {
     running && pod.metadata.deletion_timestamp.is_none() && drain::consumes_any(pod, resources)
 }
 
+/// Whether `pod` will be one to verify soon: bound, not yet running (its containers start, its
+/// claim is prepared), not being deleted, and requesting one of the migration's GPU resources. A
+/// check that sees one is looked at again soon: the pod's start triggers no reconcile.
+pub fn is_arriving(pod: &Pod, resources: &[&str]) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, None | Some("Pending"))
+        && pod.metadata.deletion_timestamp.is_none()
+        && drain::consumes_any(pod, resources)
+}
+
 /// The `namespace/name` of the claim the scheduler generated for `pod`, if its status names one.
 pub fn generated_claim(pod: &Pod) -> Option<String> {
     let name = &pod.status.as_ref()?.extended_resource_claim_status.as_ref()?.resource_claim_name;
@@ -368,11 +378,23 @@ mod tests {
         let mut pending = gpu_pod.clone();
         pending.status.as_mut().unwrap().phase = Some("Pending".into());
         assert!(!is_checked(&pending, RES), "holds nothing yet");
-        let mut deleting = gpu_pod;
-        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        assert!(is_arriving(&pending, RES), "checked once it runs");
+        assert!(!is_arriving(&gpu_pod, RES), "it runs: checked now");
+        let mut cpu_pending = pod(json!({"cpu": "1"}), None);
+        cpu_pending.status.as_mut().unwrap().phase = Some("Pending".into());
+        assert!(!is_arriving(&cpu_pending, RES), "not a GPU pod");
+        let mut failed = gpu_pod.clone();
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        assert!(!is_arriving(&failed, RES) && !is_checked(&failed, RES), "finished");
+        let deleted = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
+        let mut deleting = gpu_pod.clone();
+        deleting.metadata.deletion_timestamp = deleted.clone();
         assert!(!is_checked(&deleting, RES), "on its way out");
+        let mut never_started = pending;
+        never_started.metadata.deletion_timestamp = deleted;
+        assert!(!is_arriving(&never_started, RES), "deleted before it ran");
         assert_eq!(generated_claim(&pod(json!({"nvidia.com/gpu": "1"}), None)), None);
     }
 }

@@ -53,8 +53,10 @@ pub(crate) struct PodCheck {
     /// The pods found verified, by uid: a verified pod's claim does not change, so it is not
     /// read again.
     pub(crate) verified: HashSet<String>,
-    /// The result differed from the check before: the reconcile comes back at the TTL until it
-    /// holds still (pods evicted from the last nodes land a moment after the migration ends).
+    /// The result differed from the check before, or a GPU pod bound to a checked node had not
+    /// started yet: the reconcile comes back at the TTL until it holds still (pods evicted from
+    /// the last nodes land, and start, a while after the migration ends, and a pod's start
+    /// triggers no reconcile).
     pub(crate) settling: bool,
 }
 

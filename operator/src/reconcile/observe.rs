@@ -336,8 +336,9 @@ async fn replace_room(
 /// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): the GPU-pod cache's, and
 /// the generated claim of each pod not verified before (once in a pod's life, [`claims_of`]), at
 /// most every [`POD_VERIFY_TTL`] (at once when the spec changed, or the pool's last node has
-/// migrated). Forward migrations only. A failed read keeps the last result and is logged: the check reports,
-/// it moves nothing.
+/// migrated). Forward migrations only. The check settles once its result holds still and no GPU
+/// pod bound to those nodes is still starting; until then the reconcile comes back at the TTL.
+/// A failed read keeps the last result and is logged: the check reports, it moves nothing.
 async fn pods_verified(
     ctx: &Context,
     gpm: &GpuPoolMigration,
@@ -379,6 +380,9 @@ async fn pods_verified(
     // A pod verified under another spec (other resources, other classes) is judged again.
     let known = if last.generation == gpm.metadata.generation { last.verified } else { HashSet::new() };
     let res = resources(spec);
+    // A GPU pod bound here that has not started yet is checked once it runs; its start triggers
+    // no reconcile, so the check comes back for it.
+    let arriving = migrated.iter().any(|node| gpu_pods.on(node).any(|p| verify::is_arriving(&p, &res)));
     let pods: Vec<(&str, Vec<Pod>)> = migrated
         .iter()
         .map(|node| (*node, gpu_pods.on(node).filter(|p| verify::is_checked(p, &res)).collect::<Vec<_>>()))
@@ -420,7 +424,7 @@ async fn pods_verified(
         }
     }
     let result = verify::summarize(checked);
-    let settling = previous.as_ref().is_none_or(|(r, _)| *r != result);
+    let settling = settling(previous.as_ref().map(|(r, _)| r), &result, arriving);
     if let Ok(mut g) = ctx.pod_checks.lock() {
         g.insert(
             name,
@@ -435,6 +439,12 @@ async fn pods_verified(
         );
     }
     Some((result, settling))
+}
+
+/// Whether a pod check is still settling: its result differs from the check before (or there was
+/// none), or a GPU pod on the checked nodes had not started yet. Pure.
+fn settling(previous: Option<&PodVerification>, result: &PodVerification, arriving: bool) -> bool {
+    arriving || previous.is_none_or(|r| r != result)
 }
 
 /// The claims `keys` name (`namespace/name`), each `None` where it is gone: a GET each while they
@@ -901,6 +911,19 @@ mod tests {
                 ("n2".to_string(), DeviceCounts { devices: 2, schedulable: 1, present: 2, physical: 2 }),
             ]),
             "every node with our driver's slices, other drivers not counted"
+        );
+    }
+
+    #[test]
+    fn a_pod_check_settles_once_it_holds_still_and_nothing_is_starting() {
+        let three = PodVerification { verified: 3, ..Default::default() };
+        let six = PodVerification { verified: 6, ..Default::default() };
+        assert!(settling(None, &three, false), "the first check is looked at again");
+        assert!(settling(Some(&three), &six, false), "changed");
+        assert!(!settling(Some(&six), &six, false), "held still, nothing starting");
+        assert!(
+            settling(Some(&three), &three, true),
+            "held still, but pods bound to the nodes have not started: their start triggers no reconcile"
         );
     }
 }

@@ -49,7 +49,8 @@ pub struct Decision {
     pub metrics: PoolMetrics,
     /// Nodes in flight or starting: the requeue is short while there are any.
     pub moving: usize,
-    /// The last check of the pods on migrated nodes changed: check again soon.
+    /// The last check of the pods on migrated nodes changed, or saw a GPU pod there not started
+    /// yet: check again soon.
     pub pods_settling: bool,
 }
 
