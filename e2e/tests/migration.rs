@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -2799,6 +2799,85 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
             }
         })
         .await
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_moves_it_once_the_pin_goes()
+-> anyhow::Result<()> {
+    with_pool("replpin", 1, 1, async |pool| {
+        let name = pool.id.clone();
+        let old = pool.nodes[0].clone();
+        let mut pools = ReplacePools::new(pool, json!({})).await?;
+        let target = pools.add_target(pool, 1).await?;
+        // A Deployment whose pod may run only on the old node: the target has a free GPU, but
+        // evicted, the pod would stay Pending.
+        let deployments: Api<Deployment> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        let pinned: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "pinned"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "pinned"}},
+                "template": {
+                    "metadata": {"labels": {"app": "pinned"}},
+                    "spec": {
+                        "nodeSelector": {"pool": pool.id, "kubernetes.io/hostname": old},
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {&pool.resource: "1"}}}]
+                    }
+                }
+            }
+        }))?;
+        deployments.create(&PostParams::default(), &pinned).await?;
+        let before = pool.wait_running(1).await?;
+        let (pod, uid) = (before[0].name_any(), before[0].uid());
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let why = format!("nodeSelector kubernetes.io/hostname={old}, the node has kubernetes.io/hostname={target}");
+
+        // The plan says so before anything moves, and blocks: the only node cannot move.
+        let (code, plan) = plan_json(&name).await?;
+        let node = &plan["replace"]["nodes"][0];
+        assert_eq!(node["fits"], false, "{plan}");
+        let short = node["short"].as_str().unwrap_or_default();
+        assert!(short.contains(&pod) && short.contains(&why), "{short}");
+        assert_eq!(code, 2, "a blocker: {}", plan["blockers"]);
+
+        pool.start_operator()?;
+        let waiting = pool
+            .wait_status(&name, "the node waiting for a target node that accepts its pod", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| {
+                        p.message.starts_with(
+                            "TargetCapacityShort: no Ready, schedulable target node accepts 1 of this node's GPU pods",
+                        ) && p.message.contains(&pod)
+                    })
+                })
+            })
+            .await?;
+        let message = &waiting.status.as_ref().unwrap().in_progress[0].message;
+        assert!(message.contains(&why) && message.contains("evictWithoutCapacity"), "{message}");
+        assert_eq!(condition(&waiting, "Ready").map(|c| c.reason.as_str()), Some("TargetCapacityShort"));
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let cordoned = nodes.get(&old).await?.spec.and_then(|s| s.unschedulable);
+        assert_eq!(cordoned, Some(true), "cordoned while it waits: nothing new lands there");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        let still = pods.get(&pod).await?;
+        assert!(
+            still.uid() == uid && still.metadata.deletion_timestamp.is_none(),
+            "the pinned pod was evicted with nowhere to go"
+        );
+
+        // The pin goes: the Deployment rolls its pod onto the target, and the node is replaced.
+        let unpin = json!({"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": null}}}}});
+        deployments.patch("pinned", &PatchParams::default(), &Patch::Merge(&unpin)).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_gpu_pods_on_targets(pool, &pools.targets, 1).await?;
+        assert_eq!(pool::node_state(&pool.client, &old).await?, "Replaced");
+        Ok(())
     })
     .await
 }

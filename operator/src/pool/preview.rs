@@ -920,12 +920,23 @@ fn replace_plan(inputs: &Inputs, nodes: &[NodePlan]) -> Option<ReplacePlan> {
     let moving = |n: &&NodePlan| {
         n.action == NodeAction::Moves || (n.action == NodeAction::InFlight && n.state == NodeState::Cordoned)
     };
+    let drain_anyway = spec.strategy.replace().is_some_and(|r| r.evict_without_capacity);
     for n in nodes.iter().filter(moving) {
         let needs = demand(&n.name);
         replace::add(&mut needed, &needs);
-        let (fits, short) = match target.take(&needs) {
-            Ok(()) => (true, String::new()),
-            Err(s) => (false, s.to_string()),
+        let pods = inputs.pods.get(&n.name).map(Vec::as_slice).unwrap_or_default();
+        let homeless = replace::homeless(pods, &res, &spec.strategy.drain, &t.nodes);
+        let (fits, short) = if !homeless.is_empty() {
+            // As the operator judges it: the node waits and takes no room, unless it drains anyway.
+            if drain_anyway {
+                let _ = target.take(&needs);
+            }
+            (false, replace::homeless_message(&homeless))
+        } else {
+            match target.take(&needs) {
+                Ok(()) => (true, String::new()),
+                Err(s) => (false, s.to_string()),
+            }
         };
         out.push(ReplaceNode { name: n.name.clone(), needs, fits, short });
     }
@@ -1086,6 +1097,29 @@ mod tests {
         assert_eq!(plan.needed.get("nvidia.com/gpu"), Some(&4));
         // The first node fits: the migration starts, and n2 will wait for room.
         assert!(r.blockers.iter().all(|b| !b.contains("room on the target")), "{:?}", r.blockers);
+
+        // A pod pinned to the old pool by its nodeSelector has nowhere to go: its node waits,
+        // whatever is free, and leaves the room to the next.
+        let mut i = inputs(spec(json!({"strategy": replace})));
+        target_pool(&mut i, 2, 2, 1);
+        let pinned = i.pods.get_mut("n1").and_then(|p| p.first_mut()).expect("a pod on n1");
+        let pinned_name = pinned.metadata.name.clone().unwrap_or_default();
+        pinned.spec.as_mut().unwrap().node_selector = Some([("pool".to_string(), "a100".to_string())].into());
+        let r = build(&i).expect("report");
+        let plan = r.replace.as_ref().expect("a replace plan");
+        let rows: Vec<(&str, bool)> = plan.nodes.iter().map(|n| (n.name.as_str(), n.fits)).collect();
+        assert_eq!(rows, [("n3", true), ("n1", false), ("n2", false)]);
+        assert!(
+            plan.nodes[1].short.contains("nodeSelector pool=a100, the node has pool=dra")
+                && plan.nodes[1].short.contains(&pinned_name),
+            "{}",
+            plan.nodes[1].short
+        );
+        assert!(
+            plan.nodes[2].short.contains("1 nvidia.com/gpu missing (the node's pods need 3, 2 free)"),
+            "n1 took no room: {}",
+            plan.nodes[2].short
+        );
 
         // No room at all for the first node that needs any: it blocks.
         let mut i = inputs(spec(json!({"strategy": replace})));

@@ -42,13 +42,7 @@ pub fn allocated(claims: &[ResourceClaim], driver: &str) -> HashSet<DeviceKey> {
 /// counted: their replacements are pending pods, counted as such.
 pub fn moving_demand(pods: &[Pod], resources: &[&str], drain_spec: &DrainSpec) -> Demand {
     let s = drain::select(pods, resources, drain_spec);
-    let moving: HashSet<(&str, &str)> = s
-        .evict
-        .iter()
-        .chain(&s.blocked_by_empty_dir)
-        .chain(&s.unmanaged)
-        .map(|r| (r.namespace.as_str(), r.name.as_str()))
-        .collect();
+    let moving = moving(&s);
     let mut out = Demand::new();
     for p in pods {
         let key = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
@@ -57,6 +51,67 @@ pub fn moving_demand(pods: &[Pod], resources: &[&str], drain_spec: &DrainSpec) -
         }
     }
     out
+}
+
+/// The pods of `moving` (those a drain of the node would move) that no usable target node
+/// accepts ([`crate::pool::fits::refusal`]): each with why, in words. A pod pinned to the old pool
+/// by a nodeSelector or a required node affinity, or one that does not tolerate the target's
+/// taints, would stay Pending once evicted, whatever devices are free. Pure.
+pub fn homeless(
+    pods: &[Pod],
+    resources: &[&str],
+    drain_spec: &DrainSpec,
+    targets: &[impl Borrow<SlimNode>],
+) -> Vec<String> {
+    let s = drain::select(pods, resources, drain_spec);
+    let moving = moving(&s);
+    let usable: Vec<&SlimNode> =
+        targets.iter().map(Borrow::borrow).filter(|n| n.is_ready() && !n.unschedulable).collect();
+    let mut out = Vec::new();
+    for p in pods {
+        let (namespace, name) =
+            (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
+        if !moving.contains(&(namespace, name)) || usable.is_empty() {
+            continue;
+        }
+        let refusals: Vec<String> = usable
+            .iter()
+            .map(|n| crate::pool::fits::refusal(p, n).map(|why| format!("{}: {why}", n.name())))
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        if !refusals.is_empty() {
+            let mut why: Vec<String> = refusals.into_iter().take(2).collect();
+            if usable.len() > 2 {
+                why.push(format!("and {} more", usable.len() - 2));
+            }
+            out.push(format!("{namespace}/{name} ({})", why.join("; ")));
+        }
+    }
+    out
+}
+
+/// The wait message of a node whose pods `homeless` found no target node for.
+pub fn homeless_message(homeless: &[String]) -> String {
+    let mut named: Vec<&str> = homeless.iter().take(3).map(String::as_str).collect();
+    let more = homeless.len().saturating_sub(3);
+    let tail = if more > 0 { format!(", and {more} more") } else { String::new() };
+    named.sort_unstable();
+    format!(
+        "no Ready, schedulable target node accepts {} of this node's GPU pods, so evicted they would stay Pending: {}{tail}; let them run on the target pool (their nodeSelector, required node affinity or tolerations), or set spec.strategy.replace.evictWithoutCapacity: true to drain anyway",
+        homeless.len(),
+        named.join(", ")
+    )
+}
+
+/// The `(namespace, name)` of the pods a drain's selection moves: those it evicts, and those it
+/// waits on (bare pods, emptyDir) that need a place too once they go.
+fn moving(s: &drain::Selection) -> HashSet<(&str, &str)> {
+    s.evict
+        .iter()
+        .chain(&s.blocked_by_empty_dir)
+        .chain(&s.unmanaged)
+        .map(|r| (r.namespace.as_str(), r.name.as_str()))
+        .collect()
 }
 
 /// What pending pods not yet bound to a node ask for: each will take a device wherever the
@@ -350,6 +405,70 @@ mod tests {
         assert_eq!(pod_demand(&pod, &r), d(&[("nvidia.com/gpu", 3), ("nvidia.com/mig-1g.10gb", 2)]));
         let cpu_only: Pod = serde_json::from_value(json!({"spec": {"containers": [{"name": "a"}]}})).unwrap();
         assert!(pod_demand(&cpu_only, &r).is_empty());
+    }
+
+    #[test]
+    fn a_pod_no_usable_target_node_accepts_has_nowhere_to_go() {
+        let target = |name: &str, pool: &str, ready: &str, unschedulable: bool| -> SlimNode {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"pool": pool}},
+                "spec": {"unschedulable": unschedulable,
+                         "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+                "status": {"conditions": [{"type": "Ready", "status": ready}]}
+            }))
+            .unwrap()
+        };
+        let pod = |name: &str, extra: serde_json::Value| -> Pod {
+            let mut spec = json!({"nodeName": "old-0", "containers": [
+                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]});
+            for (k, v) in extra.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml",
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                         "uid": "u", "controller": true}]},
+                "spec": spec,
+                "status": {"phase": "Running"}
+            }))
+            .unwrap()
+        };
+        let tolerant = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+        let pods = vec![
+            pod("free", json!({"tolerations": tolerant})),
+            pod("pinned", json!({"tolerations": tolerant, "nodeSelector": {"pool": "old"}})),
+            pod("intolerant", json!({})),
+            pod("b-zone", json!({"tolerations": tolerant, "nodeSelector": {"pool": "dra-b"}})),
+        ];
+        let r = ["nvidia.com/gpu"];
+        let drain = DrainSpec::default();
+        let targets = vec![
+            target("t-a", "dra-a", "True", false),
+            target("t-b", "dra-b", "True", false),
+            // Neither counts: not Ready, and cordoned. They would accept "pinned".
+            target("t-down", "old", "False", false),
+            target("t-cordoned", "old", "True", true),
+        ];
+        let got = homeless(&pods, &r, &drain, &targets);
+        assert_eq!(
+            got,
+            [
+                "ml/pinned (t-a: nodeSelector pool=old, the node has pool=dra-a; t-b: nodeSelector pool=old, the node has pool=dra-b)",
+                "ml/intolerant (t-a: the node's taint nvidia.com/gpu=present:NoSchedule is not tolerated; t-b: the node's taint nvidia.com/gpu=present:NoSchedule is not tolerated)",
+            ],
+            "one accepting target node is enough (b-zone)"
+        );
+        assert!(
+            homeless_message(&got)
+                .starts_with("no Ready, schedulable target node accepts 2 of this node's GPU pods")
+        );
+        // Without a usable target node the devices are what is short: the capacity check says so.
+        assert!(homeless(&pods, &r, &drain, &targets[2..]).is_empty());
+        // A pod the drain does not move (not a GPU pod) is not judged.
+        let cpu: Pod = serde_json::from_value(json!({"metadata": {"name": "cpu", "namespace": "ml"},
+            "spec": {"nodeSelector": {"pool": "old"}, "containers": [{"name": "c"}]}, "status": {"phase": "Running"}}))
+        .unwrap();
+        assert!(homeless(&[cpu], &r, &drain, &targets).is_empty());
     }
 
     /// What a node lacks: (resource, needed, free).

@@ -7,7 +7,8 @@
 //! namespace, name, uid, resourceVersion (where the pod watch resumes), labels
 //! (PodDisruptionBudget selectors), the mirror-pod annotation, owner references,
 //! deletion timestamp; its node, termination grace period, its containers' and init containers'
-//! names and resources, its volumes' names and emptyDir, its resource claims; its phase and
+//! names and resources, its volumes' names and emptyDir, its resource claims, its nodeSelector,
+//! required node affinity and tolerations (where a Replace migration may move it); its phase and
 //! extended-resource claim status. A pod made by [`PodFields::into_pod`] has nothing else set.
 //! The drain's own per-node LIST ([`list_node`]) and the GPU-pod watch (`cache::pods`) read pods
 //! the same way. Pages are asked for in the API server's protobuf encoding and read into the same
@@ -17,8 +18,9 @@ use std::collections::BTreeMap;
 
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, Pod, PodExtendedResourceClaimStatus, PodResourceClaim, PodSpec,
-    PodStatus, ResourceRequirements, Volume,
+    Affinity, Container, EmptyDirVolumeSource, NodeAffinity, NodeSelector, Pod,
+    PodExtendedResourceClaimStatus, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements, Toleration,
+    Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, OwnerReference, Time};
 use kube::Client;
@@ -73,6 +75,37 @@ struct Spec {
     init_containers: Option<Vec<ContainerFields>>,
     volumes: Option<Vec<VolumeFields>>,
     resource_claims: Option<Vec<PodResourceClaim>>,
+    node_selector: Option<BTreeMap<String, String>>,
+    affinity: Option<AffinityFields>,
+    /// Without the defaults every pod gets ([`is_default_toleration`]).
+    #[serde(default, deserialize_with = "placing_tolerations")]
+    tolerations: Option<Vec<Toleration>>,
+}
+
+/// A pod's tolerations less [`is_default_toleration`]'s; `None` when none is left.
+fn placing_tolerations<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<Toleration>>, D::Error> {
+    let all: Option<Vec<Toleration>> = Deserialize::deserialize(d)?;
+    Ok(without_defaults(all.unwrap_or_default()))
+}
+
+/// `tolerations` less [`is_default_toleration`]'s; `None` when none is left.
+fn without_defaults(mut tolerations: Vec<Toleration>) -> Option<Vec<Toleration>> {
+    tolerations.retain(|t| !is_default_toleration(t));
+    (!tolerations.is_empty()).then_some(tolerations)
+}
+
+/// Of a pod's affinity, what a Replace migration's placement check reads: the required node
+/// affinity.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct AffinityFields {
+    node_affinity: Option<NodeAffinityFields>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct NodeAffinityFields {
+    required_during_scheduling_ignored_during_execution: Option<NodeSelector>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -122,6 +155,13 @@ impl PodFields {
             }
             if spec.volumes.as_ref().is_some_and(Vec::is_empty) {
                 spec.volumes = None;
+            }
+            if spec.affinity.as_ref().is_some_and(|a| {
+                a.node_affinity
+                    .as_ref()
+                    .is_none_or(|n| n.required_during_scheduling_ignored_during_execution.is_none())
+            }) {
+                spec.affinity = None;
             }
         }
     }
@@ -176,6 +216,16 @@ impl PodFields {
                         .collect()
                 }),
                 resource_claims: s.resource_claims,
+                node_selector: s.node_selector,
+                affinity: s.affinity.map(|a| Affinity {
+                    node_affinity: a.node_affinity.map(|n| NodeAffinity {
+                        required_during_scheduling_ignored_during_execution: n
+                            .required_during_scheduling_ignored_during_execution,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                tolerations: s.tolerations,
                 ..Default::default()
             }),
             status: self.status.map(|s| PodStatus {
@@ -185,6 +235,15 @@ impl PodFields {
             }),
         }
     }
+}
+
+/// The NoExecute tolerations of `node.kubernetes.io/not-ready` and `unreachable` the API server's
+/// DefaultTolerationSeconds admission adds to every pod: they matter only on a NotReady node,
+/// where no judgement places a pod, so they are not kept.
+fn is_default_toleration(t: &Toleration) -> bool {
+    matches!(t.key.as_deref(), Some("node.kubernetes.io/not-ready" | "node.kubernetes.io/unreachable"))
+        && t.effect.as_deref() == Some("NoExecute")
+        && t.operator.as_deref() == Some("Exists")
 }
 
 /// One page of a cluster-wide pod LIST with `lp` (its field selector, limit and continue token),
@@ -260,7 +319,17 @@ mod tests {
             },
             "spec": {
                 "nodeName": "gpu-1", "schedulerName": "default-scheduler", "terminationGracePeriodSeconds": 45,
-                "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
+                "tolerations": [
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "nodeSelector": {"pool": "a"},
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]}]}},
+                    "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "train"}}}]}
+                },
                 "containers": [{"name": "main", "image": "cuda:12", "command": ["python"],
                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
                 "initContainers": [{"name": "fetch", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}],
@@ -311,7 +380,13 @@ mod tests {
             s.init_containers.as_ref().unwrap()[0].resources,
             fs.init_containers.as_ref().unwrap()[0].resources
         );
-        assert!(s.containers[0].image.is_none() && s.tolerations.is_none() && s.scheduler_name.is_none());
+        assert!(s.containers[0].image.is_none() && s.scheduler_name.is_none());
+        // Where a Replace migration may move it: the default NoExecute toleration goes.
+        assert_eq!(s.tolerations, Some(vec![fs.tolerations.as_ref().unwrap()[1].clone()]));
+        assert_eq!(s.node_selector, fs.node_selector);
+        let node_affinity = |s: &PodSpec| s.affinity.as_ref().and_then(|a| a.node_affinity.clone());
+        assert_eq!(node_affinity(s), node_affinity(fs));
+        assert!(s.affinity.as_ref().unwrap().pod_anti_affinity.is_none());
         let volumes = s.volumes.as_ref().unwrap();
         assert_eq!(
             volumes.iter().map(|v| (v.name.as_str(), v.empty_dir.is_some())).collect::<Vec<_>>(),

@@ -97,6 +97,9 @@ pub struct ReplaceRoom {
     /// Per node that drains, may start or waits cordoned for room: what its drain would move
     /// (has left to move).
     pub demand: HashMap<String, replace::Demand>,
+    /// Of those nodes, the ones with GPU pods to move that no usable target node accepts
+    /// ([`replace::homeless`]): each such pod, with why.
+    pub homeless: HashMap<String, Vec<String>>,
 }
 
 impl Snapshot<'_> {
@@ -330,7 +333,14 @@ async fn replace_room(
     let selectors = crate::pool::selectors::Selectors::new(spec);
     let target = replace::target(&res, &selectors, &spec.driver.name, targets, &slices, &held, &on_the_way);
     let demand = checked.iter().map(|n| (n.to_string(), demand(n))).collect();
-    Ok(Some(ReplaceRoom { target, demand }))
+    let homeless = checked
+        .iter()
+        .map(|n| {
+            (n.to_string(), replace::homeless(&gpu_pods.on(n).collect::<Vec<_>>(), &res, drain_spec, targets))
+        })
+        .filter(|(_, h)| !h.is_empty())
+        .collect();
+    Ok(Some(ReplaceRoom { target, demand, homeless }))
 }
 
 /// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): the GPU-pod cache's, and

@@ -16,14 +16,17 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerExtendedResourceRequest, EmptyDirVolumeSource, PodExtendedResourceClaimStatus, PodResourceClaim,
-    ResourceClaim, ResourceRequirements,
+    ContainerExtendedResourceRequest, EmptyDirVolumeSource, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PodExtendedResourceClaimStatus, PodResourceClaim, ResourceClaim, ResourceRequirements,
+    Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, OwnerReference, Time};
 use prost::Message;
 
-use super::{ContainerFields, Meta, PodFields, PodPage, Spec, Status, VolumeFields};
+use super::{
+    AffinityFields, ContainerFields, Meta, NodeAffinityFields, PodFields, PodPage, Spec, Status, VolumeFields,
+};
 
 /// The media type of the API server's protobuf encoding.
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
@@ -180,6 +183,62 @@ struct PodSpec {
     init_containers: Vec<ContainerMessage>,
     #[prost(message, repeated, tag = "39")]
     resource_claims: Vec<PodResourceClaimMessage>,
+    #[prost(btree_map = "string, string", tag = "7")]
+    node_selector: BTreeMap<String, String>,
+    #[prost(message, optional, tag = "18")]
+    affinity: Option<AffinityMessage>,
+    #[prost(message, repeated, tag = "22")]
+    tolerations: Vec<TolerationMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct AffinityMessage {
+    #[prost(message, optional, tag = "1")]
+    node_affinity: Option<NodeAffinityMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct NodeAffinityMessage {
+    #[prost(message, optional, tag = "1")]
+    required: Option<NodeSelectorMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct NodeSelectorMessage {
+    #[prost(message, repeated, tag = "1")]
+    terms: Vec<NodeSelectorTermMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct NodeSelectorTermMessage {
+    #[prost(message, repeated, tag = "1")]
+    match_expressions: Vec<RequirementMessage>,
+    #[prost(message, repeated, tag = "2")]
+    match_fields: Vec<RequirementMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RequirementMessage {
+    #[prost(string, optional, tag = "1")]
+    key: Option<String>,
+    #[prost(string, optional, tag = "2")]
+    operator: Option<String>,
+    #[prost(string, repeated, tag = "3")]
+    values: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TolerationMessage {
+    #[prost(string, optional, tag = "1")]
+    key: Option<String>,
+    #[prost(string, optional, tag = "2")]
+    operator: Option<String>,
+    #[prost(string, optional, tag = "3")]
+    value: Option<String>,
+    #[prost(string, optional, tag = "4")]
+    effect: Option<String>,
+    #[prost(int64, optional, tag = "5")]
+    toleration_seconds: Option<i64>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -355,7 +414,34 @@ fn spec(s: PodSpec) -> Spec {
             size_limit: e.size_limit.map(|q| Quantity(q.string.unwrap_or_default())),
         }),
     };
+    let requirement = |r: RequirementMessage| NodeSelectorRequirement {
+        key: r.key.unwrap_or_default(),
+        operator: r.operator.unwrap_or_default(),
+        values: non_empty(r.values),
+    };
+    let term = |t: NodeSelectorTermMessage| NodeSelectorTerm {
+        match_expressions: non_empty(t.match_expressions.into_iter().map(requirement).collect()),
+        match_fields: non_empty(t.match_fields.into_iter().map(requirement).collect()),
+    };
+    // Protobuf sends an empty string where JSON omits the field.
+    let set = |s: Option<String>| s.filter(|s| !s.is_empty());
+    let toleration = |t: TolerationMessage| Toleration {
+        key: set(t.key),
+        operator: set(t.operator),
+        value: set(t.value),
+        effect: set(t.effect),
+        toleration_seconds: t.toleration_seconds,
+    };
     Spec {
+        node_selector: non_empty(s.node_selector),
+        affinity: s.affinity.map(|a| AffinityFields {
+            node_affinity: a.node_affinity.map(|n| NodeAffinityFields {
+                required_during_scheduling_ignored_during_execution: n
+                    .required
+                    .map(|r| NodeSelector { node_selector_terms: r.terms.into_iter().map(term).collect() }),
+            }),
+        }),
+        tolerations: super::without_defaults(s.tolerations.into_iter().map(toleration).collect()),
         node_name: s.node_name,
         termination_grace_period_seconds: s.termination_grace_period_seconds,
         containers: s.containers.into_iter().map(container).collect(),

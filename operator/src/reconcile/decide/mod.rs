@@ -366,6 +366,17 @@ mod tests {
         needs: &[&str],
         reads: HashMap<String, NodeReads>,
     ) -> Decision {
+        replace_decide_homeless(w, free, needs, reads, HashMap::new())
+    }
+
+    /// [`replace_decide_reads`], with pods no target node accepts on some nodes.
+    fn replace_decide_homeless(
+        w: &World,
+        free: usize,
+        needs: &[&str],
+        reads: HashMap<String, NodeReads>,
+        homeless: HashMap<String, Vec<String>>,
+    ) -> Decision {
         use crate::pool::replace::{Demand, Target, TargetDevice};
         let devices = (0..free).map(|_| TargetDevice { serves: vec![true] }).collect();
         let target = Target::new(vec!["nvidia.com/gpu".into()], 1, devices, &[], &Demand::new());
@@ -378,7 +389,7 @@ mod tests {
             driver_ds: w.driver_ds.clone(),
             plugin_ds: w.plugin_ds.clone(),
             device_classes: w.classes.clone(),
-            replace: Some(crate::reconcile::observe::ReplaceRoom { target, demand }),
+            replace: Some(crate::reconcile::observe::ReplaceRoom { target, demand, homeless }),
             node_reads: reads,
             ..crate::testing::snapshot(&w.gpm, w.nodes.clone(), NOW)
         };
@@ -431,6 +442,40 @@ mod tests {
         assert_eq!(d.steps.iter().find(|s| s.node == "n2").map(|s| &s.action), Some(&Action::Evict));
         let d = replace_decide_with(&w, 0, &["n1", "n2"]);
         assert_eq!(waits(&d, "n2"), Some(WaitReason::TargetCapacityShort), "no eviction without room");
+    }
+
+    #[test]
+    fn replace_holds_a_node_whose_pods_no_target_node_accepts_and_gives_its_room_to_the_next() {
+        let spec = |anyway: bool| {
+            json!({"strategy": {"type": "Replace", "maxUnavailable": 2,
+                "replace": {"targetNodeSelector": {"matchLabels": {"pool": "dra"}}, "evictWithoutCapacity": anyway}}})
+        };
+        let pinned = HashMap::from([(
+            "n1".to_string(),
+            vec!["ml/train-0 (t0: nodeSelector pool=old, the node has pool=dra)".to_string()],
+        )]);
+        // One free device: n1's pod could not go anywhere, so n1 waits cordoned and n2 takes it.
+        let w = world(spec(false));
+        let d = replace_decide_homeless(&w, 1, &["n1", "n2"], HashMap::new(), pinned.clone());
+        assert_eq!(actions(&d), vec![("n1", &Action::Cordon), ("n2", &Action::CordonAndDrain)]);
+
+        let mut w = world(spec(false));
+        w.nodes = vec![node("n1", Some("Cordoned"), json!({})), node("n2", Some("Draining"), json!({}))];
+        let d = replace_decide_homeless(&w, 1, &["n1"], HashMap::new(), pinned.clone());
+        assert_eq!(waits(&d, "n1"), Some(WaitReason::TargetCapacityShort));
+        let message = &d.steps.iter().find(|s| s.node == "n1").unwrap().message;
+        assert!(
+            message.contains("no Ready, schedulable target node accepts 1 of this node's GPU pods")
+                && message.contains("ml/train-0 (t0: nodeSelector pool=old, the node has pool=dra)"),
+            "{message}"
+        );
+        assert_eq!(condition(&d, ConditionType::Ready).reason, "TargetCapacityShort");
+
+        // evictWithoutCapacity: the spec says drain anyway.
+        let mut w = world(spec(true));
+        w.nodes = vec![node("n1", Some("Cordoned"), json!({}))];
+        let d = replace_decide_homeless(&w, 1, &["n1"], HashMap::new(), pinned);
+        assert_eq!(d.steps.iter().find(|s| s.node == "n1").map(|s| &s.action), Some(&Action::StartDrain));
     }
 
     #[test]

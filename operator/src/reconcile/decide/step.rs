@@ -209,7 +209,7 @@ pub struct Turn<'a> {
 }
 
 /// Replace: what each node that drains, waits for room or starts lacks on the target pool
-/// (`None` when its pods fit). The target's room is spent node by node: first the nodes already
+/// (`None` when its pods fit): devices, or a target node that accepts some of its pods at all. The target's room is spent node by node: first the nodes already
 /// draining (the pods they have left are on their way), then the others in the order the steps
 /// run, so that no two nodes count the same free device.
 fn room_by_node(
@@ -221,6 +221,7 @@ fn room_by_node(
         return HashMap::new();
     };
     let mut room = r.target.clone();
+    let drain_anyway = s.gpm.spec.strategy.replace().is_some_and(|r| r.evict_without_capacity);
     let draining = |n: &&String| {
         by_name
             .get(n.as_str())
@@ -235,6 +236,14 @@ fn room_by_node(
     order
         .filter_map(|n| {
             let demand = r.demand.get(n)?;
+            // Pods with nowhere to go: the node waits, and takes no room (unless it drains
+            // anyway: then its other pods take theirs).
+            if let Some(homeless) = r.homeless.get(n).filter(|h| !h.is_empty()) {
+                if drain_anyway {
+                    let _ = room.take(demand);
+                }
+                return Some((n.clone(), Some(crate::pool::replace::homeless_message(homeless))));
+            }
             Some((n.clone(), room.take(demand).err().map(|e| e.to_string())))
         })
         .collect()
