@@ -31,6 +31,15 @@ pub const LABEL_MIGRATION: &str = "switchyard.dev/migration";
 /// switchyard.dev/replaced`). A rollback removes it with the cordon.
 pub const LABEL_REPLACED: &str = "switchyard.dev/replaced";
 
+/// Node annotation a Replace migration writes on an old node as its drain starts: the pods that
+/// leave it for the target pool, as JSON, per controller uid how many (`{"<uid>": 2}`). A rollback
+/// while the target pool stands brings as many of each controller's pods back, and removes it.
+pub const ANNOTATION_MOVED: &str = "switchyard.dev/moved";
+
+/// Label of the DeviceTaintRules that fence a target node's devices while a Replace rollback
+/// brings pods back from it: the node's name.
+pub const LABEL_FENCED_NODE: &str = "switchyard.dev/fenced-node";
+
 /// Node annotation with the node's migration state (see `NodeState`). It is the durable record a
 /// restarted operator resumes from.
 pub const ANNOTATION_MIGRATION_STATE: &str = "switchyard.dev/migration-state";

@@ -2772,35 +2772,77 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
         let events = object_events(pool, "Node", &pool.nodes[0]).await?;
         assert!(events.iter().any(|(r, _)| r == "NodeReplaced"), "{events:?}");
 
-        // Rolling back gives the old nodes back to the scheduler.
+        // Rolling back while the target pool stands: each old node is schedulable again, the
+        // target's devices are fenced, and the pods that left come back through the eviction API,
+        // within their budget, onto the device plugin.
+        let sampler = pool.sample();
         patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
         pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        // RolledBack once every pod that left is bound to an old node again: they start there.
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        switchyard_e2e::wait::until(
+            "the pods running on the old nodes, on the device plugin",
+            MIGRATION,
+            || {
+                let pods = pods.clone();
+                let old = pool.nodes.clone();
+                async move {
+                    let running = pool::running(pods.list(&ListParams::default()).await?.items);
+                    let back = running.len() == 4
+                        && running.iter().all(|p| {
+                            old.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap())
+                                && p.status.as_ref().unwrap().extended_resource_claim_status.is_none()
+                        });
+                    Ok(back.then_some(()))
+                }
+            },
+        )
+        .await?;
+        let samples = sampler.stop();
+        assert!(
+            samples.min_ready.get("trainer").is_some_and(|m| *m >= 3),
+            "the PDB held while the pods came back: {:?}",
+            samples.min_ready
+        );
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
         for n in &pool.nodes {
             let node = nodes.get(n).await?;
             assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "{n} is uncordoned");
             assert!(!node.labels().contains_key("switchyard.dev/replaced"), "{n}");
+            assert!(!node.annotations().contains_key("switchyard.dev/moved"), "{n}: the record goes");
+            assert_eq!(pool::node_state(&pool.client, n).await?, "RolledBack");
         }
-        // The target pool goes away: the pods come back to the old nodes, on the device plugin.
-        for t in &pools.targets {
-            pool.sim().delete_node(t).await?;
-        }
-        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
-        switchyard_e2e::wait::until("the pods back on the old nodes", MIGRATION, || {
-            let pods = pods.clone();
-            let old = pool.nodes.clone();
+        let fenced = fence_notes(pool).await?;
+        assert!(
+            pools.targets.iter().all(|t| fenced.iter().any(|note| note.contains(t.as_str()))),
+            "each target node was fenced while pods came back from it: {fenced:?}"
+        );
+        // The fences go once nothing is left to come back; the target pool stands, untouched.
+        let rules: Api<DeviceTaintRule> = Api::all(pool.client.clone());
+        switchyard_e2e::wait::until("the target fences to go", MIGRATION, || {
+            let (rules, selector) = (rules.clone(), format!("switchyard.dev/migration={name}"));
             async move {
-                let running = pool::running(pods.list(&ListParams::default()).await?.items);
-                let back = running.len() == 4
-                    && running.iter().all(|p| {
-                        old.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap())
-                            && p.status.as_ref().unwrap().extended_resource_claim_status.is_none()
-                    });
-                Ok(back.then_some(()))
+                Ok(rules.list(&ListParams::default().labels(&selector)).await?.items.is_empty().then_some(()))
             }
         })
-        .await
+        .await?;
+        for t in &pools.targets {
+            let target = nodes.get(t).await?;
+            assert_ne!(target.spec.as_ref().unwrap().unschedulable, Some(true), "{t}: never cordoned");
+        }
+        Ok(())
     })
     .await
+}
+
+/// The notes of the `TargetFenced` events of the pool's nodes.
+async fn fence_notes(pool: &Pool) -> anyhow::Result<Vec<String>> {
+    let mut notes = Vec::new();
+    for n in &pool.nodes {
+        let events = object_events(pool, "Node", n).await?;
+        notes.extend(events.into_iter().filter(|(reason, _)| reason == "TargetFenced").map(|(_, note)| note));
+    }
+    Ok(notes)
 }
 
 #[tokio::test]

@@ -160,6 +160,7 @@ pub fn snapshot(
         pods: None,
         replace: None,
         targets: Vec::new(),
+        returns: None,
     }
 }
 

@@ -54,6 +54,20 @@ pub fn taint_rule(node: &str, driver: &str, migration: &str, effect: &str) -> De
     }
 }
 
+/// A Replace rollback's fence on target node `target`: a NoSchedule DeviceTaintRule on the
+/// devices of `driver` in the pool named after the node, so that the pods evicted from it to come
+/// back cannot be allocated a device there again. Labelled with the migration and the node.
+pub fn fence_rule(target: &str, driver: &str, migration: &str) -> DeviceTaintRule {
+    let mut rule = taint_rule(target, driver, migration, "NoSchedule");
+    let mut name = format!("switchyard-fence-{migration}-{target}");
+    name.truncate(253);
+    rule.metadata.name = Some(name.trim_end_matches(['-', '.']).to_string());
+    if let Some(labels) = rule.metadata.labels.as_mut() {
+        labels.insert(LABEL_FENCED_NODE.to_string(), target.to_string());
+    }
+    rule
+}
+
 pub fn taint_rule_name(node: &str) -> String {
     let mut n = format!("switchyard-rollback-{node}");
     n.truncate(253);
@@ -88,7 +102,7 @@ pub struct NodeSpecPatch {
 }
 
 impl NodePatch {
-    fn annotate(&mut self, k: &str, v: Option<String>) {
+    pub(crate) fn annotate(&mut self, k: &str, v: Option<String>) {
         self.metadata.annotations.insert(k.to_string(), v);
     }
     fn label(&mut self, k: &str, v: Option<String>) {
@@ -162,7 +176,8 @@ pub fn node_patch(
         | Action::DeleteCanary
         | Action::CreateTaintRule
         | Action::EscalateTaintRule
-        | Action::DeleteTaintRule => return None,
+        | Action::DeleteTaintRule
+        | Action::CreateFences => return None,
         Action::RecordSince => p.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string())),
         Action::Cordon => {
             p.cordon(node);
@@ -215,6 +230,12 @@ pub fn node_patch(
             p.label(LABEL_MIGRATION, Some(migration.to_string()));
             p.state(NodeState::RollingBack, now);
         }
+        Action::StartReturn => {
+            // Schedulable again (unless an admin had cordoned it), so the pods can come back.
+            p.uncordon(node);
+            p.label(LABEL_MIGRATION, Some(migration.to_string()));
+            p.state(NodeState::RollingBack, now);
+        }
         Action::SwitchToDevicePlugin => {
             p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
             p.gpu_operator_restore(node, placement, false);
@@ -228,6 +249,9 @@ pub fn node_patch(
             p.uncordon(node);
             if node.labels.contains_key(LABEL_REPLACED) {
                 p.label(LABEL_REPLACED, None);
+            }
+            if node.annotations.contains_key(ANNOTATION_MOVED) {
+                p.annotate(ANNOTATION_MOVED, None);
             }
             p.label(LABEL_GPU_BACKEND, Some(BACKEND_DEVICE_PLUGIN.to_string()));
             p.gpu_operator_restore(node, placement, true);
@@ -266,6 +290,7 @@ pub fn release_patch(pn: &PoolNode) -> NodePatch {
         ANNOTATION_GPUS_BEFORE,
         ANNOTATION_INITIALLY_UNSCHEDULABLE,
         ANNOTATION_FAILURE,
+        ANNOTATION_MOVED,
     ] {
         patch.annotate(a, None);
     }
@@ -375,6 +400,36 @@ mod tests {
                 },
                 json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "device-plugin", "switchyard.dev/replaced": null},
                     "annotations": {"switchyard.dev/gpus-before": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "RolledBack", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": false}}),
+            ),
+            (
+                "a replaced node returning: schedulable again, the record of what left it kept",
+                Action::StartReturn,
+                pn(
+                    &[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false"), (ANNOTATION_MOVED, r#"{"rs-1":2}"#)],
+                    true,
+                ),
+                json!({"metadata": {"labels": {"switchyard.dev/migration": "pool-a"},
+                    "annotations": {"switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "RollingBack", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": false}}),
+            ),
+            (
+                "a returning node an admin had cordoned keeps the cordon",
+                Action::StartReturn,
+                admin_cordoned.clone(),
+                json!({"metadata": {"labels": {"switchyard.dev/migration": "pool-a"},
+                    "annotations": {"switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "RollingBack", "switchyard.dev/state-since": NOW}},
+                    "spec": {"unschedulable": true}}),
+            ),
+            (
+                "a returned node loses the record of what had left it",
+                Action::FinishRollback,
+                pn(
+                    &[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false"), (ANNOTATION_MOVED, r#"{"rs-1":2}"#)],
+                    true,
+                ),
+                json!({"metadata": {"labels": {"switchyard.dev/gpu-backend": "device-plugin"},
+                    "annotations": {"switchyard.dev/gpus-before": null, "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": "RolledBack", "switchyard.dev/moved": null, "switchyard.dev/state-since": NOW}},
                     "spec": {"unschedulable": false}}),
             ),
             (
@@ -600,7 +655,7 @@ mod tests {
         let switch_failed = failure("Switching");
         let all_records = json!({"switchyard.dev/failure": null, "switchyard.dev/gpus-before": null,
             "switchyard.dev/initially-unschedulable": null, "switchyard.dev/migration-state": null,
-            "switchyard.dev/state-since": null});
+            "switchyard.dev/moved": null, "switchyard.dev/state-since": null});
         let cases = vec![
             (
                 "failed in the drain, still on the device plugin: back in service",

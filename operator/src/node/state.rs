@@ -13,7 +13,9 @@
 //!
 //! strategy.type: Replace (the node never switches; its pods move to the target pool):
 //! Pending → Cordoned (waits while the target lacks room) → Draining → Replaced
-//! Replaced / Cordoned / Draining ──(direction: Rollback)──→ RolledBack (uncordon)
+//! Cordoned ──(direction: Rollback)──→ RolledBack (uncordon)
+//! Replaced / Draining ──(direction: Rollback)──→ RollingBack (uncordoned; the pods that left
+//!                                               come back from the target) → RolledBack
 //! ```
 //!
 //! A node whose device-plugin GPU count is known is cordoned and starts draining in one write;
@@ -104,6 +106,10 @@ pub enum WaitReason {
     GpuHeldByStaticPod,
     /// Replace: the target pool lacks free devices for the node's GPU pods.
     TargetCapacityShort,
+    /// Replace, rolling back: pods evicted from the target pool are on their way back.
+    PodsReturning,
+    /// Replace, rolling back: the returning old nodes lack room for the pods still on the target.
+    ReturnRoomShort,
 }
 
 impl WaitReason {
@@ -130,6 +136,8 @@ impl WaitReason {
             WaitReason::GpuHeldByDaemonSetPod => "GpuHeldByDaemonSetPod",
             WaitReason::GpuHeldByStaticPod => "GpuHeldByStaticPod",
             WaitReason::TargetCapacityShort => "TargetCapacityShort",
+            WaitReason::PodsReturning => "PodsReturning",
+            WaitReason::ReturnRoomShort => "ReturnRoomShort",
         }
     }
 }
@@ -219,12 +227,36 @@ pub struct Replace {
     pub short: Option<String>,
     /// `spec.strategy.replace.evictWithoutCapacity`.
     pub evict_without_capacity: bool,
+    /// Rolling back: the return of the pods that left the node.
+    pub returning: Option<Returning>,
+}
+
+/// What a node of a Replace migration rolling back knows of the return of the pods that left it
+/// (`pool::replace::return_plan`, computed for the returning nodes together).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Returning {
+    /// The node recorded the pods that left it as its drain started (`switchyard.dev/moved`).
+    pub recorded: bool,
+    /// Pods of the returning nodes' controllers still to come back from the target pool.
+    pub left: usize,
+    /// Every target node that holds some of them has its devices fenced.
+    pub fenced: bool,
+    /// Target pods this node's step evicts now: one returning node's step carries the return's
+    /// evictions each reconcile.
+    pub evict: usize,
+    /// Why pods still to come back are not evicted now: no room on the returning nodes.
+    pub room_short: Option<String>,
 }
 
 impl Replace {
     /// Whether the node must wait for room before it drains.
     fn waits(&self) -> bool {
         self.short.is_some() && !self.evict_without_capacity
+    }
+
+    /// Whether a rollback brings pods back to the node.
+    fn returns(&self) -> bool {
+        self.returning.as_ref().is_some_and(|r| r.recorded)
     }
 }
 
@@ -352,6 +384,12 @@ pub enum Action {
     /// Replace: the node is drained; leave it cordoned and label it `switchyard.dev/replaced`
     /// for removal; → Replaced.
     Retire,
+    /// Replace, rolling back a node whose pods left for the target: uncordon it (unless an admin
+    /// had cordoned it) so they can come back; → RollingBack.
+    StartReturn,
+    /// Replace, rolling back: fence the devices of the target nodes that hold pods to come back
+    /// (a NoSchedule DeviceTaintRule each), so that an evicted pod lands on the old pool.
+    CreateFences,
 }
 
 impl Action {
@@ -364,7 +402,7 @@ impl Action {
             Action::StartVerify => Some(NodeState::Verifying),
             Action::Complete => Some(NodeState::Migrated),
             Action::Fail { .. } => Some(NodeState::Failed),
-            Action::StartRollback => Some(NodeState::RollingBack),
+            Action::StartRollback | Action::StartReturn => Some(NodeState::RollingBack),
             Action::FinishRollback => Some(NodeState::RolledBack),
             Action::Retire => Some(NodeState::Replaced),
             _ => None,
@@ -667,6 +705,9 @@ fn failed(o: &Observed) -> Action {
     let roll = (rollback || o.on_failure == FailurePolicy::Rollback) && !o.failed_during_rollback;
     if !roll {
         wait(WaitReason::NeedsHuman, "the node failed; see status.failed and its events")
+    } else if o.replace.as_ref().is_some_and(Replace::returns) {
+        // A Replace drain that timed out had moved some pods: they come back.
+        Action::StartReturn
     } else if o.backend != Backend::DevicePlugin || o.taint_rule_exists {
         Action::StartRollback
     } else {
@@ -767,6 +808,35 @@ fn rolling_back(o: &Observed) -> Action {
     }
 }
 
+/// RollingBack under Replace: the node is uncordoned; fence the target nodes that hold pods to
+/// come back, evict those pods through the eviction API (PodDisruptionBudgets honoured) as far as
+/// the returning nodes have room, and finish once none is left to come back. It fails at the
+/// drain and verify timeouts together; the pods left keep running on the target.
+fn returning(o: &Observed, r: &Returning) -> Action {
+    if r.left == 0 {
+        return Action::FinishRollback;
+    }
+    if timed_out(o) {
+        return Action::Fail {
+            reason: FailReason::RollbackTimeout,
+            message: format!(
+                "within {}s {} pod(s) that had left the node did not come back from the target pool (see the node's EvictionBlocked events); they keep running there. Let their PodDisruptionBudgets allow it, make room on the old nodes, or delete the pods",
+                o.drain_timeout_seconds + o.verify_timeout_seconds,
+                r.left
+            ),
+        };
+    }
+    if !r.fenced {
+        Action::CreateFences
+    } else if r.evict > 0 {
+        Action::Evict
+    } else if let Some(short) = &r.room_short {
+        wait(WaitReason::ReturnRoomShort, short.clone())
+    } else {
+        wait(WaitReason::PodsReturning, format!("{} pod(s) still to come back from the target pool", r.left))
+    }
+}
+
 /// The next step for one node.
 pub fn next_step(o: &Observed) -> Action {
     use NodeState::*;
@@ -803,6 +873,8 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::CordonAndDrain
             }
         }
+        // Replace: pods left the node; they come back from the target.
+        Draining if rollback && o.replace.as_ref().is_some_and(Replace::returns) => Action::StartReturn,
         // Never switched: going back is just letting the node schedule again.
         Cordoned | Draining if rollback => Action::FinishRollback,
         Cordoned => match &o.replace {
@@ -827,11 +899,23 @@ pub fn next_step(o: &Observed) -> Action {
                 Action::Nothing
             }
         }
-        // Drained onto the target: going back is letting it schedule again.
-        Replaced if rollback && o.start && o.hold.is_none() => Action::FinishRollback,
+        // Drained onto the target: going back is letting it schedule again, and bringing its pods
+        // back while the target stands.
+        Replaced if rollback && o.start && o.hold.is_none() => {
+            if o.replace.as_ref().is_some_and(Replace::returns) {
+                Action::StartReturn
+            } else {
+                Action::FinishRollback
+            }
+        }
         Replaced => Action::Nothing,
         Failed => failed(o),
-        RollingBack => rolling_back(o),
+        // Replace: nothing switched; without a return to make (a deletion finishing its nodes),
+        // the node is done.
+        RollingBack => match &o.replace {
+            Some(r) => returning(o, &r.returning.clone().unwrap_or_default()),
+            None => rolling_back(o),
+        },
     }
 }
 
@@ -885,10 +969,18 @@ mod tests {
     fn replace_transitions_table() {
         use NodeState::*;
         type Edit = fn(&mut Observed);
+        /// Rolling back, with a return of `left` pods (recorded), fenced or not, evicting `evict`.
+        fn back(o: &mut Observed, left: usize, fenced: bool, evict: usize) {
+            o.direction = Direction::Rollback;
+            o.unschedulable = false;
+            let returning = Returning { recorded: true, left, fenced, evict, room_short: None };
+            o.replace = Some(Replace { returning: Some(returning), ..Replace::default() });
+        }
         fn short(o: &mut Observed) {
             o.replace = Some(Replace {
                 short: Some("2 nvidia.com/gpu missing".into()),
                 evict_without_capacity: false,
+                returning: None,
             });
         }
         // (name, state, edit, expected action); every case replaces the node.
@@ -908,7 +1000,11 @@ mod tests {
                 Pending,
                 |o| {
                     o.start = true;
-                    o.replace = Some(Replace { short: Some("x".into()), evict_without_capacity: true })
+                    o.replace = Some(Replace {
+                        short: Some("x".into()),
+                        evict_without_capacity: true,
+                        returning: None,
+                    })
                 },
                 "CordonAndDrain",
             ),
@@ -950,7 +1046,11 @@ mod tests {
                 Draining,
                 |o| {
                     o.drain.to_evict = 1;
-                    o.replace = Some(Replace { short: Some("x".into()), evict_without_capacity: true })
+                    o.replace = Some(Replace {
+                        short: Some("x".into()),
+                        evict_without_capacity: true,
+                        returning: None,
+                    })
                 },
                 "Evict",
             ),
@@ -1015,8 +1115,103 @@ mod tests {
                 },
                 "FinishRollback",
             ),
+            (
+                "replaced, rolling back, picked, pods left it: uncordoned so they come back",
+                Replaced,
+                |o| {
+                    back(o, 2, false, 0);
+                    o.unschedulable = true;
+                    o.start = true
+                },
+                "StartReturn",
+            ),
+            (
+                "replaced, rolling back, picked while paused",
+                Replaced,
+                |o| {
+                    back(o, 2, false, 0);
+                    o.start = true;
+                    o.hold = Some(Hold::Paused)
+                },
+                "Nothing",
+            ),
             ("cordoned, rolling back", Cordoned, |o| o.direction = Direction::Rollback, "FinishRollback"),
             ("draining, rolling back", Draining, |o| o.direction = Direction::Rollback, "FinishRollback"),
+            (
+                "draining, rolling back, some pods had left",
+                Draining,
+                |o| {
+                    back(o, 1, false, 0);
+                    o.drain.to_evict = 1
+                },
+                "StartReturn",
+            ),
+            ("returning: the target is fenced first", RollingBack, |o| back(o, 2, false, 0), "CreateFences"),
+            ("returning, fenced: this step evicts", RollingBack, |o| back(o, 2, true, 2), "Evict"),
+            (
+                "returning, fenced: another returning node's step evicts",
+                RollingBack,
+                |o| back(o, 2, true, 0),
+                "Wait:PodsReturning",
+            ),
+            (
+                "returning, no room on the old nodes",
+                RollingBack,
+                |o| {
+                    back(o, 2, true, 0);
+                    if let Some(r) = o.replace.as_mut().and_then(|r| r.returning.as_mut()) {
+                        r.room_short = Some("no room".into());
+                    }
+                },
+                "Wait:ReturnRoomShort",
+            ),
+            ("returning, all back", RollingBack, |o| back(o, 0, true, 0), "FinishRollback"),
+            (
+                "returning past the timeout: the pods left keep running on the target",
+                RollingBack,
+                |o| {
+                    back(o, 1, true, 1);
+                    o.since = Some(Timestamp::from_second(0).unwrap())
+                },
+                "Fail:RollbackTimeout",
+            ),
+            (
+                "returning, all back past the timeout: done, not failed",
+                RollingBack,
+                |o| {
+                    back(o, 0, true, 0);
+                    o.since = Some(Timestamp::from_second(0).unwrap())
+                },
+                "FinishRollback",
+            ),
+            (
+                "returning on a NotReady node: nothing lands there",
+                RollingBack,
+                |o| {
+                    back(o, 2, true, 2);
+                    o.ready = false
+                },
+                "Wait:NodeNotReady",
+            ),
+            (
+                "rolling back while the migration is deleted: nothing to bring back",
+                RollingBack,
+                |o| {
+                    o.hold = Some(Hold::Deleting);
+                    o.unschedulable = false
+                },
+                "FinishRollback",
+            ),
+            (
+                "failed (drain timeout) after pods left, onFailure Rollback: they come back",
+                Failed,
+                |o| {
+                    back(o, 1, false, 0);
+                    o.direction = Direction::Forward;
+                    o.on_failure = FailurePolicy::Rollback
+                },
+                "StartReturn",
+            ),
             (
                 "failed (drain timeout), onFailure Rollback: uncordoned",
                 Failed,

@@ -103,6 +103,148 @@ pub fn homeless_message(homeless: &[String]) -> String {
     )
 }
 
+/// The pods that leave an old node for the target pool, recorded on the node as its drain starts
+/// (`switchyard.dev/moved`): per controller uid, how many. A rollback brings as many of each
+/// controller's pods back ([`return_plan`]). Pods without a controller are not recorded: nothing
+/// re-creates them, so nothing comes back.
+pub type Moved = BTreeMap<String, u64>;
+
+/// What a drain of the node would move, per controller ([`Moved`]). Pure.
+pub fn moved(pods: &[Pod], resources: &[&str], drain_spec: &DrainSpec) -> Moved {
+    let s = drain::select(pods, resources, drain_spec);
+    let moving = moving(&s);
+    let mut out = Moved::new();
+    for p in pods {
+        let key = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
+        if let Some(uid) = controller_uid(p).filter(|_| moving.contains(&key)) {
+            *out.entry(uid.to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The uid of the pod's controller, if it has one.
+pub fn controller_uid(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// What a rollback of a Replace migration reads to bring the moved pods back while the target
+/// pool still stands.
+pub struct ReturnInputs<'a> {
+    /// The records of the old nodes returning now, summed.
+    pub moved: &'a Moved,
+    /// The GPU pods bound to those nodes.
+    pub back: &'a [Pod],
+    /// The target nodes.
+    pub targets: &'a [String],
+    /// The GPU pods on the target nodes, each with its node.
+    pub on_target: &'a [(String, Pod)],
+    /// Pending pods not yet bound to a node.
+    pub pending: &'a [Pod],
+    /// What the returning old nodes have free for the pods: the device plugin's allocatable on
+    /// those that are Ready and schedulable, less what the pods bound there and the pending pods
+    /// ask for.
+    pub room: Demand,
+    pub resources: &'a [&'a str],
+}
+
+/// A Replace rollback's return, for one reconcile: what to evict from the target, and what it
+/// waits for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReturnPlan {
+    /// Pods of the recorded controllers still to come back: on the target, or on their way
+    /// (evicted, not bound again yet). The return is over at 0.
+    pub left: usize,
+    /// The target pods to evict now, `(node, namespace, name)`, sorted: as many of each
+    /// controller's as are still to come back and not on their way, as the room allows.
+    pub evict: Vec<(String, String, String)>,
+    /// While pods are still to come back, every target node: their devices are fenced (a
+    /// NoSchedule DeviceTaintRule each), so that a pod evicted from one lands on the old pool, not
+    /// on another target node.
+    pub fence: std::collections::BTreeSet<String>,
+    /// Pods to come back that the room on the returning nodes cannot take now, when some could
+    /// have been evicted otherwise.
+    pub room_short: Option<String>,
+}
+
+/// Plans the return. Per recorded controller: `moved` of its pods left; those bound to the
+/// returning nodes are back; unbound pending ones, and target pods being deleted, are on their
+/// way; the rest still to come are evicted from the target. Pure.
+pub fn return_plan(i: &ReturnInputs<'_>) -> ReturnPlan {
+    let live = |p: &&Pod| !drain::is_finished(p);
+    let back = by_controller(i.back.iter().filter(live).filter(|p| p.metadata.deletion_timestamp.is_none()));
+    let unbound = |p: &&Pod| p.spec.as_ref().is_none_or(|s| s.node_name.as_deref().unwrap_or("").is_empty());
+    let mut on_the_way = by_controller(i.pending.iter().filter(unbound).filter(live));
+    let leaving = by_controller(
+        i.on_target.iter().map(|(_, p)| p).filter(live).filter(|p| p.metadata.deletion_timestamp.is_some()),
+    );
+    for (uid, n) in leaving {
+        *on_the_way.entry(uid).or_default() += n;
+    }
+    let mut plan = ReturnPlan::default();
+    let mut room = i.room.clone();
+    let mut short = Demand::new();
+    let mut sorted: Vec<&(String, Pod)> = i.on_target.iter().collect();
+    sorted.sort_by_key(|(node, p)| (node.clone(), p.metadata.namespace.clone(), p.metadata.name.clone()));
+    for (uid, moved) in i.moved {
+        let want = moved.saturating_sub(back.get(uid.as_str()).copied().unwrap_or(0));
+        let coming = on_the_way.get(uid.as_str()).copied().unwrap_or(0);
+        let staying: Vec<&&(String, Pod)> = sorted
+            .iter()
+            .filter(|(_, p)| controller_uid(p) == Some(uid.as_str()))
+            .filter(|(_, p)| live(&p) && p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let left = want.min(coming + staying.len() as u64);
+        plan.left += left as usize;
+        for (node, p) in staying.into_iter().take(want.saturating_sub(coming) as usize) {
+            let need = pod_demand(p, i.resources);
+            if fits(&room, &need) {
+                for (r, n) in &need {
+                    *room.entry(r.clone()).or_default() -= n;
+                }
+                let ns = p.metadata.namespace.clone().unwrap_or_default();
+                plan.evict.push((node.clone(), ns, p.metadata.name.clone().unwrap_or_default()));
+            } else {
+                add(&mut short, &need);
+            }
+        }
+    }
+    plan.evict.sort();
+    if plan.left > 0 {
+        plan.fence.extend(i.targets.iter().cloned());
+    }
+    if !short.is_empty() {
+        let parts: Vec<String> = short
+            .iter()
+            .map(|(r, n)| format!("{n} {r} beyond the {} free", i.room.get(r).copied().unwrap_or(0)))
+            .collect();
+        plan.room_short = Some(format!(
+            "the returning old nodes lack room for the pods still on the target pool: they need {}; a pod is evicted from the target only when it has room to land; free GPUs on the old nodes, or delete pods",
+            parts.join(", ")
+        ));
+    }
+    plan
+}
+
+/// How many of `pods` each controller has.
+fn by_controller<'a>(pods: impl Iterator<Item = &'a Pod>) -> BTreeMap<&'a str, u64> {
+    let mut by = BTreeMap::new();
+    for uid in pods.filter_map(controller_uid) {
+        *by.entry(uid).or_default() += 1;
+    }
+    by
+}
+
+/// Whether `room` holds `need`.
+fn fits(room: &Demand, need: &Demand) -> bool {
+    need.iter().all(|(r, n)| room.get(r).copied().unwrap_or(0) >= *n)
+}
+
 /// The `(namespace, name)` of the pods a drain's selection moves: those it evicts, and those it
 /// waits on (bare pods, emptyDir) that need a place too once they go.
 fn moving(s: &drain::Selection) -> HashSet<(&str, &str)> {
@@ -469,6 +611,125 @@ mod tests {
             "spec": {"nodeSelector": {"pool": "old"}, "containers": [{"name": "c"}]}, "status": {"phase": "Running"}}))
         .unwrap();
         assert!(homeless(&[cpu], &r, &drain, &targets).is_empty());
+    }
+
+    #[test]
+    fn a_rollback_brings_back_as_many_of_each_controllers_pods_as_left_as_room_allows() {
+        let r = ["nvidia.com/gpu"];
+        // A pod of controller `owner` on `node` ("" unbound), needing `gpus`, in `phase`.
+        let pod = |name: &str, owner: &str, node: &str, gpus: u32, phase: &str, deleting: bool| -> Pod {
+            let mut v = json!({
+                "metadata": {"name": name, "namespace": "ml",
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
+                                         "uid": owner, "controller": true}]},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+                "status": {"phase": phase}
+            });
+            if !node.is_empty() {
+                v["spec"]["nodeName"] = json!(node);
+            }
+            if deleting {
+                v["metadata"]["deletionTimestamp"] = json!("2026-12-06T00:00:00Z");
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        let on = |node: &str, p: Pod| (node.to_string(), p);
+        let moved: Moved = [("a".to_string(), 2), ("b".to_string(), 1)].into();
+        let target = vec![
+            on("t1", pod("a-1", "a", "t1", 1, "Running", false)),
+            on("t1", pod("a-2", "a", "t1", 1, "Running", false)),
+            // Controller a had a pod on the target before the migration: two left, two come back.
+            on("t2", pod("a-3", "a", "t2", 1, "Running", false)),
+            on("t2", pod("b-1", "b", "t2", 2, "Running", false)),
+            // Not a controller that left: it stays.
+            on("t3", pod("other-1", "other", "t3", 1, "Running", false)),
+        ];
+        let room = |n: u64| Demand::from([("nvidia.com/gpu".to_string(), n)]);
+        let targets = ["t1".to_string(), "t2".into(), "t3".into()];
+        let plan = |back: &[Pod], on_target: &[(String, Pod)], pending: &[Pod], free: u64| {
+            return_plan(&ReturnInputs {
+                moved: &moved,
+                back,
+                targets: &targets,
+                on_target,
+                pending,
+                room: room(free),
+                resources: &r,
+            })
+        };
+        let names = |p: &ReturnPlan| p.evict.iter().map(|(_, _, n)| n.clone()).collect::<Vec<_>>();
+
+        // Room for everything: two of a and the one of b. Every target node is fenced, so that
+        // none of them lands on another target node.
+        let p = plan(&[], &target, &[], 8);
+        assert_eq!((p.left, names(&p)), (3, vec!["a-1".to_string(), "a-2".into(), "b-1".into()]));
+        assert_eq!(p.fence.iter().map(String::as_str).collect::<Vec<_>>(), ["t1", "t2", "t3"]);
+        assert_eq!(p.room_short, None);
+
+        // Room for 2 GPUs: a's two, not b's pod of two; the plan says what is short.
+        let p = plan(&[], &target, &[], 2);
+        assert_eq!(names(&p), ["a-1", "a-2"]);
+        let short = p.room_short.expect("short");
+        assert!(short.contains("they need 2 nvidia.com/gpu beyond the 2 free"), "{short}");
+
+        // One of a is back, one on its way (evicted, pending): nothing more of a is evicted.
+        let back = [pod("a-4", "a", "old-1", 1, "Running", false)];
+        let pending = [pod("a-5", "a", "", 1, "Pending", false)];
+        let p = plan(&back, &target, &pending, 8);
+        assert_eq!((p.left, names(&p)), (2, vec!["b-1".to_string()]), "a: 1 on its way; b: 1");
+
+        // A target pod being deleted is on its way too; one being deleted on a node that is back
+        // does not count as back.
+        let mut leaving = target.clone();
+        leaving[3] = on("t2", pod("b-1", "b", "t2", 2, "Running", true));
+        let back =
+            [pod("a-4", "a", "old-1", 1, "Running", false), pod("a-6", "a", "old-1", 1, "Running", true)];
+        let p = plan(&back, &leaving, &[], 8);
+        assert_eq!((p.left, names(&p)), (2, vec!["a-1".to_string()]), "a: 1 more; b: on its way");
+
+        // All back: nothing left, nothing to fence.
+        let back = [
+            pod("a-4", "a", "old-1", 1, "Running", false),
+            pod("a-5", "a", "old-1", 1, "Running", false),
+            pod("b-2", "b", "old-1", 2, "Running", false),
+        ];
+        let p = plan(&back, &target, &[], 8);
+        assert_eq!((p.left, p.evict.len(), p.fence.len()), (0, 0, 0));
+
+        // The target pool removed: nothing is left there to bring back.
+        let p = return_plan(&ReturnInputs {
+            moved: &moved,
+            back: &[],
+            targets: &[],
+            on_target: &[],
+            pending: &[],
+            room: room(8),
+            resources: &r,
+        });
+        assert_eq!(p, ReturnPlan::default());
+    }
+
+    #[test]
+    fn what_leaves_a_node_is_recorded_per_controller() {
+        let pod = |name: &str, owner: Option<&str>| -> Pod {
+            let owners = owner.map(|o| {
+                json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": o, "uid": o, "controller": true}])
+            });
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ml", "ownerReferences": owners},
+                "spec": {"nodeName": "old-1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap()
+        };
+        let pods = [pod("a-1", Some("a")), pod("a-2", Some("a")), pod("b-1", Some("b")), pod("bare", None)];
+        let force = DrainSpec { force: true, ..DrainSpec::default() };
+        let m = moved(&pods, &["nvidia.com/gpu"], &force);
+        assert_eq!(
+            m,
+            Moved::from([("a".to_string(), 2), ("b".to_string(), 1)]),
+            "a bare pod never comes back"
+        );
     }
 
     /// What a node lacks: (resource, needed, free).

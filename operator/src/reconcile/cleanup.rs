@@ -66,6 +66,8 @@ pub(crate) async fn settle_node(
                 let replace = gpm.spec.strategy.replace().map(|r| state::Replace {
                     short: None,
                     evict_without_capacity: r.evict_without_capacity,
+                    // A deletion brings nothing back: a returning node finishes as it stands.
+                    returning: None,
                 });
                 let turn = decide::Turn { start: false, last_message: None, replace };
                 decide::node_step(&view, node, &slices, published, &reads, turn)

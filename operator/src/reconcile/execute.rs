@@ -140,6 +140,24 @@ fn set_metrics(ctx: &Context, name: &str, m: &PoolMetrics, status: &GpuPoolMigra
     ctx.metrics.set_stalled(name, stalled.map(|c| c.reason.as_str()));
 }
 
+/// Deletes the Replace rollback's fences no target node needs any more; returns how many failed
+/// (logged, and tried again next reconcile).
+async fn delete_fences(ctx: &Context, migration: &str, names: &[String]) -> usize {
+    let rules: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
+    let mut failed = 0;
+    for name in names {
+        match rules.delete(name, &DeleteParams::default()).await {
+            Ok(_) => info!(migration, rule = %name, "target fence removed"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                warn!(migration, rule = %name, error = %e, "removing a target fence failed");
+                failed += 1;
+            }
+        }
+    }
+    failed
+}
+
 /// Carries out `d`, decided on `s`.
 /// `departed` are the progress lines of nodes that left the selector and still finish their step.
 pub async fn pool(
@@ -155,6 +173,7 @@ pub async fn pool(
 
     errors +=
         apply_classes_and_placement(ctx, &name, &d.class_applies, &d.placement_patches, &mut status).await;
+    errors += delete_fences(ctx, &name, &d.delete_fences).await;
 
     // Steps, up to STEP_CONCURRENCY nodes at a time, their outcomes in the decided order.
     let by_name: HashMap<&str, &SlimNode> =
@@ -431,6 +450,13 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
+        }
+    }
+    for rule in &step.create_fences {
+        match rules.create(&PostParams::default(), rule).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => return Err(Error::CreateDeviceTaintRule { name: rule.name_any(), source }),
         }
     }
     let rule_name = crate::node::patch::taint_rule_name(name);

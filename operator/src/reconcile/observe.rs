@@ -2,7 +2,7 @@
 //! node's step needs that no cache holds (its pods while it drains, its rollback taint rule, its
 //! canary). Nothing here writes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
@@ -36,6 +36,7 @@ use crate::pool::rollout::{self, OtherMigration};
 use crate::reads::pods::pods_on_node;
 use crate::reads::reader_objects;
 use crate::reconcile::context::{Context, INVENTORY_TTL, PLUGIN_CONFIG_TTL, POD_VERIFY_TTL, PodCheck};
+use crate::well_known::{ANNOTATION_MOVED, LABEL_FENCED_NODE, LABEL_MIGRATION};
 
 /// Moving nodes whose reads (pods, taint rule, canary) are in flight at once: as many as their
 /// steps (`execute::STEP_CONCURRENCY`).
@@ -87,6 +88,8 @@ pub struct Snapshot<'a> {
     pub replace: Option<ReplaceRoom>,
     /// Replace: the target pool's nodes (the prerequisites judge their kubelets and runtimes).
     pub targets: Vec<Arc<SlimNode>>,
+    /// Replace, rolling back: the return of the pods that left the old nodes.
+    pub returns: Option<Returns>,
 }
 
 /// What a Replace migration's capacity check reads ([`crate::pool::replace`]).
@@ -100,6 +103,20 @@ pub struct ReplaceRoom {
     /// Of those nodes, the ones with GPU pods to move that no usable target node accepts
     /// ([`replace::homeless`]): each such pod, with why.
     pub homeless: HashMap<String, Vec<String>>,
+    /// Of those nodes, what their drain would move, per controller ([`replace::moved`]): recorded
+    /// on the node as its drain starts.
+    pub moved: HashMap<String, replace::Moved>,
+}
+
+/// Replace: the return of the pods that left the old nodes, read when the migration rolls back
+/// (or a node still returns): the plan for the nodes returning now, and the fences that stand.
+#[derive(Clone, Debug, Default)]
+pub struct Returns {
+    pub plan: replace::ReturnPlan,
+    /// Pool nodes that recorded the pods that left them (`switchyard.dev/moved`).
+    pub recorded: HashSet<String>,
+    /// The fences of this migration that stand: target node → DeviceTaintRule name.
+    pub fences: BTreeMap<String, String>,
 }
 
 impl Snapshot<'_> {
@@ -233,6 +250,11 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     } else {
         None
     };
+    let returns = if facts.served.resource_slices {
+        returns(ctx, gpm, &pool, &nodes, &targets, &gpu_pods).await?
+    } else {
+        None
+    };
     let inventory = inventory_for(ctx, gpm, &nodes).await;
     let pods = pods_verified(ctx, gpm, &pool, &targets, &gpu_pods).await;
     Ok(Snapshot {
@@ -256,7 +278,105 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         pods,
         replace,
         targets,
+        returns,
     })
+}
+
+/// Replace: the return of the pods that left the old nodes, while the migration rolls back or a
+/// node still returns. The returning nodes (RollingBack, with a record), their pods and the target
+/// nodes' come from the caches; the unbound pending pods are LISTed while a node returns, and the
+/// migration's fences (DeviceTaintRules) are LISTed by label.
+async fn returns(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    pool: &[PoolNode],
+    nodes: &[Arc<SlimNode>],
+    targets: &[Arc<SlimNode>],
+    gpu_pods: &PodsByNode,
+) -> Result<Option<Returns>> {
+    let spec = &gpm.spec;
+    let returning_now = pool.iter().any(|p| p.state() == NodeState::RollingBack);
+    if spec.strategy.replace().is_none() || (spec.direction != Direction::Rollback && !returning_now) {
+        return Ok(None);
+    }
+    let name = gpm.name_any();
+    let record = |p: &PoolNode| {
+        p.annotations.get(ANNOTATION_MOVED).and_then(|m| serde_json::from_str::<replace::Moved>(m).ok())
+    };
+    let recorded: HashSet<String> =
+        pool.iter().filter(|p| record(p).is_some()).map(|p| p.name.clone()).collect();
+    let returning: Vec<(&PoolNode, &SlimNode)> = pool
+        .iter()
+        .zip(nodes)
+        .filter(|(p, _)| p.state() == NodeState::RollingBack && recorded.contains(&p.name))
+        .map(|(p, n)| (p, n.as_ref()))
+        .collect();
+    let rules = Api::<DeviceTaintRule>::all(ctx.client.clone())
+        .list(&ListParams::default().labels(&format!("{LABEL_MIGRATION}={name},{LABEL_FENCED_NODE}")))
+        .await
+        .map_err(|source| Error::CreateDeviceTaintRule {
+            name: format!("{LABEL_FENCED_NODE} of {name}"),
+            source,
+        })?;
+    let fences = rules
+        .items
+        .iter()
+        .filter_map(|r| Some((r.labels().get(LABEL_FENCED_NODE)?.clone(), r.name_any())))
+        .collect();
+    if returning.is_empty() {
+        return Ok(Some(Returns { plan: Default::default(), recorded, fences }));
+    }
+    let res = resources(spec);
+    let mut moved = replace::Moved::new();
+    for (p, _) in &returning {
+        for (uid, n) in record(p).unwrap_or_default() {
+            *moved.entry(uid).or_default() += n;
+        }
+    }
+    let back: Vec<Pod> = returning.iter().flat_map(|(p, _)| gpu_pods.on(&p.name)).collect();
+    let on_target: Vec<(String, Pod)> = targets
+        .iter()
+        .map(|t| t.name())
+        .flat_map(|t| gpu_pods.on(t).map(move |p| (t.to_string(), p)))
+        .collect();
+    let pending = reader_objects::list_all(
+        Api::<Pod>::all(ctx.client.clone()),
+        kube::api::ListParams::default().fields("spec.nodeName=,status.phase=Pending"),
+    )
+    .await
+    .map_err(|source| Error::ListPendingPods { source })?;
+    // The room the returning nodes have: what the device plugin advertises on those that take
+    // pods, less what the pods bound there and the pending pods ask for.
+    let mut room = replace::Demand::new();
+    for (p, n) in &returning {
+        if !n.is_ready() || n.unschedulable {
+            continue;
+        }
+        for (r, q) in crate::pool::overlap::allocatable(n, &res) {
+            *room.entry(r).or_default() += q;
+        }
+        for pod in gpu_pods.on(&p.name).filter(|pod| !drain::is_finished(pod)) {
+            for (r, q) in replace::pod_demand(&pod, &res) {
+                let left = room.entry(r).or_default();
+                *left = left.saturating_sub(q);
+            }
+        }
+    }
+    for (r, q) in replace::pending_demand(&pending, &res) {
+        let left = room.entry(r).or_default();
+        *left = left.saturating_sub(q);
+    }
+    let target_names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
+    let plan = replace::return_plan(&replace::ReturnInputs {
+        moved: &moved,
+        back: &back,
+        targets: &target_names,
+        on_target: &on_target,
+        pending: &pending,
+        room,
+        resources: &res,
+    });
+    Ok(Some(Returns { plan, recorded, fences }))
 }
 
 /// Replace: the nodes `spec.strategy.replace.targetNodeSelector` selects, from the node cache
@@ -333,6 +453,11 @@ async fn replace_room(
     let selectors = crate::pool::selectors::Selectors::new(spec);
     let target = replace::target(&res, &selectors, &spec.driver.name, targets, &slices, &held, &on_the_way);
     let demand = checked.iter().map(|n| (n.to_string(), demand(n))).collect();
+    let moved = checked
+        .iter()
+        .map(|n| (n.to_string(), replace::moved(&gpu_pods.on(n).collect::<Vec<_>>(), &res, drain_spec)))
+        .filter(|(_, m)| !m.is_empty())
+        .collect();
     let homeless = checked
         .iter()
         .map(|n| {
@@ -340,7 +465,7 @@ async fn replace_room(
         })
         .filter(|(_, h)| !h.is_empty())
         .collect();
-    Ok(Some(ReplaceRoom { target, demand, homeless }))
+    Ok(Some(ReplaceRoom { target, demand, homeless, moved }))
 }
 
 /// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): the GPU-pod cache's, and
@@ -592,6 +717,11 @@ pub async fn node(
     let client = &ctx.client;
     let state = pn.state();
     let mut reads = NodeReads::default();
+    // Replace: nothing switched, so a returning node's own pods and devices decide nothing: the
+    // return reads the pool and the target (`returns`).
+    if spec.strategy.replace().is_some() && state == NodeState::RollingBack {
+        return Ok(reads);
+    }
     let plugin_gone = || crate::pool::overlap::allocatable_total(node, &resources(spec)) == 0;
     if matches!(state, NodeState::Draining | NodeState::RollingBack)
         || (state == NodeState::Switching

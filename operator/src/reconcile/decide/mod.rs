@@ -52,6 +52,8 @@ pub struct Decision {
     /// The last check of the pods on migrated nodes changed, or saw a GPU pod there not started
     /// yet: check again soon.
     pub pods_settling: bool,
+    /// Replace: the rollback's fences (DeviceTaintRule names) that no target node needs any more.
+    pub delete_fences: Vec<String>,
 }
 
 /// An event on the migration, about a node where `node` names one.
@@ -126,6 +128,12 @@ pub fn pool(s: &Snapshot<'_>) -> Result<Decision> {
         metrics: report.metrics,
         moving: p.in_flight.len() + p.to_start.len(),
         pods_settling: s.pods.as_ref().is_some_and(|(_, settling)| *settling),
+        delete_fences: s
+            .returns
+            .iter()
+            .flat_map(|r| r.fences.iter().filter(|(target, _)| !r.plan.fence.contains(*target)))
+            .map(|(_, rule)| rule.clone())
+            .collect(),
     })
 }
 
@@ -389,7 +397,12 @@ mod tests {
             driver_ds: w.driver_ds.clone(),
             plugin_ds: w.plugin_ds.clone(),
             device_classes: w.classes.clone(),
-            replace: Some(crate::reconcile::observe::ReplaceRoom { target, demand, homeless }),
+            replace: Some(crate::reconcile::observe::ReplaceRoom {
+                target,
+                demand,
+                homeless,
+                moved: HashMap::new(),
+            }),
             node_reads: reads,
             ..crate::testing::snapshot(&w.gpm, w.nodes.clone(), NOW)
         };

@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 
 use crate::api::v1alpha1::{DrainSpec, GpuPoolMigrationSpec, NodeState, PodSelection};
 use crate::node::drain::{self, PodRef};
-use crate::node::patch::{NodePatch, node_patch, owner_ref, taint_rule};
+use crate::node::patch::{NodePatch, fence_rule, node_patch, owner_ref, taint_rule};
 use crate::node::record::{Backend, Failure, PoolNode};
 use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
 use crate::pool::gate::resources;
@@ -54,6 +54,8 @@ pub struct NodeStep {
     pub create_taint_rule: Option<DeviceTaintRule>,
     /// Turn the rule's effect to NoExecute (`Action::EscalateTaintRule`).
     pub escalate_taint_rule: bool,
+    /// Replace, rolling back: the fences of target nodes to create (`Action::CreateFences`).
+    pub create_fences: Vec<DeviceTaintRule>,
     pub delete_taint_rule: bool,
     /// The node patch, conditional on the resourceVersion the step was decided on.
     pub patch: Option<NodePatch>,
@@ -95,6 +97,7 @@ impl NodeStep {
             delete_canary: false,
             create_taint_rule: None,
             escalate_taint_rule: false,
+            create_fences: Vec::new(),
             delete_taint_rule: false,
             patch: None,
             remove_finished_canary: false,
@@ -176,6 +179,14 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
     let no_reads = NodeReads::default();
     let shorts = room_by_node(s, p, &by_name);
+    // Replace, rolling back: one returning node's step carries the return's evictions.
+    let carrier = p.in_flight.iter().filter(|n| {
+        by_name
+            .get(n.as_str())
+            .is_some_and(|node| crate::node::record::node_state(node) == NodeState::RollingBack)
+            && s.returns.as_ref().is_some_and(|r| r.recorded.contains(n.as_str()))
+    });
+    let carrier = carrier.min().cloned();
     let mut steps = Vec::new();
     for (n, start) in p.in_flight.iter().map(|n| (n, false)).chain(p.to_start.iter().map(|n| (n, true))) {
         let Some(node) = by_name.get(n.as_str()) else { continue };
@@ -188,14 +199,85 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         }
         let reads = s.node_reads.get(n).unwrap_or(&no_reads);
         let published = node_counts(s, node).present;
+        let carries = carrier.as_ref() == Some(n);
         let replace = spec.strategy.replace().map(|r| state::Replace {
             short: shorts.get(n).cloned().flatten(),
             evict_without_capacity: r.evict_without_capacity,
+            returning: s.returns.as_ref().map(|ret| returning(ret, n, carries)),
         });
         let turn = Turn { start, last_message: last, replace };
-        steps.push(node_step(&view, node, node_slices(s, node), published, reads, turn));
+        let mut step = node_step(&view, node, node_slices(s, node), published, reads, turn);
+        if spec.strategy.replace().is_some() {
+            replace_writes(&mut step, s, &view);
+        }
+        steps.push(step);
     }
     steps
+}
+
+/// What a node of a Replace rollback knows of the return ([`state::Returning`]); `carries`: its
+/// step makes the return's evictions.
+fn returning(r: &crate::reconcile::observe::Returns, node: &str, carries: bool) -> state::Returning {
+    state::Returning {
+        recorded: r.recorded.contains(node),
+        left: r.plan.left,
+        fenced: r.plan.fence.iter().all(|t| r.fences.contains_key(t)),
+        evict: if carries { r.plan.evict.len() } else { 0 },
+        room_short: r.plan.room_short.clone(),
+    }
+}
+
+/// A Replace step's writes beside the state machine's: the record of what leaves a node as its
+/// drain starts, and a returning node's fences and evictions.
+fn replace_writes(step: &mut NodeStep, s: &Snapshot<'_>, v: &NodeView<'_>) {
+    match &step.action {
+        Action::CordonAndDrain | Action::StartDrain => {
+            let moved = s.replace.as_ref().and_then(|r| r.moved.get(&step.node)).filter(|m| !m.is_empty());
+            if let (Some(moved), Some(patch)) = (moved, step.patch.as_mut()) {
+                patch.annotate(ANNOTATION_MOVED, serde_json::to_string(moved).ok());
+            }
+        }
+        Action::CreateFences => {
+            let Some(r) = &s.returns else { return };
+            for target in r.plan.fence.iter().filter(|t| !r.fences.contains_key(*t)) {
+                let mut rule = fence_rule(target, &v.spec.driver.name, v.migration);
+                rule.metadata.owner_references = v.owner.clone().map(|o| vec![o]);
+                step.create_fences.push(rule);
+            }
+            let mut names: Vec<&str> = r.plan.fence.iter().take(5).map(String::as_str).collect();
+            let more = r.plan.fence.len().saturating_sub(5);
+            let more = format!("and {more} more");
+            if r.plan.fence.len() > 5 {
+                names.push(&more);
+            }
+            step.message = format!(
+                "fencing the devices of {} on the {} target node(s) ({}) with NoSchedule DeviceTaintRules while pods come back from the target pool",
+                v.spec.driver.name,
+                r.plan.fence.len(),
+                names.join(", ")
+            );
+            step.events.push(NodeEvent {
+                type_: EventType::Normal,
+                reason: "TargetFenced",
+                note: step.message.clone(),
+            });
+        }
+        Action::Evict if step.from == NodeState::RollingBack => {
+            let Some(r) = &s.returns else { return };
+            step.evict = r
+                .plan
+                .evict
+                .iter()
+                .map(|(_, namespace, name)| PodRef { namespace: namespace.clone(), name: name.clone() })
+                .collect();
+            step.message = format!(
+                "evicting {} pod(s) from the target pool so that they come back to the old pool ({})",
+                step.evict.len(),
+                drain::names(&step.evict, 5)
+            );
+        }
+        _ => {}
+    }
 }
 
 /// What a node brings to its step besides itself and its reads.
@@ -614,6 +696,13 @@ fn transition_event(
             "Recordoned",
             format!(
                 "node {name} was uncordoned while {state:?}; cordoned again (the migration holds the cordon until the node has moved; deleting the migration hands a node that has not switched back, uncordoned)"
+            ),
+        ),
+        Action::StartReturn => (
+            EventType::Normal,
+            "NodeRollingBack",
+            format!(
+                "node {name}: {state:?} → RollingBack; schedulable again, so that the pods that left it for the target pool come back"
             ),
         ),
         Action::RecordSince => {
