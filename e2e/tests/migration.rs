@@ -2846,7 +2846,82 @@ async fn fence_notes(pool: &Pool) -> anyhow::Result<Vec<String>> {
 }
 
 #[tokio::test]
-async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_moves_it_once_the_pin_goes()
+async fn replace_counts_only_ready_target_nodes_and_an_old_node_deleted_while_it_waits_leaves_the_pool()
+-> anyhow::Result<()> {
+    with_pool("replsick", 2, 1, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({"strategy": {"maxUnavailable": 2}})).await?;
+        let target = pools.add_target(pool, 2).await?;
+        pool.deployment("trainer", 2, 1).await?;
+        let before = pool.wait_running(2).await?;
+        assert!(
+            before.iter().all(|p| pool.nodes.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap()))
+        );
+        // The target's kubelet is down: its devices are published, but nothing can land there.
+        pool.sim().set_ready(&target, false).await?;
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let waiting = pool
+            .wait_status(&name, "both old nodes waiting for a Ready target", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.len() == 2
+                        && s.in_progress.iter().all(|p| {
+                            p.message.starts_with(
+                                "TargetCapacityShort: the target pool (0 Ready, schedulable node(s))",
+                            )
+                        })
+                })
+            })
+            .await?;
+        let room = waiting.status.as_ref().unwrap().replace.clone().expect("status.replace");
+        assert_eq!((room.target_nodes, room.capacity[0].devices), (0, 0), "{room:?}");
+        for n in &pool.nodes {
+            assert_eq!(pool::node_state(&pool.client, n).await?, "Cordoned", "{n} waits, nothing evicted");
+        }
+
+        // An old node goes away while it waits: it leaves the pool, and its pod, re-created by
+        // its ReplicaSet, waits Pending for the target like the rest.
+        let doomed = pool.nodes[1].clone();
+        pool.sim().delete_node(&doomed).await?;
+        pool.wait_status(&name, "the deleted node out of the pool", MIGRATION, |g| {
+            g.status
+                .as_ref()
+                .is_some_and(|s| s.nodes.total == 1 && s.in_progress.iter().all(|p| p.name != doomed))
+        })
+        .await?;
+        let events = event_reasons(pool, &name).await?;
+        assert!(events.iter().any(|(r, n)| r == "NodeRemoved" && n.contains(&doomed)), "{events:?}");
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        switchyard_e2e::wait::until("the deleted node's pod re-created, Pending", MIGRATION, || {
+            let (pods, doomed) = (pods.clone(), doomed.clone());
+            async move {
+                let all = pods.list(&ListParams::default()).await?.items;
+                let on_doomed = all
+                    .iter()
+                    .any(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(doomed.as_str()));
+                let pending =
+                    all.iter().any(|p| p.status.as_ref().unwrap().phase.as_deref() == Some("Pending"));
+                Ok((!on_doomed && pending).then_some(()))
+            }
+        })
+        .await?;
+        assert_eq!(pool::node_state(&pool.client, &pool.nodes[0]).await?, "Cordoned", "still waiting");
+
+        // The target's kubelet is back: the pending pod takes one device, the last old node's
+        // pod the other, and the pool completes.
+        pool.sim().set_ready(&target, true).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let nodes = done.status.as_ref().unwrap().nodes.clone();
+        assert_eq!((nodes.total, nodes.migrated, nodes.failed), (1, 1, 0));
+        assert_gpu_pods_on_targets(pool, &pools.targets, 2).await?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_a_removed_target_gives_its_pod_back()
 -> anyhow::Result<()> {
     with_pool("replpin", 1, 1, async |pool| {
         let name = pool.id.clone();
@@ -2919,6 +2994,29 @@ async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_moves_it_once_the
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert_gpu_pods_on_targets(pool, &pools.targets, 1).await?;
         assert_eq!(pool::node_state(&pool.client, &old).await?, "Replaced");
+
+        // The target pool is removed, and the migration rolls back: the pod the target took with
+        // it comes back to the old node, on the device plugin.
+        pool.sim().delete_node(&target).await?;
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        switchyard_e2e::wait::until("the pod back on the old node", MIGRATION, || {
+            let (pods, old) = (pods.clone(), old.clone());
+            async move {
+                let running = pool::running(pods.list(&ListParams::default()).await?.items);
+                let back = running.len() == 1
+                    && running.iter().all(|p| {
+                        p.spec.as_ref().unwrap().node_name.as_deref() == Some(old.as_str())
+                            && p.status.as_ref().unwrap().extended_resource_claim_status.is_none()
+                    });
+                Ok(back.then_some(()))
+            }
+        })
+        .await?;
+        let node = nodes.get(&old).await?;
+        assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "uncordoned");
+        assert!(!node.labels().contains_key("switchyard.dev/replaced"));
+        assert!(!node.annotations().contains_key("switchyard.dev/moved"));
         Ok(())
     })
     .await
