@@ -2912,7 +2912,7 @@ async fn replace_counts_only_ready_target_nodes_and_an_old_node_deleted_while_it
         // pod the other, and the pool completes.
         pool.sim().set_ready(&target, true).await?;
         let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
-        let nodes = done.status.as_ref().unwrap().nodes.clone();
+        let nodes = done.status.as_ref().unwrap().nodes;
         assert_eq!((nodes.total, nodes.migrated, nodes.failed), (1, 1, 0));
         assert_gpu_pods_on_targets(pool, &pools.targets, 2).await?;
         Ok(())
