@@ -247,6 +247,12 @@ fn render_classes(out: &mut String, r: &Report) {
 /// The PLACEMENT section: what each DaemonSet needs to keep to its backend.
 fn render_placement(out: &mut String, r: &Report) {
     let _ = writeln!(out, "\nPLACEMENT");
+    if r.placement.is_empty() && r.replace.is_some() {
+        let _ = writeln!(
+            out,
+            "  nothing to place (strategy Replace): no DaemonSet is edited; the old nodes keep the device plugin, the target pool its DRA driver"
+        );
+    }
     for pl in &r.placement {
         let what = match pl.action {
             PlacementAction::AlreadyPlaced => "keeps to its backend already",

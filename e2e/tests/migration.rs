@@ -2961,6 +2961,15 @@ async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_a_removed_target_
         let short = node["short"].as_str().unwrap_or_default();
         assert!(short.contains(&pod) && short.contains(&why), "{short}");
         assert_eq!(code, 2, "a blocker: {}", plan["blockers"]);
+        let text = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())
+            .args(["plan", &name])
+            .env("KUBECONFIG", switchyard_e2e::cluster::kubeconfig())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains(&format!("{old}  needs 1 {}: waits: no Ready, schedulable target node accepts 1", pool.resource)), "{text}");
+        assert!(text.contains("nothing to place (strategy Replace)"), "{text}");
 
         pool.start_operator()?;
         let waiting = pool
