@@ -41,14 +41,9 @@ pub fn allocated(claims: &[ResourceClaim], driver: &str) -> HashSet<DeviceKey> {
 /// (bare pods, emptyDir) that need a place too once they go. Pods already terminating are not
 /// counted: their replacements are pending pods, counted as such.
 pub fn moving_demand(pods: &[Pod], resources: &[&str], drain_spec: &DrainSpec) -> Demand {
-    let s = drain::select(pods, resources, drain_spec);
-    let moving = moving(&s);
     let mut out = Demand::new();
-    for p in pods {
-        let key = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
-        if moving.contains(&key) {
-            add(&mut out, &pod_demand(p, resources));
-        }
+    for p in moving(pods, resources, drain_spec) {
+        add(&mut out, &pod_demand(p, resources));
     }
     out
 }
@@ -63,17 +58,15 @@ pub fn homeless(
     drain_spec: &DrainSpec,
     targets: &[impl Borrow<SlimNode>],
 ) -> Vec<String> {
-    let s = drain::select(pods, resources, drain_spec);
-    let moving = moving(&s);
     let usable: Vec<&SlimNode> =
         targets.iter().map(Borrow::borrow).filter(|n| n.is_ready() && !n.unschedulable).collect();
+    if usable.is_empty() {
+        return Vec::new();
+    }
     let mut out = Vec::new();
-    for p in pods {
+    for p in moving(pods, resources, drain_spec) {
         let (namespace, name) =
             (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
-        if !moving.contains(&(namespace, name)) || usable.is_empty() {
-            continue;
-        }
         let refusals: Vec<String> = usable
             .iter()
             .map(|n| crate::pool::fits::refusal(p, n).map(|why| format!("{}: {why}", n.name())))
@@ -111,16 +104,10 @@ pub type Moved = BTreeMap<String, u64>;
 
 /// What a drain of the node would move, per controller ([`Moved`]). Pure.
 pub fn moved(pods: &[Pod], resources: &[&str], drain_spec: &DrainSpec) -> Moved {
-    let s = drain::select(pods, resources, drain_spec);
-    let moving = moving(&s);
-    let mut out = Moved::new();
-    for p in pods {
-        let key = (p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""));
-        if let Some(uid) = controller_uid(p).filter(|_| moving.contains(&key)) {
-            *out.entry(uid.to_string()).or_default() += 1;
-        }
-    }
-    out
+    by_controller(moving(pods, resources, drain_spec))
+        .into_iter()
+        .map(|(uid, n)| (uid.to_string(), n))
+        .collect()
 }
 
 /// The uid of the pod's controller, if it has one.
@@ -245,15 +232,22 @@ fn fits(room: &Demand, need: &Demand) -> bool {
     need.iter().all(|(r, n)| room.get(r).copied().unwrap_or(0) >= *n)
 }
 
-/// The `(namespace, name)` of the pods a drain's selection moves: those it evicts, and those it
-/// waits on (bare pods, emptyDir) that need a place too once they go.
-fn moving(s: &drain::Selection) -> HashSet<(&str, &str)> {
-    s.evict
-        .iter()
-        .chain(&s.blocked_by_empty_dir)
-        .chain(&s.unmanaged)
-        .map(|r| (r.namespace.as_str(), r.name.as_str()))
-        .collect()
+/// The pods of `pods` a drain moves: those it evicts, and those it waits on (bare pods, emptyDir)
+/// that need a place too once they go.
+fn moving<'a>(pods: &'a [Pod], resources: &[&str], drain_spec: &DrainSpec) -> impl Iterator<Item = &'a Pod> {
+    let s = drain::select(pods, resources, drain_spec);
+    let keys: HashSet<(String, String)> = s
+        .evict
+        .into_iter()
+        .chain(s.blocked_by_empty_dir)
+        .chain(s.unmanaged)
+        .map(|r| (r.namespace, r.name))
+        .collect();
+    pods.iter().filter(move |p| {
+        let key =
+            (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default());
+        keys.contains(&key)
+    })
 }
 
 /// What pending pods not yet bound to a node ask for: each will take a device wherever the
