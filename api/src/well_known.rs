@@ -36,6 +36,14 @@ pub const LABEL_REPLACED: &str = "switchyard.dev/replaced";
 /// while the target pool stands brings as many of each controller's pods back, and removes it.
 pub const ANNOTATION_MOVED: &str = "switchyard.dev/moved";
 
+/// Node annotation with which cluster-autoscaler never removes the node (`"true"`). The operator
+/// reads it on the old nodes of a Replace migration: a node left for removal that carries it stays.
+pub const ANNOTATION_CA_SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+
+/// Node (or pod) annotation with which Karpenter never disrupts the node (`"true"`); read as
+/// [`ANNOTATION_CA_SCALE_DOWN_DISABLED`] is.
+pub const ANNOTATION_KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+
 /// Label of the DeviceTaintRules that fence a target node's devices while a Replace rollback
 /// brings pods back from it: the node's name.
 pub const LABEL_FENCED_NODE: &str = "switchyard.dev/fenced-node";

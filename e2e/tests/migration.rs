@@ -752,6 +752,13 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+        // Left for removal, and the migration says what keeps the autoscaler from removing it.
+        let events = object_events(pool, "Node", &pool.nodes[0]).await?;
+        let blocked = events.iter().find(|(r, _)| r == "RemovalBlocked").map(|(_, n)| n.as_str());
+        assert!(
+            blocked.is_some_and(|n| n.contains("cluster-autoscaler.kubernetes.io/scale-down-disabled=true")),
+            "{events:?}"
+        );
         Ok(())
     })
     .await
@@ -3038,6 +3045,10 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
         let name = pool.id.clone();
         let mut pools = ReplacePools::new(pool, json!({})).await?;
         pools.add_target(pool, 1).await?;
+        // The old node is one an admin kept cluster-autoscaler from removing.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let keep = json!({"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}});
+        nodes.patch(&pool.nodes[0], &PatchParams::default(), &Patch::Merge(&keep)).await?;
         // A bare GPU pod, as `kubectl run` makes: the drain keeps it until the spec forces it.
         let pods = bare_notebook(pool).await?;
         pool.wait_running(1).await?;
@@ -3089,7 +3100,6 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
 
         // Someone uncordons the replaced node and a GPU pod lands there, on the device plugin:
         // the migration reports it rather than counting it as moved.
-        let nodes: Api<Node> = Api::all(pool.client.clone());
         let uncordon = |to: bool| Patch::Merge(json!({"spec": {"unschedulable": to}}));
         nodes.patch(&pool.nodes[0], &PatchParams::default(), &uncordon(false)).await?;
         let stray: Pod = serde_json::from_value(json!({

@@ -278,12 +278,15 @@ fn assemble(
     }
 }
 
-/// Whether the cache keeps a node annotation: only Switchyard's.
+/// Whether the cache keeps a node annotation: Switchyard's, and the two with which an autoscaler
+/// never removes the node (a Replace migration says so of the nodes it leaves for removal).
 fn switchyard_annotation(key: &str) -> bool {
     key.starts_with(SWITCHYARD_PREFIX)
+        || key == crate::well_known::ANNOTATION_CA_SCALE_DOWN_DISABLED
+        || key == crate::well_known::ANNOTATION_KARPENTER_DO_NOT_DISRUPT
 }
 
-/// A node's annotations, only those under Switchyard's prefix kept; the values of the others are
+/// A node's annotations, only those [`switchyard_annotation`] keeps; the values of the others are
 /// skipped unread.
 fn switchyard_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<StrMap, D::Error> {
     StrMap::deserialize_filtered(d, switchyard_annotation)

@@ -83,6 +83,20 @@ pub fn homeless(
     out
 }
 
+/// What keeps an autoscaler from removing a node left for removal: the annotations with which
+/// cluster-autoscaler or Karpenter never remove it, set to `"true"`. Pure.
+pub fn removal_blockers(node: &SlimNode) -> Vec<String> {
+    use crate::well_known::{ANNOTATION_CA_SCALE_DOWN_DISABLED, ANNOTATION_KARPENTER_DO_NOT_DISRUPT};
+    [
+        (ANNOTATION_CA_SCALE_DOWN_DISABLED, "cluster-autoscaler"),
+        (ANNOTATION_KARPENTER_DO_NOT_DISRUPT, "Karpenter"),
+    ]
+    .into_iter()
+    .filter(|(key, _)| node.annotations().get(key) == Some("true"))
+    .map(|(key, who)| format!("{key}=true ({who} will not remove it)"))
+    .collect()
+}
+
 /// The wait message of a node whose pods `homeless` found no target node for.
 pub fn homeless_message(homeless: &[String]) -> String {
     let mut named: Vec<&str> = homeless.iter().take(3).map(String::as_str).collect();
@@ -723,6 +737,29 @@ mod tests {
             m,
             Moved::from([("a".to_string(), 2), ("b".to_string(), 1)]),
             "a bare pod never comes back"
+        );
+    }
+
+    #[test]
+    fn a_node_left_for_removal_says_what_keeps_an_autoscaler_from_removing_it() {
+        let node = |annotations: serde_json::Value| -> SlimNode {
+            serde_json::from_value(json!({"metadata": {"name": "old-1", "annotations": annotations}}))
+                .unwrap()
+        };
+        assert!(removal_blockers(&node(json!({"other.io/x": "true"}))).is_empty());
+        assert!(
+            removal_blockers(&node(json!({"cluster-autoscaler.kubernetes.io/scale-down-disabled": "false"})))
+                .is_empty()
+        );
+        assert_eq!(
+            removal_blockers(&node(json!({
+                "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+                "karpenter.sh/do-not-disrupt": "true"
+            }))),
+            [
+                "cluster-autoscaler.kubernetes.io/scale-down-disabled=true (cluster-autoscaler will not remove it)",
+                "karpenter.sh/do-not-disrupt=true (Karpenter will not remove it)",
+            ]
         );
     }
 

@@ -208,7 +208,7 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         let turn = Turn { start, last_message: last, replace };
         let mut step = node_step(&view, node, node_slices(s, node), published, reads, turn);
         if spec.strategy.replace().is_some() {
-            replace_writes(&mut step, s, &view);
+            replace_writes(&mut step, s, &view, node);
         }
         steps.push(step);
     }
@@ -228,9 +228,27 @@ fn returning(r: &crate::reconcile::observe::Returns, node: &str, carries: bool) 
 }
 
 /// A Replace step's writes beside the state machine's: the record of what leaves a node as its
-/// drain starts, and a returning node's fences and evictions.
-fn replace_writes(step: &mut NodeStep, s: &Snapshot<'_>, v: &NodeView<'_>) {
+/// drain starts, a returning node's fences and evictions, and a warning when a node left for
+/// removal carries an annotation with which its autoscaler never removes it.
+fn replace_writes(step: &mut NodeStep, s: &Snapshot<'_>, v: &NodeView<'_>, node: &SlimNode) {
     match &step.action {
+        Action::Retire => {
+            let blockers = crate::pool::replace::removal_blockers(node);
+            if !blockers.is_empty() {
+                let note = format!(
+                    "node {} is left cordoned for removal, but it carries {}; remove the annotation (kubectl annotate node {} <key>-), or delete the node yourself",
+                    step.node,
+                    blockers.join(" and "),
+                    step.node
+                );
+                step.events.push(NodeEvent {
+                    type_: EventType::Warning,
+                    reason: "RemovalBlocked",
+                    note: note.clone(),
+                });
+                step.message = format!("{}; {note}", step.message);
+            }
+        }
         Action::CordonAndDrain | Action::StartDrain => {
             let moved = s.replace.as_ref().and_then(|r| r.moved.get(&step.node)).filter(|m| !m.is_empty());
             if let (Some(moved), Some(patch)) = (moved, step.patch.as_mut()) {
