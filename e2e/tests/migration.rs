@@ -752,13 +752,6 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
-        // Left for removal, and the migration says what keeps the autoscaler from removing it.
-        let events = object_events(pool, "Node", &pool.nodes[0]).await?;
-        let blocked = events.iter().find(|(r, _)| r == "RemovalBlocked").map(|(_, n)| n.as_str());
-        assert!(
-            blocked.is_some_and(|n| n.contains("cluster-autoscaler.kubernetes.io/scale-down-disabled=true")),
-            "{events:?}"
-        );
         Ok(())
     })
     .await
@@ -3097,6 +3090,13 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+        // Left for removal, and the migration says what keeps the autoscaler from removing it.
+        let events = object_events(pool, "Node", &pool.nodes[0]).await?;
+        let blocked = events.iter().find(|(r, _)| r == "RemovalBlocked").map(|(_, n)| n.as_str());
+        assert!(
+            blocked.is_some_and(|n| n.contains("cluster-autoscaler.kubernetes.io/scale-down-disabled=true")),
+            "{events:?}"
+        );
 
         // Someone uncordons the replaced node and a GPU pod lands there, on the device plugin:
         // the migration reports it rather than counting it as moved.
