@@ -217,6 +217,20 @@ fn with_device<F: FnOnce(&State, &inventory::Gpu, Option<&inventory::Mig>) -> Re
     })
 }
 
+/// Runs `f` on a whole GPU in MIG mode (its index and inventory entry): a MIG device's handle, or a
+/// GPU not in MIG mode, answers `NVML_ERROR_NOT_SUPPORTED`.
+fn with_mig_gpu<F: FnOnce(&State, usize, &inventory::Gpu) -> Ret>(device: nvmlDevice_t, f: F) -> Ret {
+    with_device(device, |s, g, mig| {
+        if mig.is_some() || !g.mig_enabled {
+            return NOT_SUPPORTED;
+        }
+        match s.handle(device) {
+            Some(h) => f(s, h.gpu, g),
+            None => INVALID_ARGUMENT,
+        }
+    })
+}
+
 /// Copies `value` with its NUL into `buf` of `len` bytes.
 unsafe fn put_str(value: &str, buf: *mut c_char, len: c_uint) -> Ret {
     if buf.is_null() {
@@ -556,20 +570,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut nvmlDevice_t,
 ) -> Ret {
-    with(|s| {
-        s.refresh();
-        let Some(h) = s.handle(device) else { return INVALID_ARGUMENT };
-        let g = &s.inv.gpus[h.gpu];
-        if s.lost[h.gpu] {
-            return GPU_IS_LOST;
-        }
-        if h.mig.is_some() || !g.mig_enabled {
-            return NOT_SUPPORTED;
-        }
+    with_mig_gpu(device, |s, gpu, g| {
         if index as usize >= g.mig.len() {
             return NOT_FOUND;
         }
-        unsafe { put(mig_device, s.ptr(h.gpu, Some(index as usize))) }
+        unsafe { put(mig_device, s.ptr(gpu, Some(index as usize))) }
     })
 }
 
@@ -681,20 +686,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gpu_instance: *mut nvmlGpuInstance_t,
 ) -> Ret {
-    with(|s| {
-        s.refresh();
-        let Some(h) = s.handle(device) else { return INVALID_ARGUMENT };
-        let g = &s.inv.gpus[h.gpu];
-        if s.lost[h.gpu] {
-            return GPU_IS_LOST;
-        }
-        if h.mig.is_some() || !g.mig_enabled {
-            return NOT_SUPPORTED;
-        }
-        match g.mig.iter().position(|m| m.gpu_instance_id == id) {
-            Some(j) => unsafe { put(gpu_instance, s.ptr(h.gpu, Some(j)) as nvmlGpuInstance_t) },
-            None => NOT_FOUND,
-        }
+    with_mig_gpu(device, |s, gpu, g| match g.mig.iter().position(|m| m.gpu_instance_id == id) {
+        Some(j) => unsafe { put(gpu_instance, s.ptr(gpu, Some(j)) as nvmlGpuInstance_t) },
+        None => NOT_FOUND,
     })
 }
 
