@@ -90,6 +90,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("listing DeviceTaintRules labelled {selector}: {source}")]
+    ListDeviceTaintRules {
+        selector: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("deleting DeviceTaintRule {name}: {source}")]
     DeleteDeviceTaintRule {
         name: String,
@@ -157,6 +163,7 @@ impl Error {
             Error::GetDaemonSet { .. } => "GetDaemonSet",
             Error::PatchDaemonSet { .. } => "PatchDaemonSet",
             Error::CreateDeviceTaintRule { .. } => "CreateDeviceTaintRule",
+            Error::ListDeviceTaintRules { .. } => "ListDeviceTaintRules",
             Error::DeleteDeviceTaintRule { .. } => "DeleteDeviceTaintRule",
             Error::CreateCanary { .. } => "CreateCanary",
             Error::Discovery { .. } => "Discovery",
@@ -235,6 +242,7 @@ impl Error {
             | Error::GetDaemonSet { source, .. }
             | Error::PatchDaemonSet { source, .. }
             | Error::CreateDeviceTaintRule { source, .. }
+            | Error::ListDeviceTaintRules { source, .. }
             | Error::DeleteDeviceTaintRule { source, .. }
             | Error::CreateCanary { source, .. }
             | Error::Discovery { source }

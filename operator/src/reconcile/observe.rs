@@ -311,13 +311,11 @@ async fn returns(
         .filter(|(p, _)| p.state() == NodeState::RollingBack && recorded.contains(&p.name))
         .map(|(p, n)| (p, n.as_ref()))
         .collect();
+    let selector = format!("{LABEL_MIGRATION}={name},{LABEL_FENCED_NODE}");
     let rules = Api::<DeviceTaintRule>::all(ctx.client.clone())
-        .list(&ListParams::default().labels(&format!("{LABEL_MIGRATION}={name},{LABEL_FENCED_NODE}")))
+        .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(|source| Error::CreateDeviceTaintRule {
-            name: format!("{LABEL_FENCED_NODE} of {name}"),
-            source,
-        })?;
+        .map_err(|source| Error::ListDeviceTaintRules { selector: selector.clone(), source })?;
     let fences = rules
         .items
         .iter()
