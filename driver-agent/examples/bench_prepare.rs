@@ -175,6 +175,7 @@ async fn main() -> anyhow::Result<()> {
         kubelet_root: dir.join("kubelet"),
         cdi_dir: dir.join("cdi"),
         drain_timeout: Duration::from_secs(10),
+        dev_root: None,
     };
     let service = Arc::new(DraService::new(
         config.dra_config(),

@@ -53,11 +53,13 @@ pub struct ContainerEdits {
 }
 
 /// A device node. With a path alone the runtime reads type, major and minor from the host's node
-/// at that path; with all three given it creates the node in the container without looking at the
-/// host.
+/// at that path (or at `hostPath`, where the host keeps it elsewhere); with all three given it
+/// creates the node in the container without looking at the host.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceNode {
     pub path: String,
+    #[serde(default, rename = "hostPath", skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub node_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,11 +69,15 @@ pub struct DeviceNode {
 }
 
 /// How a spec describes device nodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceNodes {
     /// Paths only: the runtime takes the rest from the host's `/dev`, where the NVIDIA driver made
     /// the nodes (NVML discovery; the UVM and capability majors are assigned at driver load).
     HostLookup,
+    /// Paths only, read on the host under this root (`--dev-root`): `/dev/nvidia0` is the host's
+    /// `<root>/dev/nvidia0`, as where a driver container made its device nodes inside its own
+    /// root (`/run/nvidia/driver`). The container still sees `/dev/nvidia0`.
+    UnderRoot(String),
     /// Character devices with their numbers, for the simulated inventory on nodes without GPUs:
     /// there is no host node to read, so the runtime creates each one inside the container.
     Described,
@@ -87,14 +93,20 @@ const SIM_CAPS_MAJOR: u32 = 509;
 
 impl DeviceNode {
     fn new(path: impl Into<String>) -> Self {
-        DeviceNode { path: path.into(), node_type: None, major: None, minor: None }
+        DeviceNode { path: path.into(), host_path: None, node_type: None, major: None, minor: None }
     }
 
-    fn char_device(path: impl Into<String>, major: u32, minor: u32, mode: DeviceNodes) -> Self {
+    fn char_device(path: impl Into<String>, major: u32, minor: u32, mode: &DeviceNodes) -> Self {
         match mode {
             DeviceNodes::HostLookup => DeviceNode::new(path),
+            DeviceNodes::UnderRoot(root) => {
+                let path = path.into();
+                let host_path = format!("{}{path}", root.trim_end_matches('/'));
+                DeviceNode { host_path: Some(host_path), ..DeviceNode::new(path) }
+            }
             DeviceNodes::Described => DeviceNode {
                 path: path.into(),
+                host_path: None,
                 node_type: Some("c".into()),
                 major: Some(major),
                 minor: Some(minor),
@@ -104,7 +116,7 @@ impl DeviceNode {
 }
 
 /// The nodes every CUDA container needs besides its GPUs (see [`CONTROL_DEVICE_NODES`]).
-fn control_device_nodes(mode: DeviceNodes) -> Vec<DeviceNode> {
+fn control_device_nodes(mode: &DeviceNodes) -> Vec<DeviceNode> {
     let [ctl, uvm, uvm_tools] = CONTROL_DEVICE_NODES;
     vec![
         DeviceNode::char_device(ctl, NVIDIA_MAJOR, NVIDIACTL_MINOR, mode),
@@ -134,7 +146,7 @@ pub fn qualified_id(driver: &str, claim_uid: &str, device: &str) -> String {
 }
 
 /// The UUID that names `d` in `NVIDIA_VISIBLE_DEVICES`, and its own device nodes.
-fn device_nodes(d: &NamedDevice<'_>, mode: DeviceNodes) -> (String, Vec<DeviceNode>) {
+fn device_nodes(d: &NamedDevice<'_>, mode: &DeviceNodes) -> (String, Vec<DeviceNode>) {
     let gpu_node =
         |minor: u32| DeviceNode::char_device(format!("/dev/nvidia{minor}"), NVIDIA_MAJOR, minor, mode);
     match d {
@@ -157,7 +169,7 @@ pub fn claim_spec(
     driver: &str,
     claim_uid: &str,
     devices: &[(String, NamedDevice<'_>)],
-    mode: DeviceNodes,
+    mode: &DeviceNodes,
 ) -> Spec {
     let mut uuids = Vec::new();
     let devices = devices
@@ -256,7 +268,7 @@ mod tests {
                 ("gpu-1-mig-1g10gb-0".into(), NamedDevice::Mig { parent: &parent, mig: &with_caps }),
                 ("gpu-1-mig-1g10gb-1".into(), NamedDevice::Mig { parent: &parent, mig: &without }),
             ],
-            DeviceNodes::HostLookup,
+            &DeviceNodes::HostLookup,
         );
         let paths = |i: usize| -> Vec<&str> {
             spec.devices[i].container_edits.device_nodes.iter().map(|n| n.path.as_str()).collect()
@@ -273,6 +285,38 @@ mod tests {
     }
 
     #[test]
+    fn a_dev_root_puts_the_host_side_of_every_node_under_it() {
+        let gpu = Gpu { index: 1, minor: 1, uuid: "GPU-r".into(), ..Default::default() };
+        let spec = claim_spec(
+            "d.example",
+            "u",
+            &[("gpu-1".into(), NamedDevice::Gpu(&gpu))],
+            &DeviceNodes::UnderRoot("/run/nvidia/driver/".into()),
+        );
+        let pairs = |nodes: &[DeviceNode]| -> Vec<(String, Option<String>)> {
+            nodes.iter().map(|n| (n.path.clone(), n.host_path.clone())).collect()
+        };
+        assert_eq!(
+            pairs(&spec.devices[0].container_edits.device_nodes),
+            [("/dev/nvidia1".into(), Some("/run/nvidia/driver/dev/nvidia1".into()))]
+        );
+        assert_eq!(
+            pairs(&spec.container_edits.device_nodes),
+            [
+                ("/dev/nvidiactl".into(), Some("/run/nvidia/driver/dev/nvidiactl".into())),
+                ("/dev/nvidia-uvm".into(), Some("/run/nvidia/driver/dev/nvidia-uvm".into())),
+                ("/dev/nvidia-uvm-tools".into(), Some("/run/nvidia/driver/dev/nvidia-uvm-tools".into())),
+            ]
+        );
+        // The runtime reads type and numbers from the host's node: the spec gives none.
+        let json: serde_json::Value = serde_json::from_slice(&render(&spec)).unwrap();
+        assert_eq!(
+            json["devices"][0]["containerEdits"]["deviceNodes"][0],
+            serde_json::json!({"path": "/dev/nvidia1", "hostPath": "/run/nvidia/driver/dev/nvidia1"})
+        );
+    }
+
+    #[test]
     fn simulated_devices_are_fully_described_character_nodes() {
         let gpu = Gpu { index: 2, minor: 5, uuid: "GPU-s".into(), ..Default::default() };
         let mig = MigDevice { uuid: "MIG-s".into(), gi_cap_minor: Some(30), ..Default::default() };
@@ -283,7 +327,7 @@ mod tests {
                 ("gpu-2".into(), NamedDevice::Gpu(&gpu)),
                 ("gpu-2-mig-1g10gb-0".into(), NamedDevice::Mig { parent: &gpu, mig: &mig }),
             ],
-            DeviceNodes::Described,
+            &DeviceNodes::Described,
         );
         type Described = (String, Option<String>, Option<u32>, Option<u32>);
         let described = |nodes: &[DeviceNode]| -> Vec<Described> {
@@ -321,8 +365,12 @@ mod tests {
     fn specs_are_written_atomically_and_removed_idempotently() {
         let dir = std::env::temp_dir().join(format!("sy-cdi-{}", std::process::id()));
         let gpu = Gpu { uuid: "GPU-x".into(), ..Default::default() };
-        let spec =
-            claim_spec("d.example", "u", &[("gpu-0".into(), NamedDevice::Gpu(&gpu))], DeviceNodes::Described);
+        let spec = claim_spec(
+            "d.example",
+            "u",
+            &[("gpu-0".into(), NamedDevice::Gpu(&gpu))],
+            &DeviceNodes::Described,
+        );
         let path = write_spec(&dir, "d.example", "u", &spec).unwrap();
         let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(back, spec);

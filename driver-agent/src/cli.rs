@@ -111,6 +111,12 @@ pub struct Args {
     /// directories. Not needed when a runtime class (`nvidia`) mounts the library.
     #[arg(long)]
     pub driver_root: Option<PathBuf>,
+    /// The host directory whose `dev/` holds the driver's device nodes (`/dev/nvidia0`,
+    /// `/dev/nvidiactl`, ...): `/` (the default) where the driver made them in the host's `/dev`,
+    /// or a driver container's root such as `/run/nvidia/driver` where it made them there. A host
+    /// path, as NVIDIA's device plugin's `--dev-root`: the CDI specs name the nodes under it.
+    #[arg(long, default_value = "/")]
+    pub dev_root: String,
     /// Seconds shutdown keeps the kubelet plugin serving while claims are still prepared.
     #[arg(long, default_value_t = plugin::DEFAULT_DRAIN_TIMEOUT.as_secs())]
     pub plugin_drain_seconds: u64,
@@ -120,6 +126,11 @@ impl Args {
     /// Which libnvidia-ml to load, from --nvml-library and --driver-root.
     pub fn library(&self) -> Library {
         Library::resolve(self.nvml_library.as_deref(), self.driver_root.as_deref())
+    }
+
+    /// `--dev-root` where it is not the host's `/`: the CDI specs then name device nodes under it.
+    pub fn dev_root(&self) -> Option<String> {
+        Some(self.dev_root.clone()).filter(|r| !r.trim_end_matches('/').is_empty())
     }
 
     pub fn policy(&self) -> HealthPolicy {
@@ -341,6 +352,7 @@ async fn start_plugin(args: &Args, client: &kube::Client, metrics: &Metrics) -> 
         kubelet_root: args.kubelet_root.clone(),
         cdi_dir: args.cdi_dir.clone(),
         drain_timeout: Duration::from_secs(args.plugin_drain_seconds),
+        dev_root: args.dev_root(),
     };
     let service = plugin::dra::DraService::new(
         config.dra_config(),
@@ -444,7 +456,12 @@ mod tests {
         assert_eq!(a.inventory, InventoryKind::Nvml);
         assert_eq!(a.policy().hold, Duration::from_secs(300));
         assert_eq!(a.benign_xids, DEFAULT_BENIGN_XIDS);
+        assert_eq!(a.dev_root(), None, "device nodes in the host's /dev");
         assert!(a.validate().is_ok());
+        for (flag, want) in [("/", None), ("//", None), ("/run/nvidia/driver", Some("/run/nvidia/driver"))] {
+            let a = parse(&["--node-name", "n1", "--dev-root", flag]).unwrap();
+            assert_eq!(a.dev_root().as_deref(), want, "--dev-root {flag}");
+        }
         let a = parse(&["--node-name", "n1", "--benign-xids", "13,31,999", "--health-hold-seconds", "5"])
             .unwrap();
         assert_eq!(a.policy().benign_xids.into_iter().collect::<Vec<_>>(), [13, 31, 999]);

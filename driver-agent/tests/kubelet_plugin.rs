@@ -117,6 +117,7 @@ impl Env {
             kubelet_root: self.dir.join("kubelet"),
             cdi_dir: self.cdi_dir(),
             drain_timeout: Duration::from_secs(10),
+            dev_root: None,
         }
     }
 
@@ -371,6 +372,7 @@ async fn a_corrupt_checkpoint_stops_the_start() {
         node_name: NODE.into(),
         cdi_dir: dir.join("cdi"),
         checkpoint: dir.join("checkpoint.json"),
+        dev_root: None,
     };
     std::fs::write(&config.checkpoint, "garbage").unwrap();
     let inv =

@@ -13,7 +13,9 @@
 #   pause                     registry.k8s.io/pause:3.10 (the e2e nodes' sandbox image and the
 #                             migration canary's image in the samples)
 #   workload                  switchyard.dev/e2e/gpu-workload:$VERSION (prints its env and /dev)
-#   sim-device-plugin         switchyard.dev/e2e/sim-device-plugin:$VERSION
+#   nvidia-device-plugin      switchyard.dev/e2e/nvidia-k8s-device-plugin:v0.19.3 (NVIDIA's device
+#                             plugin, built from its module by e2e/hack/build-nvidia.sh; the version
+#                             is e2e/nvidia/go.mod's)
 #
 # Reproducible: every file has mtime 0 and uid/gid 0 in the layer, the config and history carry the
 # epoch as their date, the Rust binaries are built with their build paths remapped, and the Go ones
@@ -157,16 +159,24 @@ EOF
   pack workload "switchyard.dev/e2e/gpu-workload:$version" "$rootfs" --config.entrypoint /workload.sh
 }
 
-image_sim_device_plugin() {
-  local rootfs="$work/sim-device-plugin"
-  mkdir -p "$rootfs"
-  go_bin e2e/deviceplugin "$rootfs/sim-device-plugin"
-  pack sim-device-plugin "switchyard.dev/e2e/sim-device-plugin:$version" "$rootfs" \
-    --config.entrypoint /sim-device-plugin
+# NVIDIA's k8s-device-plugin, unchanged: its nvidia-device-plugin command at the path NVIDIA's
+# image has it, with the glibc it links (go-nvml loads libnvidia-ml.so.1 with dlopen, so it is a
+# cgo binary) and libgcc_s, which a distroless/cc base carries and NVIDIA's NVML library needs.
+image_nvidia_device_plugin() {
+  local rootfs="$work/nvidia-device-plugin" bin dp_version lib
+  bin=$(bash "$root/e2e/hack/build-nvidia.sh" nvidia-device-plugin)
+  dp_version=$(sed -n 's/^require github.com\/NVIDIA\/k8s-device-plugin \(v[0-9.]*\)$/\1/p' "$root/e2e/nvidia/go.mod")
+  stage_base "$rootfs"
+  stage_dynamic "$rootfs" "$bin" /usr/bin/nvidia-device-plugin
+  lib=$(ldconfig -p | awk '/libgcc_s\.so\.1 \(libc6,x86-64\)/ {print $NF; exit}')
+  [ -n "$lib" ] || { echo "build-images: libgcc_s.so.1 not found (ldconfig -p)" >&2; exit 1; }
+  install -D -m 0644 "$(readlink -f "$lib")" "$rootfs$lib"
+  pack nvidia-device-plugin "switchyard.dev/e2e/nvidia-k8s-device-plugin:$dp_version" "$rootfs" \
+    --config.entrypoint /usr/bin/nvidia-device-plugin
 }
 
 images=("$@")
-[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload sim-device-plugin)
+[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin)
 : > "$work/digests"
 for image in "${images[@]}"; do
   fn="image_${image//-/_}"

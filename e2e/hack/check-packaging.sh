@@ -9,7 +9,8 @@
 #                   e2e/hack/test-helm-values.sh (each admin value rendered, bad ones rejected)
 #   alerts          promtool check rules, promtool test rules
 #   dashboard       JSON parses; every PromQL expression parses (promtool, as recording rules)
-#   kustomize       kubectl kustomize config/, e2e/overlays/monitoring, e2e/overlays/real-nodes and
+#   kustomize       kubectl kustomize config/, e2e/overlays/monitoring, e2e/overlays/real-nodes,
+#                   e2e/overlays/simulated-gpus and
 #                   the two driver-root overlays
 set -euo pipefail
 
@@ -28,8 +29,6 @@ lua5.4 config/argocd/run-health-tests.lua config/argocd
 step "kstatus (sigs.k8s.io/cli-utils) over the same fixtures"
 (cd e2e/kstatus && go vet ./... && go test -count=1 ./...)
 
-step "simulated NVIDIA device plugin (go vet, go test against an in-process fake kubelet)"
-(cd e2e/deviceplugin && go vet ./... && go test -count=1 ./...)
 (cd e2e/pause && go vet ./...)
 
 step "Helm chart"
@@ -104,9 +103,14 @@ for root in host:/ gpu-operator:/run/nvidia/driver; do
   grep -qF -- "path: ${root#*:}" "$tmp/kustomize-driver-root.yaml" \
     || { echo "kustomize (driver-root-${root%%:*} component): no host path ${root#*:}" >&2; exit 1; }
 done
+"$kubectl" kustomize e2e/overlays/simulated-gpus > "$tmp/kustomize-simulated-gpus.yaml"
 for want in "--inventory=simulated" "--sim-config=/etc/switchyard/simulated-gpus/inventory.yaml" \
             "name: switchyard-simulated-gpus"; do
-  grep -qF -- "$want" "$tmp/kustomize-real-nodes.yaml" || { echo "kustomize (simulated-gpus component): no '$want'" >&2; exit 1; }
+  grep -qF -- "$want" "$tmp/kustomize-simulated-gpus.yaml" || { echo "kustomize (simulated-gpus component): no '$want'" >&2; exit 1; }
+done
+# The real nodes run the agent on its NVML path, against the driver root nodes-up.sh lays out.
+for want in "--inventory=nvml" "--driver-root=/driver-root" "--dev-root=/run/nvidia/driver" "path: /run/nvidia/driver"; do
+  grep -qF -- "$want" "$tmp/kustomize-real-nodes.yaml" || { echo "kustomize (e2e/overlays/real-nodes): no '$want'" >&2; exit 1; }
 done
 grep -qF -- "--inventory=nvml" "$tmp/kustomize.yaml" || { echo "kustomize: config/ no longer defaults to --inventory=nvml" >&2; exit 1; }
 echo "kustomize: $(grep -c '^kind:' "$tmp/kustomize.yaml") objects in config/, $(grep -c '^kind:' "$tmp/kustomize-monitoring.yaml") with the monitoring component" >&2

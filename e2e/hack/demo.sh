@@ -7,9 +7,12 @@
 # their device and DRA managers, containerd with CDI, runc, the pod network (a bridge per node on
 # this machine); Switchyard installed from config/ with kubectl (the operator as its two-replica
 # Deployment with its own ServiceAccount, the agent as its DaemonSet, both from the images
-# e2e/hack/build-images.sh built); `switchyard plan` and `switchyard status`. What is simulated:
-# the GPUs. The device plugin (e2e/deviceplugin) and the agent (--inventory simulated) read the
-# same inventory of two H100s per node, e2e/overlays/real-nodes/inventory.yaml.
+# e2e/hack/build-images.sh built); `switchyard plan` and `switchyard status`; NVIDIA's device
+# plugin (k8s-device-plugin v0.19.3, built from its Go module) as the device-plugin DaemonSet.
+# What is fake: only the GPUs, at the lowest layer. Each node's driver root (/run/nvidia/driver,
+# as under the GPU Operator) holds the NVML mock as libnvidia-ml.so.1 with two H100s
+# (e2e/nvml-mock/nodes/h100x2.json) and device nodes made with mknod; NVIDIA's plugin and
+# Switchyard's agent (--inventory nvml) both load that library.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,8 +30,7 @@ cleanup() {
   k delete gpm a100-pool --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
   k delete namespace ml --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
   k delete --ignore-not-found --wait --timeout=120s -k e2e/overlays/real-nodes >/dev/null 2>&1 || true
-  k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/sim-device-plugin.yaml >/dev/null 2>&1 || true
-  k -n kube-system delete configmap sim-gpu-inventory --ignore-not-found >/dev/null 2>&1 || true
+  k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null 2>&1 || true
   k delete deviceclass gpu.switchyard.dev --ignore-not-found >/dev/null 2>&1 || true
   for n in "${nodes[@]}"; do
     k label node "$n" pool- nvidia.com/gpu.present- switchyard.dev/gpu-backend- >/dev/null 2>&1 || true
@@ -90,15 +92,16 @@ fi
 k delete namespace ml --ignore-not-found --wait >/dev/null 2>&1 || true
 k get nodes -o wide | sed 's/^/   /'
 
-say "2. The GPU pool: the NVIDIA device plugin on each node, two GPUs each"
+say "2. The GPU pool: NVIDIA's device plugin on each node, two GPUs each (NVML answered by the mock)"
 for n in "${nodes[@]}"; do k label node "$n" pool=a100 nvidia.com/gpu.present=true --overwrite >/dev/null; done
-k -n kube-system create configmap sim-gpu-inventory --from-file=inventory.yaml=e2e/overlays/real-nodes/inventory.yaml \
-  --dry-run=client -o yaml | k apply -f - >/dev/null
-k apply --server-side --force-conflicts -f e2e/manifests/sim-device-plugin.yaml >/dev/null
+k apply --server-side --force-conflicts -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null
 until [ "$(k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' 2>/dev/null | grep -c '^2$')" = 3 ]; do sleep 1; done
 k get nodes -l pool=a100 -o custom-columns='NODE:.metadata.name,ALLOCATABLE_NVIDIA_GPU:.status.allocatable.nvidia\.com/gpu' | sed 's/^/   /'
+dp_pod=$(k -n kube-system get pods -l name=nvidia-device-plugin-ds -o jsonpath='{.items[0].metadata.name}')
+echo "   kubectl -n kube-system logs $dp_pod   (NVIDIA's device plugin)"
+k -n kube-system logs "$dp_pod" | grep -E 'Starting NVIDIA|discovery strategy|Starting to serve|Registered device plugin' | head -n 8 | sed 's/^/     /'
 
-say "3. Switchyard as a cluster admin installs it: kubectl apply -k config/ (plus the simulated-GPU inventory)"
+say "3. Switchyard as a cluster admin installs it: kubectl apply -k config/ (plus the GPU Operator's driver root)"
 k apply --server-side --force-conflicts -k e2e/overlays/real-nodes >/dev/null
 until k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null | grep -q .; do sleep 1; done
 k -n switchyard-system get pods -o wide | sed 's/^/   /'

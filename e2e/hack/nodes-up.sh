@@ -7,7 +7,16 @@
 # where its own directories are bind-mounted over the paths that the kubelet, containerd and the
 # pods' hostPath volumes hard-code: /var/lib/kubelet (device-plugin and DRA plugin sockets,
 # checkpoints, serving certificate), /run/containerd (shim sockets), /var/run/cdi, /var/log/pods,
-# /var/log/containers and /var/lib/cni. The packaged DaemonSets therefore run unchanged.
+# /var/log/containers, /var/lib/cni and /run/nvidia/driver. The packaged DaemonSets therefore run
+# unchanged.
+#
+# The GPUs: each node has an NVIDIA driver root at /run/nvidia/driver, laid out as the GPU
+# Operator's driver container leaves one (usr/lib64/libnvidia-ml.so.1, dev/nvidia<N>, dev/nvidiactl,
+# dev/nvidia-uvm, dev/nvidia-uvm-tools). The library is the NVML mock (e2e/nvml-mock), the device
+# nodes are made with mknod (no driver answers them), and the node's GPUs are the mock's inventory
+# beside the library (usr/lib64/nvml-mock.json, from $SWITCHYARD_NODE_GPUS). Faults are raised by
+# appending to usr/lib64/nvml-mock.json.faults. Everything above that library is the vendors' code
+# and ours, unchanged.
 #
 # Networking, on this machine only: the kubelets listen on this machine's own address (the kubelet
 # refuses loopback as a node IP) and serve logs and exec to the API server from there. Each node's
@@ -25,6 +34,8 @@
 #   SWITCHYARD_RUNC           the runc binary (default: runc on PATH)
 #   SWITCHYARD_CGROUP_FS      where the cgroup v1 hierarchies are mounted (default /sys/fs/cgroup)
 #   SWITCHYARD_CONTAINERD_CONFIG_EXTRA  appended to each node's containerd config
+#   SWITCHYARD_NODE_GPUS      the NVML mock inventory of every node (default
+#                             e2e/nvml-mock/nodes/h100x2.json: two H100s)
 # The last four exist for e2e/hack/test-node-faults.sh, which starts nodes on a broken machine.
 set -euo pipefail
 
@@ -59,8 +70,8 @@ trap on_exit EXIT
 # --- prerequisites, each failure naming the missing piece and its fix ------------------------
 command -v "$runc_bin" >/dev/null || fail "runc is missing ($runc_bin): run 'make deps' (Debian package runc)"
 runc_bin=$(command -v "$runc_bin")
-for tool in unshare nsenter iptables ip; do
-  command -v "$tool" >/dev/null || fail "$tool is missing: run 'make deps' (Debian packages util-linux, iptables, iproute2)"
+for tool in unshare nsenter iptables ip jq; do
+  command -v "$tool" >/dev/null || fail "$tool is missing: run 'make deps' (Debian packages util-linux, iptables, iproute2, jq)"
 done
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] \
   || fail "the CNI plugins are missing from /usr/lib/cni: run 'make deps' (Debian package containernetworking-plugins)"
@@ -76,10 +87,15 @@ node_ip=$(ip -4 -o addr show ${dev:+dev "$dev"} scope global 2>/dev/null | awk '
 bin=$(bash "$here/hack/build-controlplane.sh")
 node_bin=$(bash "$here/hack/build-node.sh")
 images="${SWITCHYARD_IMAGE_DIR:-$here/../target/images}"
-for image in pause workload sim-device-plugin switchyard-operator switchyard-driver-agent; do
+for image in pause workload nvidia-device-plugin switchyard-operator switchyard-driver-agent; do
   [ -f "$images/$image.tar" ] || fail "image archive $images/$image.tar is missing: run 'make images' first"
 done
 kubectl() { "$bin/kubectl" --kubeconfig "$state/kubeconfig" "$@"; }
+node_gpus=${SWITCHYARD_NODE_GPUS:-$here/nvml-mock/nodes/h100x2.json}
+jq -e '.gpus | length > 0' "$node_gpus" >/dev/null 2>&1 \
+  || fail "$node_gpus is not an NVML mock inventory with GPUs (format: e2e/nvml-mock/src/inventory.rs)"
+driver_version=$(jq -r '.driverVersion // "580.95.05"' "$node_gpus")
+nvml_mock=$(bash "$here/hack/build-nvml-mock.sh") || fail "the NVML mock did not build (e2e/hack/build-nvml-mock.sh)"
 
 mkdir -p "$nodes_dir" "$state/pids" "$state/logs"
 changes="$nodes_dir/host-changes"
@@ -92,7 +108,8 @@ record() { grep -qxF "$*" "$changes" || echo "$*" >> "$changes"; }
 for key in vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward; do
   grep -q "^sysctl $key " "$changes" || echo "sysctl $key $(sysctl -n "$key")" >> "$changes"
 done
-for dir in /var/lib/kubelet /run/containerd /run/cdi /var/log/pods /var/log/containers /var/lib/cni; do
+for dir in /var/lib/kubelet /run/containerd /run/cdi /var/log/pods /var/log/containers /var/lib/cni \
+  /run/nvidia /run/nvidia/driver; do
   if [ ! -e "$dir" ]; then mkdir -p "$dir"; record "dir $dir"; fi
 done
 
@@ -121,13 +138,31 @@ fi
 # image already there with the same digest is a no-op; a rebuilt one moves its tag.
 import_images() { # index
   local n="$nodes_dir/node$1" image out
-  for image in pause workload sim-device-plugin switchyard-operator switchyard-driver-agent; do
+  for image in pause workload nvidia-device-plugin switchyard-operator switchyard-driver-agent; do
     # ctr warns about cgroup v1 on every call; show its output only when the import fails.
     if ! out=$("$node_bin/ctr" -a "$n/run/containerd.sock" -n k8s.io images import --local "$images/$image.tar" 2>&1); then
       echo "$out" >&2
       fail "could not import $images/$image.tar into the containerd of real-node-$1"
     fi
   done
+}
+
+# The node's NVIDIA driver root (see the top of this file): the mock as libnvidia-ml.so.<version>
+# with the usual .so.1 link, its inventory beside it, and the device nodes a driver makes.
+lay_out_driver_root() { # dir
+  local r=$1 lib=usr/lib64 minor
+  mkdir -p "$r/$lib" "$r/dev"
+  install -m 0755 "$nvml_mock" "$r/$lib/libnvidia-ml.so.$driver_version"
+  ln -s "libnvidia-ml.so.$driver_version" "$r/$lib/libnvidia-ml.so.1"
+  install -m 0644 "$node_gpus" "$r/$lib/nvml-mock.json"
+  : > "$r/$lib/nvml-mock.json.faults"
+  for minor in $(jq -r '.gpus | to_entries[] | .value.minor // .key' "$node_gpus"); do
+    mknod -m 0666 "$r/dev/nvidia$minor" c 195 "$minor"
+  done
+  mknod -m 0666 "$r/dev/nvidiactl" c 195 255
+  # nvidia-uvm's major is assigned when the module loads; 508 is in the dynamic range.
+  mknod -m 0666 "$r/dev/nvidia-uvm" c 508 0
+  mknod -m 0666 "$r/dev/nvidia-uvm-tools" c 508 1
 }
 
 start_node() { # index
@@ -144,9 +179,14 @@ start_node() { # index
     fi
   done
   # A node starts empty, like the control plane's etcd: no pods, claims or checkpoints of an earlier
-  # cluster. The client certificate is kept.
-  rm -rf "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd}
+  # cluster. The client certificate is kept. Its Node object goes too: a kubelet that finds its
+  # Node keeps the device-plugin capacity and allocatable recorded there until a plugin registers
+  # again, so a node whose plugin no longer finds a GPU would still show the old run's GPUs.
+  kubectl delete node "$name" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1 \
+    || fail "could not delete the Node $name left by an earlier run"
+  rm -rf "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd,driver-root}
   mkdir -p "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd/root,containerd/state,containerd/opt,pki}
+  lay_out_driver_root "$n/driver-root"
 
   # Client certificate for the Node authorizer and NodeRestriction: CN=system:node:<name>.
   if [ ! -f "$n/pki/kubelet.crt" ]; then
@@ -270,6 +310,7 @@ EOF
     mount --bind "$n/log-pods" /var/log/pods
     mount --bind "$n/log-containers" /var/log/containers
     mount --bind "$n/cni-lib" /var/lib/cni
+    mount --bind "$n/driver-root" /run/nvidia/driver
     exec "$2/containerd" --config "$n/containerd.toml"
   ' node-ns "$n" "$node_bin" > "$state/logs/$name-containerd.log" 2>&1 < /dev/null &
   echo $! > "$pidf-containerd.pid"

@@ -327,9 +327,11 @@ rejects "a relative agent.kubeletRootDir" "/agent/kubeletRootDir" --set agent.ku
 rejects "agent.cdiDir with a trailing slash" "/agent/cdiDir" --set agent.cdiDir=/etc/cdi/
 
 # --- agent: driverRoot, runtimeClassName -------------------------------------------------------
-render driver-root --set agent.driverRoot=/run/nvidia/driver --set agent.runtimeClassName=nvidia
+render driver-root --set agent.driverRoot=/run/nvidia/driver --set agent.runtimeClassName=nvidia \
+  --set agent.devRoot=/run/nvidia/driver
 has driver-root agent "        - --kubelet-plugin
         - --driver-root=/driver-root
+        - --dev-root=/run/nvidia/driver
         env:"
 has driver-root agent "        - name: driver-root
           mountPath: /driver-root
@@ -345,6 +347,10 @@ render host-root --set agent.driverRoot=/
 has host-root agent "          path: /
           type: Directory"
 lacks host-root agent "runtimeClassName"
+render host-dev-root --set agent.devRoot=/
+lacks host-dev-root agent "--dev-root"
+lacks default agent "--dev-root"
+rejects "a relative agent.devRoot" "/agent/devRoot" --set agent.devRoot=run/nvidia/driver
 lacks default agent "driver-root"
 lacks default agent "runtimeClassName"
 rejects "a relative agent.driverRoot" "/agent/driverRoot" --set agent.driverRoot=run/nvidia/driver

@@ -1,21 +1,27 @@
 //! Real nodes: the kubelets and containerds that `e2e/hack/nodes-up.sh` starts beside the control
 //! plane, and Switchyard installed on them the way a cluster admin installs it: `config/` applied
-//! with kubectl (through `e2e/overlays/real-nodes`, which adds only the simulated-GPU inventory),
-//! the operator as its two-replica Deployment and the agent as its DaemonSet, each with its own
-//! ServiceAccount and RBAC, from the images that `e2e/hack/build-images.sh` built.
+//! with kubectl (through `e2e/overlays/real-nodes`, which adds only the GPU Operator's driver root
+//! and a short health hold), the operator as its two-replica Deployment and the agent as its
+//! DaemonSet, each with its own ServiceAccount and RBAC, from the images that
+//! `e2e/hack/build-images.sh` built.
 //!
-//! The GPUs are simulated: the device plugin (`e2e/deviceplugin`) and the agent
-//! (`--inventory simulated`) read the same inventory. Everything between them and the workload
-//! is real: the kubelet's device manager, its DRA manager calling NodePrepareResources,
-//! containerd's CDI injection, runc.
+//! Only the GPUs are fake, at the lowest layer: each node's driver root (`/run/nvidia/driver`)
+//! holds the NVML mock as `libnvidia-ml.so.1` and device nodes made with mknod
+//! (`e2e/hack/nodes-up.sh`). NVIDIA's device plugin (k8s-device-plugin v0.19.3, built from its
+//! module) and Switchyard's agent (`--inventory nvml`, the production default) both load that
+//! library and discover the same GPUs. Everything between them and the workload is real: the
+//! kubelet's device manager, its DRA manager calling NodePrepareResources, containerd's CDI
+//! injection, runc.
 
+use std::collections::BTreeSet;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -27,14 +33,49 @@ pub const LABEL_REAL_NODE: &str = "e2e.switchyard.dev/real-node";
 pub const SYSTEM_NS: &str = "switchyard-system";
 /// The operator's Deployment and leader-election Lease.
 pub const OPERATOR: &str = "switchyard-operator";
-/// The GPUs of every real node, for the device plugin and the agent alike.
-pub const INVENTORY: &str = include_str!("../overlays/real-nodes/inventory.yaml");
+/// The NVML mock's inventory of every real node (nodes-up.sh's default), which NVIDIA's device
+/// plugin and the agent both discover through the mock.
+pub const NODE_GPUS: &str = include_str!("../nvml-mock/nodes/h100x2.json");
+/// The device-plugin DaemonSet: NVIDIA's, as its static manifest names it.
+pub const DEVICE_PLUGIN_MANIFEST: &str = "e2e/manifests/nvidia-device-plugin.yaml";
 /// The label the device-plugin DaemonSet selects GPU nodes by.
 pub const LABEL_GPU_PRESENT: &str = "nvidia.com/gpu.present";
 /// The image that prints what the container was given (`NVIDIA_VISIBLE_DEVICES`, /dev/nvidia*).
 pub const WORKLOAD_IMAGE: &str = concat!("switchyard.dev/e2e/gpu-workload:", env!("CARGO_PKG_VERSION"));
-/// The ConfigMap the device plugin reads its inventory from.
-const DEVICE_PLUGIN_INVENTORY: &str = "sim-gpu-inventory";
+
+/// One GPU of [`NODE_GPUS`].
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MockGpu {
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+}
+
+/// The GPUs of every real node.
+pub fn node_gpus() -> Vec<MockGpu> {
+    #[derive(serde::Deserialize)]
+    struct Inventory {
+        gpus: Vec<MockGpu>,
+    }
+    serde_json::from_str::<Inventory>(NODE_GPUS).expect("e2e/nvml-mock/nodes/h100x2.json parses").gpus
+}
+
+/// The UUIDs of every real node's GPUs.
+pub fn gpu_uuids() -> BTreeSet<String> {
+    node_gpus().into_iter().map(|g| g.uuid).collect()
+}
+
+/// A fault the NVML mock delivers on a node's GPU, as the driver would: appended to the faults
+/// file beside the mock in the node's driver root, which every process that loaded the mock there
+/// (NVIDIA's device plugin, the agent) reads. `kind`: `xid` (with `xid`), `ecc-dbe`, `lost`,
+/// `recover`.
+pub fn raise_gpu_fault(node: &str, uuid: &str, kind: &str, xid: u64) -> anyhow::Result<()> {
+    let path = node_dir(node).join("driver-root/usr/lib64/nvml-mock.json.faults");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&path)?;
+    writeln!(f, "{}", json!({"uuid": uuid, "kind": kind, "xid": xid}))?;
+    Ok(())
+}
 
 /// The real nodes, Ready. Fails, never skips, when there are none: the scenarios on real nodes do
 /// not fall back to the simulator.
@@ -135,32 +176,39 @@ pub fn uninstall_switchyard() -> anyhow::Result<()> {
     .map(|_| ())
 }
 
-/// The simulated device plugin as the cluster's device-plugin DaemonSet, with its inventory.
-pub async fn install_device_plugin(client: &Client) -> anyhow::Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": DEVICE_PLUGIN_INVENTORY},
-        "data": {"inventory.yaml": INVENTORY},
-    }))?;
-    api.patch(DEVICE_PLUGIN_INVENTORY, &PatchParams::apply("switchyard-e2e").force(), &Patch::Apply(&cm))
-        .await?;
-    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", "e2e/manifests/sim-device-plugin.yaml"])
-        .map(|_| ())
+/// The mock's inventory in a node's driver root.
+fn mock_inventory(node: &str) -> PathBuf {
+    node_dir(node).join("driver-root/usr/lib64/nvml-mock.json")
 }
 
-/// Removes the device plugin DaemonSet and its inventory.
-pub async fn uninstall_device_plugin(client: &Client) -> anyhow::Result<()> {
-    kubectl(&[
-        "delete",
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=60s",
-        "-f",
-        "e2e/manifests/sim-device-plugin.yaml",
-    ])?;
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    let _ = api.delete(DEVICE_PLUGIN_INVENTORY, &DeleteParams::default()).await;
+/// Makes `node` a node whose NVIDIA driver is not loaded: its NVML init fails
+/// (`NVML_ERROR_DRIVER_NOT_LOADED`, the mock without its inventory) for every process that
+/// initialises it from now on. [`load_driver`] undoes it.
+pub fn unload_driver(node: &str) -> anyhow::Result<()> {
+    let inv = mock_inventory(node);
+    std::fs::rename(&inv, inv.with_extension("json.unloaded"))?;
     Ok(())
+}
+
+/// Undoes [`unload_driver`]; a no-op where the driver is loaded.
+pub fn load_driver(node: &str) -> anyhow::Result<()> {
+    let inv = mock_inventory(node);
+    let unloaded = inv.with_extension("json.unloaded");
+    if unloaded.exists() {
+        std::fs::rename(&unloaded, &inv)?;
+    }
+    Ok(())
+}
+
+/// NVIDIA's device plugin as the cluster's device-plugin DaemonSet.
+pub fn install_device_plugin() -> anyhow::Result<()> {
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", DEVICE_PLUGIN_MANIFEST]).map(|_| ())
+}
+
+/// Removes the device plugin DaemonSet.
+pub fn uninstall_device_plugin() -> anyhow::Result<()> {
+    kubectl(&["delete", "--ignore-not-found", "--wait=true", "--timeout=60s", "-f", DEVICE_PLUGIN_MANIFEST])
+        .map(|_| ())
 }
 
 /// A Deployment of `replicas` workload pods, each with a plain `nvidia.com/gpu: 1` limit and

@@ -1,7 +1,8 @@
 //! `make demo` completes: the script runs end to end on the shared e2e cluster (it reuses the
 //! running control plane and its real nodes, and removes what it created), and its summary reports
-//! a full migration of the three real nodes, with the trainer's logs showing its GPU from the
-//! device plugin before and from our CDI spec, through a generated claim, after.
+//! a full migration of the three real nodes, with NVIDIA's device plugin's log, and the trainer's
+//! logs showing its GPU from that plugin before and from our CDI spec, through a generated claim,
+//! after.
 
 use std::process::Stdio;
 
@@ -40,6 +41,8 @@ async fn make_demo_completes_on_the_shared_cluster() -> anyhow::Result<()> {
         "GPUs before:            6 through the device plugin",
         "GPUs after:             6 DRA devices in ResourceSlices, 0 through the device plugin",
         "non-GPU pods evicted:   0",
+        // NVIDIA's device plugin's own log, found the mock's GPUs through NVML and registered.
+        "Registered device plugin for 'nvidia.com/gpu' with Kubelet",
     ] {
         assert!(stdout.contains(want), "the demo output lacks {want:?}:\n{stdout}");
     }

@@ -169,6 +169,13 @@ fn kustomize_with_monitoring_component_passes_server_side_dry_run() {
     dry_run_all("kubectl kustomize e2e/overlays/monitoring", kustomize("e2e/overlays/monitoring"));
 }
 
+/// The simulated-gpus component (clusters without GPUs), with its inventory ConfigMap.
+#[test]
+fn kustomize_with_simulated_gpus_component_passes_server_side_dry_run() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
+    dry_run_all("kubectl kustomize e2e/overlays/simulated-gpus", kustomize("e2e/overlays/simulated-gpus"));
+}
+
 /// The samples in config/samples/ are valid GpuPoolMigrations: the CRD's schema and CEL rules take
 /// them (NVIDIA's driver without the interlock among them).
 #[test]

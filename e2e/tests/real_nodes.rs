@@ -1,12 +1,17 @@
 //! A pool of real nodes (kubelet v1.37.2 and containerd 2.4 each, `e2e/hack/nodes-up.sh`) moves
-//! from the simulated NVIDIA device plugin to Switchyard's DRA driver, with Switchyard installed
+//! from NVIDIA's device plugin (k8s-device-plugin v0.19.3, built from its module) to Switchyard's
+//! DRA driver, with Switchyard installed
 //! from config/ as a cluster admin installs it: the operator as its two-replica Deployment with its
 //! own ServiceAccount, the agent as its DaemonSet, both from the images built by
 //! `e2e/hack/build-images.sh`. A verb missing from a ClusterRole fails this scenario.
 //!
+//! Only the GPUs are fake: each node's driver root holds the NVML mock as libnvidia-ml.so.1 and
+//! device nodes made with mknod, which NVIDIA's plugin and the agent (`--inventory nvml`) load and
+//! read alike.
+//!
 //! What it shows, all through the real kubelet, device manager, DRA manager, containerd and runc:
-//! - before: GPU pods get their devices from the device plugin (`NVIDIA_VISIBLE_DEVICES` from its
-//!   Allocate, /dev/nvidia<N> from its device specs), no claim;
+//! - before: GPU pods get their devices from NVIDIA's device plugin (`NVIDIA_VISIBLE_DEVICES` from
+//!   its Allocate, /dev/nvidia<N> from its device specs, under the driver root), no claim;
 //! - the leader pod is deleted mid-migration and the standby finishes the work;
 //! - then, still mid-migration, `kubectl drain` of the new leader's node completes (the Ready
 //!   standby lets the operator's PodDisruptionBudget allow it), the standby takes over, and the
@@ -15,6 +20,9 @@
 //!   NodePrepareResources (our CDI spec is on the node while the pod runs) and the container got
 //!   the UUIDs and device nodes of that spec; allocatable nvidia.com/gpu fell to 0 through the
 //!   kubelet's device manager;
+//! - the agent's slices carry what NVML (the mock) reports: UUIDs, product name, memory; an XID 79
+//!   raised in the mock becomes a NoSchedule device taint, the lost GPU that follows another, and
+//!   both go once the GPU answers again and the hold has passed;
 //! - a DaemonSet pod holding a device-plugin GPU on every node (a node agent) holds each switch
 //!   until the plugin has left; then, with `evictDaemonSetGpuPods`, it is evicted and its
 //!   replacement gets a GPU through DRA, a different one from the trainer's on the same node
@@ -27,12 +35,12 @@
 //!   node is left cordoned and labelled `switchyard.dev/replaced`;
 //! - no instant, sampled on every watch event, where a node was served by both backends.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -48,7 +56,7 @@ const APP: &str = "trainer";
 const AGENT_APP: &str = "node-agent";
 
 fn uuids_in_inventory() -> BTreeSet<String> {
-    real::INVENTORY.lines().filter_map(|l| l.trim().strip_prefix("uuid: ")).map(str::to_owned).collect()
+    real::gpu_uuids()
 }
 
 /// `NVIDIA_VISIBLE_DEVICES` and the /dev/nvidia<N> GPU nodes (not nvidiactl or uvm) the workload
@@ -92,6 +100,206 @@ async fn real_pool_moves_from_the_device_plugin_to_dra_with_the_packaged_operato
         Err(panic) => std::panic::resume_unwind(panic),
         Ok(result) => result.and(cleaned),
     }
+}
+
+/// The agent discovered each node's GPUs through NVML, that is through the mock's C functions:
+/// the slices carry the mock's UUIDs, product name and memory, and nothing else.
+async fn slices_carry_what_nvml_reports(client: &Client, names: &[String]) -> anyhow::Result<()> {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let want: BTreeMap<String, (String, String)> = real::node_gpus()
+        .into_iter()
+        .map(|g| (g.uuid, (g.name, format!("{}Ki", g.memory_bytes / 1024))))
+        .collect();
+    for node in names {
+        let list = slices.list(&ListParams::default().fields(&format!("spec.nodeName={node}"))).await?.items;
+        let mut seen = BTreeMap::new();
+        for d in list
+            .iter()
+            .filter(|s| s.spec.driver == DRIVER)
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        {
+            let attr = |k: &str| d.attributes.as_ref().and_then(|a| a.get(k)).and_then(|v| v.string.clone());
+            let memory = d.capacity.as_ref().and_then(|c| c.get("memory")).map(|m| m.value.0.clone());
+            let uuid = attr("uuid").unwrap_or_default();
+            let memory = memory.map(|m| normalise_bytes(&m)).unwrap_or_default();
+            seen.insert(uuid, (attr("productName").unwrap_or_default(), memory));
+        }
+        let want: BTreeMap<String, (String, String)> =
+            want.iter().map(|(u, (n, m))| (u.clone(), (n.clone(), normalise_bytes(m)))).collect();
+        assert_eq!(seen, want, "{node}: the slices' GPUs are the NVML mock's");
+    }
+    Ok(())
+}
+
+/// A quantity in bytes, whatever suffix it was written with (`80Gi`, `83516416Ki`).
+fn normalise_bytes(q: &str) -> String {
+    let (digits, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let factor: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        other => panic!("unexpected quantity suffix {other} in {q}"),
+    };
+    (digits.parse::<u64>().unwrap_or_default() * factor).to_string()
+}
+
+/// An XID 79 (the GPU fell off the bus: critical) raised in the mock reaches the agent through
+/// `nvmlEventSetWait`, and the device gets a NoSchedule `xid` taint in its slice; the GPU then
+/// stops answering (lost), which the agent's probe finds and taints too. A critical fault holds
+/// the device out until the GPU answers cleanly again: once the mock recovers it, the taints go
+/// after the hold (5 s in e2e/overlays/real-nodes).
+async fn an_xid_in_the_mock_taints_the_device_until_it_recovers(
+    client: &Client,
+    node: &str,
+) -> anyhow::Result<()> {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let uuid = real::node_gpus()[0].uuid.clone();
+    let taints_of = move |list: Vec<ResourceSlice>| -> Vec<(String, String, Option<String>)> {
+        list.into_iter()
+            .filter(|s| s.spec.driver == DRIVER)
+            .flat_map(|s| s.spec.devices.unwrap_or_default())
+            .filter(|d| {
+                d.attributes.as_ref().and_then(|a| a.get("uuid")).and_then(|v| v.string.as_deref())
+                    == Some(uuid.as_str())
+            })
+            .flat_map(|d| d.taints.unwrap_or_default())
+            .filter(|t| t.key.starts_with(&format!("{DRIVER}/")))
+            .map(|t| (t.key, t.effect, t.value))
+            .collect()
+    };
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let taints = || {
+        let (slices, on_node, taints_of) = (slices.clone(), on_node.clone(), taints_of.clone());
+        async move { anyhow::Ok(taints_of(slices.list(&on_node).await?.items)) }
+    };
+    anyhow::ensure!(taints().await?.is_empty(), "{node}: tainted before the fault: {:?}", taints().await?);
+    let key = |suffix: &str| format!("{DRIVER}/{suffix}");
+    let uuid = &real::node_gpus()[0].uuid;
+    let raised = std::time::Instant::now();
+    real::raise_gpu_fault(node, uuid, "xid", 79)?;
+    let xid = key(switchyard_operator::well_known::TAINT_KEY_XID);
+    let got = wait::until(&format!("{node}: the XID to taint its GPU"), Duration::from_secs(30), || async {
+        Ok(taints().await?.into_iter().find(|t| t.0 == xid))
+    })
+    .await?;
+    eprintln!("{node}: XID 79 in the NVML mock to a device taint in {:.2?}", raised.elapsed());
+    assert_eq!(got, (xid.clone(), "NoSchedule".to_string(), Some("79".to_string())));
+    real::raise_gpu_fault(node, uuid, "lost", 0)?;
+    let lost = key(switchyard_operator::well_known::TAINT_KEY_GPU_LOST);
+    wait::until(&format!("{node}: the lost GPU to be tainted"), Duration::from_secs(60), || async {
+        Ok(taints().await?.iter().any(|t| t.0 == lost && t.1 == "NoSchedule").then_some(()))
+    })
+    .await?;
+    // Lost and XID alike hold the device out while it does not answer: beyond the hold, both stay.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let held = taints().await?;
+    assert!(held.iter().any(|t| t.0 == xid) && held.iter().any(|t| t.0 == lost), "{node}: {held:?}");
+    real::raise_gpu_fault(node, uuid, "recover", 0)?;
+    wait::until(
+        &format!("{node}: the taints to go once the GPU answers again"),
+        Duration::from_secs(60),
+        || async { Ok(taints().await?.is_empty().then_some(())) },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The migration of the scenario's pool, in place, to Switchyard's driver.
+fn pool_migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+        "metadata": {"name": id},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": id}},
+            "resources": [{"extendedResourceName": GPU, "deviceClassName": DRIVER,
+                           "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'")}],
+            "driver": {"name": DRIVER, "daemonSet": {"namespace": SYSTEM_NS, "name": "switchyard-driver-agent"}},
+            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
+            "placement": "Managed",
+            "strategy": {
+                "maxUnavailable": 1,
+                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180, "evictDaemonSetGpuPods": true},
+                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
+            },
+        },
+    }))?)
+}
+
+/// NVIDIA's device plugin failing on one node, as on a node whose driver is not loaded: its NVML
+/// init fails there (the mock without its inventory answers `NVML_ERROR_DRIVER_NOT_LOADED`), and
+/// the plugin, told not to fail on init errors as NVIDIA's manifest tells it, runs and advertises
+/// nothing. `switchyard plan` names the node before anything moves, rather than the migration
+/// finding out as a node waiting cordoned. The driver comes back, the plugin pod is restarted, and
+/// the node serves its GPUs again.
+async fn a_device_plugin_without_nvml_is_named_by_the_plan(
+    client: &Client,
+    id: &str,
+    names: &[String],
+    node: &str,
+) -> anyhow::Result<()> {
+    // The others serve their GPUs first, so the plan judges every node as it stands.
+    let node_api: Api<Node> = Api::all(client.clone());
+    let gpus_per_node = uuids_in_inventory().len() as i64;
+    wait::until(
+        "NVIDIA's device plugin to serve the nodes whose driver is loaded",
+        Duration::from_secs(120),
+        || {
+            let node_api = node_api.clone();
+            async move {
+                for n in names.iter().filter(|n| *n != node) {
+                    if allocatable(&node_api.get(n).await?, GPU) != gpus_per_node {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        },
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let on_node =
+        ListParams::default().labels("name=nvidia-device-plugin-ds").fields(&format!("spec.nodeName={node}"));
+    let running =
+        wait::until(&format!("NVIDIA's device plugin to run on {node}"), Duration::from_secs(120), || {
+            let (pods, on_node) = (pods.clone(), on_node.clone());
+            async move {
+                let list = pods.list(&on_node).await?.items;
+                Ok(list
+                    .into_iter()
+                    .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
+            }
+        })
+        .await?;
+    let plugin = running.name_any();
+    wait::until(&format!("{plugin} to log that it found no device"), Duration::from_secs(60), || async {
+        Ok(real::kubectl(&["-n", "kube-system", "logs", &plugin])?.contains("No devices found").then_some(()))
+    })
+    .await?;
+    let manifest = std::env::temp_dir().join(format!("{id}-plan.json"));
+    std::fs::write(&manifest, serde_json::to_vec(&pool_migration(id)?)?)?;
+    let out = std::process::Command::new(cluster::cli_bin())
+        .arg("--kubeconfig")
+        .arg(cluster::kubeconfig())
+        .args(["plan", "-o", "json", "-f"])
+        .arg(&manifest)
+        .output()?;
+    let _ = std::fs::remove_file(&manifest);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        anyhow::anyhow!("switchyard plan -o json: {e}\n{}", String::from_utf8_lossy(&out.stderr))
+    })?;
+    assert_eq!(out.status.code(), Some(2), "the plan finds a blocker (exit 2): {report}");
+    let blockers: Vec<&str> =
+        report["blockers"].as_array().into_iter().flatten().filter_map(|b| b.as_str()).collect();
+    // On a fresh node "advertises nothing (": the plugin never registered; on a node it served
+    // before, "advertises nothing allocatable (": the kubelet keeps the old capacity.
+    let want = format!("the device plugin on {node} advertises nothing");
+    assert!(blockers.iter().any(|b| b.starts_with(&want)), "{want}: {blockers:?}");
+    let plan_node = report["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == node).cloned();
+    let note = plan_node.as_ref().and_then(|n| n["note"].as_str()).unwrap_or_default();
+    assert!(note.contains("advertises nothing"), "{node}'s note: {plan_node:?}");
+    Ok(())
 }
 
 /// What a failed run leaves to read: the migration, the pods and the operator's and agents' logs.
@@ -290,8 +498,23 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     for n in names {
         real::label(client, n, json!({"pool": id, LABEL_GPU_PRESENT: "true"})).await?;
     }
-    real::install_device_plugin(client).await?;
+    // One node's driver fails NVML until the plan has named it.
+    let no_driver = &names[names.len() - 1];
+    real::unload_driver(no_driver)?;
+    real::install_device_plugin()?;
     real::install_switchyard(client).await?;
+    a_device_plugin_without_nvml_is_named_by_the_plan(client, id, names, no_driver).await?;
+    real::load_driver(no_driver)?;
+    real::kubectl(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "pod",
+        "-l",
+        "name=nvidia-device-plugin-ds",
+        "--field-selector",
+        &format!("spec.nodeName={no_driver}"),
+    ])?;
 
     // The kubelet's device manager, not the test, turns the plugin's devices into allocatable.
     let node_api: Api<Node> = Api::all(client.clone());
@@ -352,23 +575,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(),
     );
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
-    let gpm: GpuPoolMigration = serde_json::from_value(json!({
-        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
-        "metadata": {"name": id},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"pool": id}},
-            "resources": [{"extendedResourceName": GPU, "deviceClassName": DRIVER,
-                           "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'")}],
-            "driver": {"name": DRIVER, "daemonSet": {"namespace": SYSTEM_NS, "name": "switchyard-driver-agent"}},
-            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
-            "placement": "Managed",
-            "strategy": {
-                "maxUnavailable": 1,
-                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180, "evictDaemonSetGpuPods": true},
-                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
-            },
-        },
-    }))?;
+    let gpm = pool_migration(id)?;
     migrations.create(&PostParams::default(), &gpm).await?;
 
     // Leader loss mid-migration: once the first node has moved, delete the leader's pod (a normal,
@@ -477,9 +684,17 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         let path = spec_node["path"].as_str().unwrap_or_default();
         assert_eq!(gpus.len(), 1, "{name}: one GPU device node\n{logs}");
         assert!(gpus[0].ends_with(path), "{name}: the container has {path} from the spec\n{logs}");
-        // runc created it from the spec's type, major and minor: a character device, major 195.
+        // The spec names the node's own device node under the driver root (--dev-root); containerd
+        // read its type and numbers there: the character device 195:N that nodes-up.sh made.
+        assert_eq!(
+            spec_node["hostPath"].as_str(),
+            Some(format!("/run/nvidia/driver{path}").as_str()),
+            "{name}: {spec_node}"
+        );
         assert!(gpus[0].starts_with('c') && gpus[0].contains("195,"), "{name}: {:?} is char 195:N", gpus[0]);
     }
+    slices_carry_what_nvml_reports(client, names).await?;
+    an_xid_in_the_mock_taints_the_device_until_it_recovers(client, &names[names.len() - 1]).await?;
 
     // The node agents came back through DRA, each on a GPU of its own: not the trainer's.
     let agents = real::wait_workload(client, id, AGENT_APP, names.len(), Duration::from_secs(180)).await?;
@@ -695,6 +910,10 @@ async fn replace_onto_the_dra_nodes(
 /// operator still runs (it releases the finalizer), Switchyard and the device plugin removed, the
 /// nodes unlabelled and uncordoned.
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    // A failure between unloading a node's driver and loading it again leaves it unloaded.
+    for n in names {
+        real::load_driver(n)?;
+    }
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
     for name in [id.to_owned(), format!("{id}-back"), format!("{id}-replace")] {
         if migrations.get_opt(&name).await?.is_some() {
@@ -718,7 +937,7 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
         .await?;
     }
     real::uninstall_switchyard()?;
-    real::uninstall_device_plugin(client).await?;
+    real::uninstall_device_plugin()?;
     let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
     let _ = classes.delete(DRIVER, &DeleteParams::default()).await;
     let node_api: Api<Node> = Api::all(client.clone());

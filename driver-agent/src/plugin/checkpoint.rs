@@ -118,7 +118,7 @@ mod tests {
                     device_name: "gpu-0".into(),
                     cdi_device_ids: vec!["d/gpu=uid-1-gpu-0".into()],
                 }],
-                spec: cdi::claim_spec("d", "uid-1", &[], cdi::DeviceNodes::HostLookup),
+                spec: cdi::claim_spec("d", "uid-1", &[], &cdi::DeviceNodes::HostLookup),
             },
         );
         file.store(&cp).unwrap();

@@ -112,6 +112,8 @@ pub struct DraConfig {
     pub node_name: String,
     pub cdi_dir: PathBuf,
     pub checkpoint: PathBuf,
+    /// The host directory holding the driver's `dev/` (`--dev-root`), where that is not `/`.
+    pub dev_root: Option<String>,
 }
 
 /// Prepare and unprepare, shared by the gRPC handlers and the shutdown logic.
@@ -223,14 +225,15 @@ impl DraService {
             allocated_devices(&self.config.driver, &self.config.node_name, &rc).map_err(invalid)?;
         let inv = self.inventory.discover().await?;
         let devices = resolve(&inv, &allocated).map_err(invalid)?;
-        // Real device nodes are looked up on the host; simulated GPUs have none, so the spec
-        // describes each node and the runtime creates it in the container.
-        let nodes = if self.inventory.host_has_device_nodes() {
-            cdi::DeviceNodes::HostLookup
-        } else {
-            cdi::DeviceNodes::Described
+        // Real device nodes are looked up on the host (under --dev-root where the driver made them
+        // there); simulated GPUs have none, so the spec describes each node and the runtime
+        // creates it in the container.
+        let nodes = match (&self.config.dev_root, self.inventory.host_has_device_nodes()) {
+            (_, false) => cdi::DeviceNodes::Described,
+            (Some(root), true) => cdi::DeviceNodes::UnderRoot(root.clone()),
+            (None, true) => cdi::DeviceNodes::HostLookup,
         };
-        let spec = cdi::claim_spec(&self.config.driver, &claim.uid, &devices, nodes);
+        let spec = cdi::claim_spec(&self.config.driver, &claim.uid, &devices, &nodes);
         let prepared = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),

@@ -63,6 +63,8 @@ pub struct PluginConfig {
     pub kubelet_root: PathBuf,
     pub cdi_dir: PathBuf,
     pub drain_timeout: Duration,
+    /// `--dev-root`, where it is not `/`.
+    pub dev_root: Option<String>,
 }
 
 impl PluginConfig {
@@ -90,6 +92,7 @@ impl PluginConfig {
             node_name: self.node_name.clone(),
             cdi_dir: self.cdi_dir.clone(),
             checkpoint: self.checkpoint_path(),
+            dev_root: self.dev_root.clone(),
         }
     }
 }
@@ -285,6 +288,7 @@ mod tests {
             kubelet_root: "/var/lib/kubelet".into(),
             cdi_dir: "/var/run/cdi".into(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            dev_root: None,
         };
         assert_eq!(
             c.registration_socket(),

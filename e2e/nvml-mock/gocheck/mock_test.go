@@ -118,6 +118,21 @@ func TestNvidiasBindingsReadTheInventory(t *testing.T) {
 		}
 	}
 
+	// The path between two GPUs, which NVIDIA's device plugin reads for every pair before it
+	// prefers an allocation: the same GPU is internal; these two share no NUMA node.
+	gpu0, _ := lib.DeviceGetHandleByIndex(0)
+	gpu1, _ := lib.DeviceGetHandleByIndex(1)
+	for _, c := range []struct {
+		a, b nvml.Device
+		want nvml.GpuTopologyLevel
+	}{{gpu0, gpu0, nvml.TOPOLOGY_INTERNAL}, {gpu0, gpu1, nvml.TOPOLOGY_SYSTEM}} {
+		level, ret := c.a.GetTopologyCommonAncestor(c.b)
+		ok(t, "GetTopologyCommonAncestor", ret)
+		if level != c.want {
+			t.Errorf("GetTopologyCommonAncestor = %v, want %v", level, c.want)
+		}
+	}
+
 	parent, _ := lib.DeviceGetHandleByIndex(1)
 	max, ret := parent.GetMaxMigDeviceCount()
 	ok(t, "GetMaxMigDeviceCount", ret)

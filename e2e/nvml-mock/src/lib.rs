@@ -506,6 +506,44 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(device: nvmlDevice_t, node: *mu
     })
 }
 
+/// NVML's `nvmlGpuTopologyLevel_t`: the nearest common ancestor of two GPUs.
+const TOPOLOGY_INTERNAL: c_uint = 0;
+const TOPOLOGY_NODE: c_uint = 40;
+const TOPOLOGY_SYSTEM: c_uint = 50;
+
+/// The path between two GPUs, from their NUMA nodes: the same GPU is `INTERNAL`, two GPUs on one
+/// NUMA node share a CPU (`NODE`), any others cross the CPU interconnect (`SYSTEM`). NVIDIA's
+/// device plugin asks this of every pair before it prefers an allocation (go-gpuallocator).
+///
+/// # Safety
+/// `level` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
+    device1: nvmlDevice_t,
+    device2: nvmlDevice_t,
+    level: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        s.refresh();
+        let (Some(a), Some(b)) = (s.handle(device1), s.handle(device2)) else { return INVALID_ARGUMENT };
+        if a.mig.is_some() || b.mig.is_some() {
+            return NOT_SUPPORTED;
+        }
+        if s.lost[a.gpu] || s.lost[b.gpu] {
+            return GPU_IS_LOST;
+        }
+        let numa = |i: usize| s.inv.gpus[i].numa_node;
+        let answer = if a.gpu == b.gpu {
+            TOPOLOGY_INTERNAL
+        } else if numa(a.gpu).is_some() && numa(a.gpu) == numa(b.gpu) {
+            TOPOLOGY_NODE
+        } else {
+            TOPOLOGY_SYSTEM
+        };
+        unsafe { put(level, answer) }
+    })
+}
+
 /// # Safety
 /// `brand` is a valid pointer.
 #[unsafe(no_mangle)]

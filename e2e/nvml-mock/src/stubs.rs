@@ -188,7 +188,6 @@ not_supported! {
     nvmlDeviceGetTemperatureThreshold,
     nvmlDeviceGetTemperatureV,
     nvmlDeviceGetThermalSettings,
-    nvmlDeviceGetTopologyCommonAncestor,
     nvmlDeviceGetTopologyNearestGpus,
     nvmlDeviceGetTotalEnergyConsumption,
     nvmlDeviceGetUnrepairableMemoryFlag_v1,

@@ -612,6 +612,10 @@ struct Named {
     /// Nodes to move whose device plugin advertises none of the pool's resources, with no GFD
     /// count either: the switch has nothing to verify against.
     advertise_nothing: Vec<String>,
+    /// Nodes to move whose device plugin advertised GPUs once (capacity, which the kubelet keeps)
+    /// but has none allocatable now: its pod serves nothing, as when NVML fails under its driver
+    /// root, which the agent would load too.
+    serve_nothing: Vec<String>,
 }
 
 /// Each selected node's part: the nodes that move, in the order and waves the operator starts
@@ -657,6 +661,16 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
         if advertises_nothing {
             named.advertise_nothing.push(name.clone());
         }
+        let res = crate::pool::gate::resources(&inputs.spec);
+        let serves_nothing = inputs.spec.direction == Direction::Forward
+            && !in_flight
+            && !advertises_nothing
+            && pn.backend() == Backend::DevicePlugin
+            && overlap::allocatable_total(node, &res) == 0
+            && overlap::device_plugin_gpus(node, &res).values().any(|&n| n > 0);
+        if serves_nothing {
+            named.serve_nothing.push(name.clone());
+        }
         let g = gpus(inputs, node);
         summary.nodes_to_move += 1;
         summary.waves = summary.waves.max(wave);
@@ -682,6 +696,8 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
             format!("in flight ({}); the operator continues it first", record::state_str(pn.state()))
         } else if advertises_nothing {
             "the device plugin advertises nothing here: it would wait cordoned (GpuCountUnknown)".to_string()
+        } else if serves_nothing {
+            "the device plugin advertises nothing allocatable here: its switch would wait for GPUs the agent may not find (SwitchTimeout)".to_string()
         } else {
             String::new()
         };
@@ -829,6 +845,13 @@ fn blockers(
         blockers.push(format!(
             "the device plugin on {} advertises nothing ({} is 0 in capacity and allocatable, and no nvidia.com/gpu.count label says how many GPUs there are): its pod found no GPU (see its log: the NVML library, the driver root), or the node has none. Such a node would wait cordoned until a count shows: fix the device plugin, label the count, or leave the node out of spec.nodeSelector",
             list(&named.advertise_nothing),
+            crate::pool::gate::resources(spec).join(", ")
+        ));
+    }
+    if in_place && !named.serve_nothing.is_empty() {
+        blockers.push(format!(
+            "the device plugin on {} advertises nothing allocatable ({} is 0 in allocatable; the capacity the kubelet kept is from an earlier registration): its pod serves no GPU now (see its log: the NVML library, the driver root), or every GPU is unhealthy. The agent loads the same NVML library, so such a node would wait in its switch until SwitchTimeout: fix the driver or the device plugin first, or leave the node out of spec.nodeSelector",
+            list(&named.serve_nothing),
             crate::pool::gate::resources(spec).join(", ")
         ));
     }
@@ -1170,6 +1193,27 @@ mod tests {
             "status": {"allocatable": {"nvidia.com/gpu": "0"}, "conditions": [{"type": "Ready", "status": "True"}],
                 "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0"}}
         }));
+        let r = build(&i).expect("report");
+        assert!(r.blockers.iter().all(|b| !b.contains("advertises nothing")), "{:?}", r.blockers);
+        // A plugin that served the node once and serves nothing now (NVML fails under its driver
+        // root since): the kubelet keeps the capacity, allocatable is 0.
+        i.nodes[2] = from(json!({
+            "metadata": {"name": "n3", "labels": {"pool": "a100"}},
+            "status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "0"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0"}}
+        }));
+        let r = build(&i).expect("report");
+        let n3 = r.nodes.iter().find(|n| n.name == "n3").expect("n3");
+        assert!(n3.note.contains("advertises nothing allocatable"), "{}", n3.note);
+        let b = r.blockers.iter().find(|b| b.contains("advertises nothing")).expect("a blocker");
+        assert!(
+            b.starts_with("the device plugin on n3 advertises nothing allocatable (nvidia.com/gpu is 0"),
+            "{b}"
+        );
+        assert!(b.contains("SwitchTimeout"), "{b}");
+        // Serving again: nothing to say.
+        i.nodes[2] = node("n3", 4, json!({}));
         let r = build(&i).expect("report");
         assert!(r.blockers.iter().all(|b| !b.contains("advertises nothing")), "{:?}", r.blockers);
     }
