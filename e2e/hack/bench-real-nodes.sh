@@ -4,7 +4,9 @@
 #     containerd per node, images imported) until every node reports Ready; three runs;
 #   - RSS (VmRSS from /proc) of each kubelet and containerd, and of the operator pods and an agent
 #     pod, with Switchyard installed from config/ (e2e/overlays/real-nodes), NVIDIA's device plugin
-#     on two nodes and the agent on the third, both on the NVML mock's two GPUs, after 20 s idle.
+#     on two nodes and the agent on the third, both on the NVML mock's two GPUs, after 20 s idle;
+#   - idle CPU of NVIDIA's device plugin and of the agent over 30 s;
+#   - one node's move on NVIDIA's device plugin: by Switchyard and by the kubectl runbook, same run.
 # Needs the running e2e cluster (bench.sh starts one). Restarts its real nodes.
 set -euo pipefail
 
@@ -28,9 +30,17 @@ done
 
 nodes=(real-node-1 real-node-2 real-node-3)
 cleanup() {
+  # The migration first, while the operator runs to release its finalizer; the GPU pods before the
+  # agent, which must outlive the pods whose claims it prepared.
+  k delete gpm bench-move --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
+  k delete namespace bench-move --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
   k delete --ignore-not-found --wait --timeout=120s -k e2e/overlays/real-nodes >/dev/null 2>&1 || true
   k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null 2>&1 || true
-  for n in "${nodes[@]}"; do k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- >/dev/null 2>&1 || true; done
+  k delete --ignore-not-found deviceclass gpu.switchyard.dev >/dev/null 2>&1 || true
+  for n in "${nodes[@]}"; do
+    k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- >/dev/null 2>&1 || true
+    k uncordon "$n" >/dev/null 2>&1 || true
+  done
 }
 trap cleanup EXIT
 for n in "${nodes[@]}"; do k label node "$n" nvidia.com/gpu.present=true --overwrite >/dev/null; done
@@ -49,3 +59,64 @@ done
 for p in $(pid_of switchyard-operator); do echo "operator pod process $p: $(rss "$p")"; done
 for p in $(pid_of switchyard-driver-agent); do echo "agent pod process $p (real-node-3, the mock's 2 GPUs through NVML, kubelet plugin on): $(rss "$p")"; done
 for p in $(pid_of nvidia-device-plugin); do echo "NVIDIA device plugin pod process $p: $(rss "$p")"; done
+
+# Idle CPU over 30 s, each process serving the NVML mock's two GPUs of its node: NVIDIA's device
+# plugin (its health check waits on an NVML event set) and the agent (its event wait and probes).
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+dp=$(pid_of nvidia-device-plugin); dp=${dp%%$'\n'*}
+agent=$(pid_of switchyard-driver-agent); agent=${agent%%$'\n'*}
+dp0=$(ticks "$dp"); agent0=$(ticks "$agent"); sleep 30
+echo "idle CPU over 30 s (clock ticks of $(getconf CLK_TCK)/s): NVIDIA device plugin $(( $(ticks "$dp") - dp0 )), agent $(( $(ticks "$agent") - agent0 ))"
+
+# One node's move on the real nodes, on NVIDIA's device plugin, in the same run: real-node-1 by
+# Switchyard (the packaged operator, a migration selecting that node), real-node-2 by the kubectl
+# runbook (e2e/hack/runbook-kubectl.sh). Each node runs one GPU pod that the move evicts and that
+# comes back through a generated claim. Switchyard's time is from `kubectl create` of the migration
+# to Completed, which includes its checks (prerequisites, the pod verification); the runbook's is
+# its own per-node line.
+k create namespace bench-move --dry-run=client -o yaml | k apply -f - >/dev/null
+for n in real-node-1 real-node-2; do
+  k apply -n bench-move -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: trainer-$n}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: bench-trainer, node: $n}}
+  template:
+    metadata: {labels: {app: bench-trainer, node: $n}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: $n}
+      terminationGracePeriodSeconds: 5
+      containers:
+      - {name: cuda, image: "switchyard.dev/e2e/gpu-workload:0.1.0", imagePullPolicy: Never, resources: {limits: {nvidia.com/gpu: "1"}}}
+YAML
+done
+k -n bench-move wait --for=condition=Available deployment --all --timeout=120s >/dev/null
+start=$(date +%s.%N)
+k apply -f - >/dev/null <<'YAML'
+apiVersion: switchyard.dev/v1alpha1
+kind: GpuPoolMigration
+metadata: {name: bench-move}
+spec:
+  nodeSelector: {matchLabels: {kubernetes.io/hostname: real-node-1}}
+  resources:
+  - {extendedResourceName: nvidia.com/gpu, deviceClassName: gpu.switchyard.dev, selector: "device.attributes['gpu.switchyard.dev'].type == 'gpu'"}
+  driver: {name: gpu.switchyard.dev, daemonSet: {namespace: switchyard-system, name: switchyard-driver-agent}}
+  devicePlugin: {daemonSet: {namespace: kube-system, name: nvidia-device-plugin-daemonset}}
+  placement: Managed
+  strategy: {maxUnavailable: 1, drain: {gracePeriodSeconds: 5, timeoutSeconds: 180}}
+YAML
+k wait --for=jsonpath='{.status.phase}'=Completed gpm/bench-move --timeout=300s >/dev/null
+echo "one real node moved by Switchyard (real-node-1, 1 GPU pod, NVIDIA's device plugin): $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - start}")s"
+runbook=$(KUBECTL="$bin/kubectl" KUBECONFIG="$state/kubeconfig" DRIVER=gpu.switchyard.dev \
+  GPU_POD_SELECTOR=app=bench-trainer BACKEND_LABEL=switchyard.dev/gpu-backend=dra \
+  bash e2e/hack/runbook-kubectl.sh real-node-2)
+echo "one real node moved by the kubectl runbook (${runbook% *}, 1 GPU pod, NVIDIA's device plugin): ${runbook#* }s"
+for n in real-node-1 real-node-2; do
+  k -n bench-move wait --for=condition=Available "deployment/trainer-$n" --timeout=120s >/dev/null
+  claim=$(k -n bench-move get pods -l "node=$n" -o jsonpath='{.items[0].status.extendedResourceClaimStatus.resourceClaimName}')
+  [ -n "$claim" ] || { echo "bench: the GPU pod on $n came back without a generated claim" >&2; exit 1; }
+done
+k delete gpm bench-move --wait --timeout=120s >/dev/null
+k delete namespace bench-move --wait --timeout=120s >/dev/null

@@ -168,7 +168,9 @@ image_nvidia_device_plugin() {
   dp_version=$(sed -n 's/^require github.com\/NVIDIA\/k8s-device-plugin \(v[0-9.]*\)$/\1/p' "$root/e2e/nvidia/go.mod")
   stage_base "$rootfs"
   stage_dynamic "$rootfs" "$bin" /usr/bin/nvidia-device-plugin
-  lib=$(ldconfig -p | awk '/libgcc_s\.so\.1 \(libc6,x86-64\)/ {print $NF; exit}')
+  # awk reads all of ldconfig's output (no early exit): under pipefail, ldconfig killed by SIGPIPE
+  # would fail the build.
+  lib=$(ldconfig -p | awk '/libgcc_s\.so\.1 \(libc6,x86-64\)/ && !found {print $NF; found = 1}')
   [ -n "$lib" ] || { echo "build-images: libgcc_s.so.1 not found (ldconfig -p)" >&2; exit 1; }
   install -D -m 0644 "$(readlink -f "$lib")" "$rootfs$lib"
   pack nvidia-device-plugin "switchyard.dev/e2e/nvidia-k8s-device-plugin:$dp_version" "$rootfs" \

@@ -10,6 +10,8 @@
 //! read alike.
 //!
 //! What it shows, all through the real kubelet, device manager, DRA manager, containerd and runc:
+//! - first: NVIDIA's plugin on a node whose driver is not loaded (NVML init fails) runs and
+//!   advertises nothing, and `switchyard plan` names that node as a blocker before anything moves;
 //! - before: GPU pods get their devices from NVIDIA's device plugin (`NVIDIA_VISIBLE_DEVICES` from
 //!   its Allocate, /dev/nvidia<N> from its device specs, under the driver root), no claim;
 //! - the leader pod is deleted mid-migration and the standby finishes the work;
