@@ -143,6 +143,11 @@ impl<I: Discovery + EventSource> Agent<I> {
                 _ = &mut shutdown => break,
                 _ = rediscover.tick() => {
                     if let Some(inv) = self.discover().await {
+                        for ev in crate::health::lost_transitions(inventory.as_ref(), &inv, Timestamp::now()) {
+                            if self.policy_apply(&mut health, &ev) == Applied::TaintsChanged {
+                                pending.push(ev.at);
+                            }
+                        }
                         if !watching && !inv.gpus.is_empty() {
                             self.inventory.start_events(&inv, events_tx.clone(), stop.clone());
                             watching = true;

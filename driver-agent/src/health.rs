@@ -41,6 +41,31 @@ pub struct HealthEvent {
     pub at: Timestamp,
 }
 
+/// The health events a new discovery implies for GPUs NVML reports lost (see
+/// `discovery::Gpu::lost`): `GpuLost` for each GPU lost now that was not lost in `before` (or
+/// that `before` lacks: the first discovery), `Recover` for each GPU that was lost and now reads
+/// whole. A GPU lost after discovery is the event watcher's (its probe); this covers a GPU already
+/// lost when the agent reads the node, which has no UUID to watch by.
+pub fn lost_transitions(
+    before: Option<&crate::discovery::NodeGpus>,
+    after: &crate::discovery::NodeGpus,
+    at: Timestamp,
+) -> Vec<HealthEvent> {
+    let was_lost = |index: u32| before.is_some_and(|b| b.gpus.iter().any(|g| g.index == index && g.lost));
+    after
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let kind = match (g.lost, was_lost(g.index)) {
+                (true, false) => FaultKind::GpuLost,
+                (false, true) => FaultKind::Recover,
+                _ => return None,
+            };
+            Some(HealthEvent { device: g.device_name(), kind, at })
+        })
+        .collect()
+}
+
 /// Taint effect as the API spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Effect {

@@ -192,6 +192,10 @@ pub fn build_devices(
             let mut attributes = gpu_attributes(inv, gpu);
             let mut caps = BTreeMap::new();
             match d {
+                // Lost: only its type is known (see `Gpu::lost`); its taint keeps it out.
+                NamedDevice::Gpu(g) if g.lost => {
+                    attributes = BTreeMap::from([("type".into(), string("gpu"))]);
+                }
                 NamedDevice::Gpu(g) => {
                     attributes.insert("type".into(), string("gpu"));
                     attributes.insert("uuid".into(), string(&g.uuid));
@@ -370,6 +374,7 @@ mod tests {
             numa_node: Some(0),
             mig_enabled: None,
             mig: vec![],
+            lost: false,
         }
     }
 

@@ -240,6 +240,7 @@ impl GpuLayout {
                     numa_node: Some(i / 4),
                     mig_enabled: Some(!mig.is_empty()),
                     mig,
+                    lost: false,
                 }
             })
             .collect();

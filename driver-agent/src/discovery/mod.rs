@@ -67,9 +67,19 @@ pub struct Gpu {
     /// MIG devices that are configured now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigDevice>,
+    /// NVML answered `GPU_IS_LOST` for this index (the GPU fell off the bus): nothing but the
+    /// index is known. It is published under its name with only its type, tainted `gpu-lost`,
+    /// and never prepared, until a later discovery reads it whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
 }
 
 impl Gpu {
+    /// The GPU at `index` that NVML reports lost.
+    pub fn lost(index: u32) -> Self {
+        Gpu { index, minor: index, lost: true, ..Default::default() }
+    }
+
     /// Device name: `gpu-<index>`, a DNS label.
     pub fn device_name(&self) -> String {
         format!("gpu-{}", self.index)

@@ -194,7 +194,8 @@ impl EventSource for NvmlDiscovery {
     /// hot-plug) are picked up on the next agent restart.
     fn start_events(&self, inv: &NodeGpus, tx: mpsc::Sender<HealthEvent>, stop: Arc<AtomicBool>) {
         let Some(nvml) = self.nvml() else { return };
-        let names = inv.gpus.iter().map(|g| (g.uuid.clone(), g.device_name())).collect();
+        // A GPU lost at discovery has no UUID to watch by; the agent follows it by discovery.
+        let names = inv.gpus.iter().filter(|g| !g.lost).map(|g| (g.uuid.clone(), g.device_name())).collect();
         if let Err(e) = spawn_event_watcher(nvml, names, tx, stop, self.metrics()) {
             tracing::error!(error = %e, "cannot start the NVML event thread");
         }
@@ -265,59 +266,78 @@ fn read_inventory(nvml: &Nvml, sysfs: &std::path::Path, caps: &std::path::Path) 
     let count = required(nvml.device_count(), "device_count")?;
     let mut gpus = Vec::with_capacity(count as usize);
     for i in 0..count {
-        let dev = required(nvml.device_by_index(i), "device_by_index")?;
-        let minor = required(dev.minor_number(), "minor_number")?;
-        let pci_bus_id = optional(dev.pci_info(), "pci_info")?.map(|p| super::normalize_bus_id(&p.bus_id));
-        let numa_node = match optional(dev.numa_node_id(), "numa_node_id") {
-            Ok(Some(n)) => Some(n),
-            _ => pci_bus_id.as_deref().and_then(|b| super::numa_node_from_sysfs(sysfs, b)),
-        };
-        let mig_enabled = optional(dev.mig_mode(), "mig_mode")?.map(|m| m.current == 1);
-        let mut mig = Vec::new();
-        if mig_enabled == Some(true) {
-            let max = required(dev.mig_device_count(), "mig_device_count")?;
-            for j in 0..max {
-                let m = match dev.mig_device_by_index(j) {
-                    Ok(m) => m,
-                    Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
-                    Err(source) => return Err(Error::Nvml { op: "mig_device_by_index", source }),
-                };
-                let attrs = optional(m.attributes(), "mig_attributes")?;
-                let name = optional(m.name(), "mig_name")?;
-                let (gi, ci) = mig_instance_ids(&m);
-                let (gi, ci) = (gi.unwrap_or(j), ci.unwrap_or(0));
-                let (gi_cap_minor, ci_cap_minor) = super::mig_cap_minors(caps, minor, gi, ci);
-                let Some(profile) = mig_profile(name.as_deref(), attrs.as_ref()) else { continue };
-                mig.push(MigDevice {
-                    uuid: required(m.uuid(), "mig_uuid")?,
-                    profile,
-                    memory_bytes: required(m.memory_info(), "mig_memory_info")?.total,
-                    multiprocessors: attrs.as_ref().map_or(0, |a| a.multiprocessor_count),
-                    gi,
-                    ci,
-                    gi_cap_minor,
-                    ci_cap_minor,
-                });
+        match read_gpu(nvml, i, sysfs, caps) {
+            Ok(gpu) => gpus.push(gpu),
+            // One GPU fallen off the bus must not hide the others: it keeps its name, and the
+            // agent taints it lost (see `Gpu::lost`).
+            Err(Error::Nvml { op, source: NvmlError::GpuLost }) => {
+                tracing::warn!(
+                    index = i,
+                    op,
+                    "NVML reports GPU {i} lost; publishing gpu-{i} tainted until it answers"
+                );
+                gpus.push(Gpu::lost(i));
             }
+            Err(e) => return Err(e),
         }
-        gpus.push(Gpu {
-            index: i,
-            minor,
-            uuid: required(dev.uuid(), "uuid")?,
-            product_name: required(dev.name(), "name")?,
-            brand: optional(dev.brand(), "brand")?.map(|b| format!("{b:?}")),
-            architecture: optional(dev.architecture(), "architecture")?.map(|a| a.to_string()),
-            cuda_compute_capability: optional(dev.cuda_compute_capability(), "cuda_compute_capability")?
-                .map(|c| format!("{}.{}", c.major, c.minor)),
-            memory_bytes: required(dev.memory_info(), "memory_info")?.total,
-            pcie_root: pci_bus_id.as_deref().and_then(|b| super::pcie_root_from_sysfs(sysfs, b)),
-            pci_bus_id,
-            numa_node,
-            mig_enabled,
-            mig,
-        });
     }
     Ok(NodeGpus { driver_version, cuda_driver_version, gpus })
+}
+
+/// One GPU, read whole.
+fn read_gpu(nvml: &Nvml, i: u32, sysfs: &std::path::Path, caps: &std::path::Path) -> Result<Gpu, Error> {
+    let dev = required(nvml.device_by_index(i), "device_by_index")?;
+    let minor = required(dev.minor_number(), "minor_number")?;
+    let pci_bus_id = optional(dev.pci_info(), "pci_info")?.map(|p| super::normalize_bus_id(&p.bus_id));
+    let numa_node = match optional(dev.numa_node_id(), "numa_node_id") {
+        Ok(Some(n)) => Some(n),
+        _ => pci_bus_id.as_deref().and_then(|b| super::numa_node_from_sysfs(sysfs, b)),
+    };
+    let mig_enabled = optional(dev.mig_mode(), "mig_mode")?.map(|m| m.current == 1);
+    let mut mig = Vec::new();
+    if mig_enabled == Some(true) {
+        let max = required(dev.mig_device_count(), "mig_device_count")?;
+        for j in 0..max {
+            let m = match dev.mig_device_by_index(j) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+                Err(source) => return Err(Error::Nvml { op: "mig_device_by_index", source }),
+            };
+            let attrs = optional(m.attributes(), "mig_attributes")?;
+            let name = optional(m.name(), "mig_name")?;
+            let (gi, ci) = mig_instance_ids(&m);
+            let (gi, ci) = (gi.unwrap_or(j), ci.unwrap_or(0));
+            let (gi_cap_minor, ci_cap_minor) = super::mig_cap_minors(caps, minor, gi, ci);
+            let Some(profile) = mig_profile(name.as_deref(), attrs.as_ref()) else { continue };
+            mig.push(MigDevice {
+                uuid: required(m.uuid(), "mig_uuid")?,
+                profile,
+                memory_bytes: required(m.memory_info(), "mig_memory_info")?.total,
+                multiprocessors: attrs.as_ref().map_or(0, |a| a.multiprocessor_count),
+                gi,
+                ci,
+                gi_cap_minor,
+                ci_cap_minor,
+            });
+        }
+    }
+    Ok(Gpu {
+        index: i,
+        minor,
+        uuid: required(dev.uuid(), "uuid")?,
+        product_name: required(dev.name(), "name")?,
+        brand: optional(dev.brand(), "brand")?.map(|b| format!("{b:?}")),
+        architecture: optional(dev.architecture(), "architecture")?.map(|a| a.to_string()),
+        cuda_compute_capability: optional(dev.cuda_compute_capability(), "cuda_compute_capability")?
+            .map(|c| format!("{}.{}", c.major, c.minor)),
+        memory_bytes: required(dev.memory_info(), "memory_info")?.total,
+        pcie_root: pci_bus_id.as_deref().and_then(|b| super::pcie_root_from_sysfs(sysfs, b)),
+        pci_bus_id,
+        numa_node,
+        mig_enabled,
+        mig,
+        lost: false,
+    })
 }
 
 /// The health fault an NVML event means, if any.

@@ -95,11 +95,16 @@ pub fn resolve<'a>(
     allocated
         .iter()
         .map(|a| {
-            named
+            let (n, d) = named
                 .iter()
                 .find(|(n, _)| *n == a.device)
-                .map(|(n, d)| (n.clone(), *d))
-                .ok_or_else(|| format!("device {} is not on this node (MIG layout changed?)", a.device))
+                .ok_or_else(|| format!("device {} is not on this node (MIG layout changed?)", a.device))?;
+            match d {
+                NamedDevice::Gpu(g) if g.lost => Err(format!(
+                    "device {n} is lost (NVML: GPU is lost); it cannot be prepared until it answers again"
+                )),
+                _ => Ok((n.clone(), *d)),
+            }
         })
         .collect()
 }

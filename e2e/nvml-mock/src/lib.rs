@@ -10,7 +10,9 @@
 //! Faults are JSON lines appended to the faults file (`<inventory>.faults` unless the inventory
 //! names one): `{"uuid": "GPU-…", "kind": "xid", "xid": 79}`, `ecc-dbe`, `lost`, `recover`. An
 //! XID or ECC fault is delivered once through `nvmlEventSetWait` to the event sets registered for
-//! its device; a lost GPU answers `NVML_ERROR_GPU_IS_LOST` until it recovers.
+//! its device; a lost GPU answers `NVML_ERROR_GPU_IS_LOST` until it recovers. A process that loads
+//! the library after a fault was raised finds its state (a GPU still lost, the ECC count) but not
+//! its event, as a process started on a real node after the fault would.
 //!
 //! Why a Rust `cdylib` and not Go's `-buildmode=c-shared`: NVIDIA's callers are Go programs, and
 //! a c-shared Go library brings a second Go runtime into them (signal handlers, thread state),
@@ -127,19 +129,21 @@ fn load() -> Result<State, String> {
         }
     }
     let n = inv.gpus.len();
-    // Faults raised before this process started have happened already: read from the end.
-    let faults_read = std::fs::metadata(&faults).map(|m| m.len()).unwrap_or(0);
-    Ok(State {
+    let mut state = State {
         inv,
         handles: Box::leak(handles.into_boxed_slice()),
         faults,
-        faults_read,
+        faults_read: 0,
         lost: vec![false; n],
         ecc_dbe: vec![0; n],
         pending: VecDeque::new(),
         lost_news: false,
         inits: 0,
-    })
+    };
+    // Faults raised before this process started have happened already: a GPU lost then is lost
+    // now (until a recover line), and its ECC counter counts, but their events are past.
+    state.apply_faults(false);
+    Ok(state)
 }
 
 impl State {
@@ -153,8 +157,14 @@ impl State {
         h as *const Handle as nvmlDevice_t
     }
 
-    /// Applies the faults appended since the last read.
+    /// Applies the faults appended since the last read, their events included.
     fn refresh(&mut self) {
+        self.apply_faults(true);
+    }
+
+    /// Applies the faults appended since the last read; `deliver`: queue their events (XID, ECC)
+    /// and wake event waits for a lost GPU.
+    fn apply_faults(&mut self, deliver: bool) {
         let Ok(mut f) = std::fs::File::open(&self.faults) else { return };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         if len < self.faults_read {
@@ -174,14 +184,19 @@ impl State {
             let Ok(fault) = serde_json::from_str::<inventory::Fault>(line) else { continue };
             let Some(gpu) = self.inv.gpus.iter().position(|g| g.uuid == fault.uuid) else { continue };
             match fault.kind {
-                FaultKind::Xid => self.pending.push_back(Pending { gpu, kind: EVENT_XID, data: fault.xid }),
+                FaultKind::Xid if deliver => {
+                    self.pending.push_back(Pending { gpu, kind: EVENT_XID, data: fault.xid })
+                }
+                FaultKind::Xid => {}
                 FaultKind::EccDbe => {
                     self.ecc_dbe[gpu] += 1;
-                    self.pending.push_back(Pending { gpu, kind: EVENT_ECC_DBE, data: 0 });
+                    if deliver {
+                        self.pending.push_back(Pending { gpu, kind: EVENT_ECC_DBE, data: 0 });
+                    }
                 }
                 FaultKind::Lost => {
                     self.lost[gpu] = true;
-                    self.lost_news = true;
+                    self.lost_news |= deliver;
                 }
                 FaultKind::Recover => {
                     self.lost[gpu] = false;

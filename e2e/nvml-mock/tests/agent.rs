@@ -5,7 +5,6 @@
 //! One process, one test: the mock's state is the process's, as NVML's is.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -15,18 +14,8 @@ use switchyard_driver_agent::discovery::{Discovery, EventSource};
 use switchyard_driver_agent::health::FaultKind;
 use switchyard_driver_agent::metrics::Metrics;
 
-/// The mock, as cargo built it for this test: `target/<profile>/deps/libnvidia_ml_mock.so`, beside
-/// the test binary. The test names the library crate (its rlib), so cargo builds the library
-/// target, which emits the cdylib too; a cdylib alone is not built for integration tests.
-fn mock_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let deps = exe.parent().expect("its directory");
-    [deps.to_path_buf(), deps.parent().expect("the profile directory").to_path_buf()]
-        .iter()
-        .map(|d| d.join("libnvidia_ml_mock.so"))
-        .find(|p| p.exists())
-        .expect("cargo builds the cdylib before its tests")
-}
+mod common;
+use common::mock_library;
 
 const INVENTORY: &str = r#"{
   "driverVersion": "580.95.05",
