@@ -4,7 +4,6 @@
 //!
 //! One process, one test: the mock's state is the process's, as NVML's is.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -97,14 +96,8 @@ async fn the_agent_discovers_the_mocks_gpus_and_turns_its_faults_into_health_eve
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let stop = Arc::new(AtomicBool::new(false));
     discovery.start_events(&inv, tx, stop.clone());
-    let raise = |line: &str| {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("inventory.json.faults"))
-            .unwrap();
-        writeln!(f, "{line}").unwrap();
-    };
+    let faults = dir.join("inventory.json.faults");
+    let raise = |line: &str| common::raise(&faults, line);
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(30), rx.recv())
             .await

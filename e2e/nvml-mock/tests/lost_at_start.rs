@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::io::Write;
-
 use k8s_openapi::jiff::Timestamp;
 use switchyard_driver_agent::discovery::Discovery;
 use switchyard_driver_agent::discovery::nvml::{Library, NvmlDiscovery};
@@ -30,14 +28,8 @@ async fn a_gpu_lost_before_the_agent_starts_is_published_tainted_and_recovers() 
     std::fs::create_dir_all(&dir).unwrap();
     let inventory = dir.join("inventory.json");
     std::fs::write(&inventory, INVENTORY).unwrap();
-    let raise = |line: &str| {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("inventory.json.faults"))
-            .unwrap();
-        writeln!(f, "{line}").unwrap();
-    };
+    let faults = dir.join("inventory.json.faults");
+    let raise = |line: &str| common::raise(&faults, line);
     // Lost before any process loaded the library.
     raise(r#"{"uuid": "GPU-5d1e0000-0000-4000-8000-000000000001", "kind": "lost"}"#);
     // SAFETY: set before anything reads the environment; this binary runs one test.
