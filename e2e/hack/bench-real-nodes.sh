@@ -6,6 +6,8 @@
 #     pod, with Switchyard installed from config/ (e2e/overlays/real-nodes), NVIDIA's device plugin
 #     on two nodes and the agent on the third, both on the NVML mock's two GPUs, after 20 s idle;
 #   - idle CPU of NVIDIA's device plugin and of the agent over 30 s;
+#   - RSS and idle CPU of NVIDIA's DRA kubelet plugin (gpu-kubelet-plugin v0.5.0, from its chart via
+#     e2e/hack/render-nvidia-dra.sh) on real-node-2, on the same mock inventory, in the same run;
 #   - one node's move on NVIDIA's device plugin: by Switchyard and by the kubectl runbook, same run.
 # Needs the running e2e cluster (bench.sh starts one). Restarts its real nodes.
 set -euo pipefail
@@ -37,10 +39,20 @@ cleanup() {
   k delete --ignore-not-found --wait --timeout=120s -k e2e/overlays/real-nodes >/dev/null 2>&1 || true
   k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null 2>&1 || true
   k delete --ignore-not-found deviceclass gpu.switchyard.dev >/dev/null 2>&1 || true
+  nvidia_dra_down
+  k label node real-node-2 e2e.switchyard.dev/bench- >/dev/null 2>&1 || true
   for n in "${nodes[@]}"; do
     k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- >/dev/null 2>&1 || true
     k uncordon "$n" >/dev/null 2>&1 || true
   done
+}
+nvidia_dra_down() {
+  if [ -f "$state/bench-nvidia-dra.yaml" ]; then
+    k delete --ignore-not-found --wait --timeout=120s -f "$state/bench-nvidia-dra.yaml" >/dev/null 2>&1 || true
+    rm -f "$state/bench-nvidia-dra.yaml"
+  fi
+  k delete namespace nvidia-dra-driver-gpu --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
+  k delete resourceslices --field-selector spec.driver=gpu.nvidia.com >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 for n in "${nodes[@]}"; do k label node "$n" nvidia.com/gpu.present=true --overwrite >/dev/null; done
@@ -51,6 +63,13 @@ sed 's/^      nodeSelector:$/      affinity: {nodeAffinity: {requiredDuringSched
 k apply --server-side --force-conflicts -k e2e/overlays/real-nodes >/dev/null
 until k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null | grep -q .; do sleep 1; done
 until [ "$(k get resourceslices -o jsonpath='{range .items[?(@.spec.nodeName=="real-node-3")]}{.metadata.name}{"\n"}{end}' | grep -c .)" -ge 1 ]; do sleep 1; done
+# NVIDIA's DRA kubelet plugin on real-node-2, as its chart renders it but placed by a bench label.
+bash e2e/hack/render-nvidia-dra.sh --set-json 'kubeletPlugin.nodeSelector={"e2e.switchyard.dev/bench":"nvidia-dra"}' \
+  > "$state/bench-nvidia-dra.yaml"
+k create namespace nvidia-dra-driver-gpu >/dev/null
+k apply --server-side --force-conflicts -f "$state/bench-nvidia-dra.yaml" >/dev/null
+k label node real-node-2 e2e.switchyard.dev/bench=nvidia-dra --overwrite >/dev/null
+until [ "$(k get resourceslices --field-selector spec.driver=gpu.nvidia.com -o name | grep -c .)" -ge 1 ]; do sleep 1; done
 sleep 20
 
 for n in "${nodes[@]}"; do
@@ -59,14 +78,19 @@ done
 for p in $(pid_of switchyard-operator); do echo "operator pod process $p: $(rss "$p")"; done
 for p in $(pid_of switchyard-driver-agent); do echo "agent pod process $p (real-node-3, the mock's 2 GPUs through NVML, kubelet plugin on): $(rss "$p")"; done
 for p in $(pid_of nvidia-device-plugin); do echo "NVIDIA device plugin pod process $p: $(rss "$p")"; done
+for p in $(pid_of gpu-kubelet-plugin); do echo "NVIDIA DRA kubelet plugin pod process $p (real-node-2, the mock's 2 GPUs through NVML): $(rss "$p")"; done
 
 # Idle CPU over 30 s, each process serving the NVML mock's two GPUs of its node: NVIDIA's device
 # plugin (its health check waits on an NVML event set) and the agent (its event wait and probes).
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 dp=$(pid_of nvidia-device-plugin); dp=${dp%%$'\n'*}
 agent=$(pid_of switchyard-driver-agent); agent=${agent%%$'\n'*}
-dp0=$(ticks "$dp"); agent0=$(ticks "$agent"); sleep 30
-echo "idle CPU over 30 s (clock ticks of $(getconf CLK_TCK)/s): NVIDIA device plugin $(( $(ticks "$dp") - dp0 )), agent $(( $(ticks "$agent") - agent0 ))"
+nvdra=$(pid_of gpu-kubelet-plugin); nvdra=${nvdra%%$'\n'*}
+dp0=$(ticks "$dp"); agent0=$(ticks "$agent"); nvdra0=$(ticks "$nvdra"); sleep 30
+echo "idle CPU over 30 s (clock ticks of $(getconf CLK_TCK)/s): NVIDIA device plugin $(( $(ticks "$dp") - dp0 )), agent $(( $(ticks "$agent") - agent0 )), NVIDIA DRA kubelet plugin $(( $(ticks "$nvdra") - nvdra0 ))"
+# NVIDIA's DRA driver goes before the move below: its chart's DeviceClass also maps nvidia.com/gpu.
+nvidia_dra_down
+k label node real-node-2 e2e.switchyard.dev/bench- >/dev/null
 
 # One node's move on the real nodes, on NVIDIA's device plugin, in the same run: real-node-1 by
 # Switchyard (the packaged operator, a migration selecting that node), real-node-2 by the kubectl

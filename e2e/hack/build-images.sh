@@ -16,6 +16,9 @@
 #   nvidia-device-plugin      switchyard.dev/e2e/nvidia-k8s-device-plugin:v0.19.3 (NVIDIA's device
 #                             plugin, built from its module by e2e/hack/build-nvidia.sh; the version
 #                             is e2e/nvidia/go.mod's)
+#   dra-driver-nvidia-gpu     switchyard.dev/e2e/dra-driver-nvidia-gpu:v0.5.0 (NVIDIA's DRA driver:
+#                             its gpu-kubelet-plugin, nvidia-cdi-hook and the init container's
+#                             kubelet-plugin-prestart.sh; the version is e2e/nvidia-dra/go.mod's)
 #
 # Reproducible: every file has mtime 0 and uid/gid 0 in the layer, the config and history carry the
 # epoch as their date, the Rust binaries are built with their build paths remapped, and the Go ones
@@ -177,8 +180,35 @@ image_nvidia_device_plugin() {
     --config.entrypoint /usr/bin/nvidia-device-plugin
 }
 
+# NVIDIA's DRA driver, unchanged: gpu-kubelet-plugin and nvidia-cdi-hook where NVIDIA's image has
+# them, and the module's hack/kubelet-plugin-prestart.sh, which its chart's init container runs with
+# bash. The chart's command lines and that script use bash and GNU tools, staged from this machine
+# with the libraries they link, as NVIDIA's distro-based image carries them.
+image_dra_driver_nvidia_gpu() {
+  local rootfs="$work/dra-driver-nvidia-gpu" plugin hook dra_version dir tool lib
+  plugin=$(bash "$root/e2e/hack/build-nvidia.sh" gpu-kubelet-plugin)
+  hook=$(bash "$root/e2e/hack/build-nvidia.sh" nvidia-cdi-hook)
+  dra_version=$(cd "$root/e2e/nvidia-dra" && go list -m -f '{{.Version}}' sigs.k8s.io/dra-driver-nvidia-gpu)
+  dir=$(cd "$root/e2e/nvidia-dra" && go list -m -f '{{.Dir}}' sigs.k8s.io/dra-driver-nvidia-gpu)
+  stage_base "$rootfs"
+  stage_dynamic "$rootfs" "$plugin" /usr/bin/gpu-kubelet-plugin
+  stage_dynamic "$rootfs" "$hook" /usr/bin/nvidia-cdi-hook
+  install -D -m 0755 "$dir/hack/kubelet-plugin-prestart.sh" "$rootfs/usr/bin/kubelet-plugin-prestart.sh"
+  for tool in bash find ln date ls env head basename sleep cp sed mount; do
+    stage_dynamic "$rootfs" "$(command -v "$tool")" "/usr/bin/$tool"
+  done
+  mkdir -p "$rootfs/bin"
+  ln -s ../usr/bin/bash "$rootfs/bin/bash"
+  ln -s bash "$rootfs/bin/sh"
+  lib=$(ldconfig -p | awk '/libgcc_s\.so\.1 \(libc6,x86-64\)/ && !found {print $NF; found = 1}')
+  [ -n "$lib" ] || { echo "build-images: libgcc_s.so.1 not found (ldconfig -p)" >&2; exit 1; }
+  install -D -m 0644 "$(readlink -f "$lib")" "$rootfs$lib"
+  pack dra-driver-nvidia-gpu "switchyard.dev/e2e/dra-driver-nvidia-gpu:$dra_version" "$rootfs" \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+}
+
 images=("$@")
-[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin)
+[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin dra-driver-nvidia-gpu)
 : > "$work/digests"
 for image in "${images[@]}"; do
   fn="image_${image//-/_}"

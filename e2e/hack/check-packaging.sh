@@ -10,8 +10,8 @@
 #   alerts          promtool check rules, promtool test rules
 #   dashboard       JSON parses; every PromQL expression parses (promtool, as recording rules)
 #   kustomize       kubectl kustomize config/, e2e/overlays/monitoring, e2e/overlays/real-nodes,
-#                   e2e/overlays/simulated-gpus and
-#                   the two driver-root overlays
+#                   e2e/overlays/simulated-gpus, e2e/overlays/nvidia-dra (the
+#                   without-agent component) and the two driver-root overlays
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -108,6 +108,12 @@ for want in "--inventory=simulated" "--sim-config=/etc/switchyard/simulated-gpus
             "name: switchyard-simulated-gpus"; do
   grep -qF -- "$want" "$tmp/kustomize-simulated-gpus.yaml" || { echo "kustomize (simulated-gpus component): no '$want'" >&2; exit 1; }
 done
+"$kubectl" kustomize e2e/overlays/nvidia-dra > "$tmp/kustomize-nvidia-dra.yaml"
+grep -qF -- "name: switchyard-operator" "$tmp/kustomize-nvidia-dra.yaml" \
+  || { echo "kustomize (without-agent component): the operator is gone too" >&2; exit 1; }
+left=$(awk '/^kind:/ {kind = $2} /^  name: switchyard-driver-agent/ {print kind}' "$tmp/kustomize-nvidia-dra.yaml" \
+  | grep -E '^(DaemonSet|Service|ValidatingAdmissionPolicy|ValidatingAdmissionPolicyBinding)$' || true)
+[ -z "$left" ] || { echo "kustomize (without-agent component): the agent's $left is left" >&2; exit 1; }
 # The real nodes run the agent on its NVML path, against the driver root nodes-up.sh lays out.
 for want in "--inventory=nvml" "--driver-root=/driver-root" "--dev-root=/run/nvidia/driver" "path: /run/nvidia/driver"; do
   grep -qF -- "$want" "$tmp/kustomize-real-nodes.yaml" || { echo "kustomize (e2e/overlays/real-nodes): no '$want'" >&2; exit 1; }

@@ -125,7 +125,8 @@ EOF
 # --- processes ----------------------------------------------------------------------------
 launch() { # name args...: detached from this shell, PID recorded for cluster-down
   local name=$1; shift
-  setsid "$@" >"$state/logs/$name.log" 2>&1 < /dev/null &
+  # 9>&-: a daemon must not hold the lock of this script (fd 9) after it exits.
+  setsid "$@" >"$state/logs/$name.log" 2>&1 < /dev/null 9>&- &
   echo $! > "$state/pids/$name.pid"
 }
 

@@ -65,7 +65,7 @@ if [ -n "${SWITCHYARD_DEMO_BIN_DIR:-}" ]; then
   # nested cargo would wait on the lock the test run holds).
   target=$SWITCHYARD_DEMO_BIN_DIR
 else
-  echo "   building the images (e2e/hack/build-images.sh: operator, agent, device plugin, workload, pause)"
+  echo "   building the images (e2e/hack/build-images.sh: operator, agent, NVIDIA's device plugin and DRA driver, workload, pause)"
   bash e2e/hack/build-images.sh 2>&1 | sed -n 's/^build-images: /     /p'
   cargo build -q -p switchyard-cli --bin switchyard
   target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/debug

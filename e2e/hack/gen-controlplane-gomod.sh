@@ -8,6 +8,10 @@
 #   gen-controlplane-gomod.sh v1.37.2                  # e2e/controlplane/go.mod
 #   gen-controlplane-gomod.sh v1.37.2 e2e/kubelet
 #   gen-controlplane-gomod.sh v1.37.2 e2e/kubeletplugin
+#   gen-controlplane-gomod.sh v1.37.2 e2e/nvidia-dra
+#
+# A module dir may hold go.mod.extra: lines appended to the generated go.mod before `go mod tidy`
+# (e2e/nvidia-dra: NVIDIA's DRA driver and a replace for a module the proxy does not serve).
 #
 # k8s.io/kubernetes pins its ~30 staging modules (k8s.io/api, k8s.io/client-go, ...) at v0.0.0
 # with replace directives that point into its own source tree, so `go build` of its commands
@@ -67,6 +71,10 @@ mapfile -t staging < <(sed -n 's#^\s*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*
     echo "	$m => $m $staging_version"
   done
   echo ")"
+  if [ -f "$mod_dir/go.mod.extra" ]; then
+    echo
+    cat "$mod_dir/go.mod.extra"
+  fi
 } > "$mod_dir/go.mod"
 
 (cd "$mod_dir" && go mod tidy)

@@ -12,7 +12,8 @@
 #
 # The GPUs: each node has an NVIDIA driver root at /run/nvidia/driver, laid out as the GPU
 # Operator's driver container leaves one (usr/lib64/libnvidia-ml.so.1, dev/nvidia<N>, dev/nvidiactl,
-# dev/nvidia-uvm, dev/nvidia-uvm-tools). The library is the NVML mock (e2e/nvml-mock), the device
+# dev/nvidia-uvm, dev/nvidia-uvm-tools, usr/bin/nvidia-smi). The library is the NVML mock
+# (e2e/nvml-mock; nvidia-smi is its NVML client, answering --version and -L), the device
 # nodes are made with mknod (no driver answers them), and the node's GPUs are the mock's inventory
 # beside the library (usr/lib64/nvml-mock.json, from $SWITCHYARD_NODE_GPUS). Faults are raised by
 # appending to usr/lib64/nvml-mock.json.faults. Everything above that library is the vendors' code
@@ -87,7 +88,8 @@ node_ip=$(ip -4 -o addr show ${dev:+dev "$dev"} scope global 2>/dev/null | awk '
 bin=$(bash "$here/hack/build-controlplane.sh")
 node_bin=$(bash "$here/hack/build-node.sh")
 images="${SWITCHYARD_IMAGE_DIR:-$here/../target/images}"
-for image in pause workload nvidia-device-plugin switchyard-operator switchyard-driver-agent; do
+node_images=(pause workload nvidia-device-plugin dra-driver-nvidia-gpu switchyard-operator switchyard-driver-agent)
+for image in "${node_images[@]}"; do
   [ -f "$images/$image.tar" ] || fail "image archive $images/$image.tar is missing: run 'make images' first"
 done
 kubectl() { "$bin/kubectl" --kubeconfig "$state/kubeconfig" "$@"; }
@@ -138,7 +140,7 @@ fi
 # image already there with the same digest is a no-op; a rebuilt one moves its tag.
 import_images() { # index
   local n="$nodes_dir/node$1" image out
-  for image in pause workload nvidia-device-plugin switchyard-operator switchyard-driver-agent; do
+  for image in "${node_images[@]}"; do
     # ctr warns about cgroup v1 on every call; show its output only when the import fails.
     if ! out=$("$node_bin/ctr" -a "$n/run/containerd.sock" -n k8s.io images import --local "$images/$image.tar" 2>&1); then
       echo "$out" >&2
@@ -148,11 +150,14 @@ import_images() { # index
 }
 
 # The node's NVIDIA driver root (see the top of this file): the mock as libnvidia-ml.so.<version>
-# with the usual .so.1 link, its inventory beside it, and the device nodes a driver makes.
+# with the usual .so.1 link, its inventory beside it, the device nodes a driver makes, and
+# usr/bin/nvidia-smi (the mock's NVML client: --version and -L), which NVIDIA's DRA driver runs to
+# check the driver root before its kubelet plugin starts.
 lay_out_driver_root() { # dir
   local r=$1 lib=usr/lib64 minor
-  mkdir -p "$r/$lib" "$r/dev"
+  mkdir -p "$r/$lib" "$r/dev" "$r/usr/bin"
   install -m 0755 "$nvml_mock" "$r/$lib/libnvidia-ml.so.$driver_version"
+  install -m 0755 "$(dirname "$nvml_mock")/nvidia-smi" "$r/usr/bin/nvidia-smi"
   ln -s "libnvidia-ml.so.$driver_version" "$r/$lib/libnvidia-ml.so.1"
   install -m 0644 "$node_gpus" "$r/$lib/nvml-mock.json"
   : > "$r/$lib/nvml-mock.json.faults"
@@ -311,8 +316,13 @@ EOF
     mount --bind "$n/log-containers" /var/log/containers
     mount --bind "$n/cni-lib" /var/lib/cni
     mount --bind "$n/driver-root" /run/nvidia/driver
+    # Shared inside the node, as systemd leaves a host: pods that mount a host path with
+    # HostToContainer or Bidirectional propagation (the DRA driver of NVIDIA: /run/nvidia and the
+    # plugins dir of the kubelet) need it. A peer group of this namespace only: nothing propagates
+    # to the host.
+    mount --make-rshared /
     exec "$2/containerd" --config "$n/containerd.toml"
-  ' node-ns "$n" "$node_bin" > "$state/logs/$name-containerd.log" 2>&1 < /dev/null &
+  ' node-ns "$n" "$node_bin" > "$state/logs/$name-containerd.log" 2>&1 < /dev/null 9>&- &
   echo $! > "$pidf-containerd.pid"
   local deadline=$(( $(date +%s) + 30 ))
   until "$node_bin/ctr" -a "$n/run/containerd.sock" version >/dev/null 2>&1; do
@@ -329,7 +339,7 @@ EOF
     --config "$n/kubelet.yaml" --kubeconfig "$n/kubeconfig" \
     --hostname-override "$name" --node-ip "$node_ip" \
     --node-labels "e2e.switchyard.dev/real-node=true" \
-    > "$state/logs/$name-kubelet.log" 2>&1 < /dev/null &
+    > "$state/logs/$name-kubelet.log" 2>&1 < /dev/null 9>&- &
   echo $! > "$pidf-kubelet.pid"
 }
 

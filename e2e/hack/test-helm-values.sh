@@ -439,6 +439,19 @@ grep -q "name: switchyard-driver-agent-own-node-slices" "$tmp/no-op-policy.yaml"
 checks=$((checks + 2))
 rejects "operator.admissionPolicy.enabled=maybe" "/operator/admissionPolicy/enabled" --set operator.admissionPolicy.enabled=maybe
 
+# --- agent.enabled=false: the operator alone, for another vendor's DRA driver -----------------
+"$helm" template switchyard "$chart" -n switchyard-system --set agent.enabled=false \
+  --set serviceMonitor.enabled=true --set networkPolicy.enabled=true > "$tmp/no-agent.yaml" \
+  || fail "no-agent: helm template failed"
+[ -n "$(object "$tmp/no-agent.yaml" Deployment switchyard-operator)" ] || fail "no-agent: the operator Deployment is gone too"
+for kind in DaemonSet Service ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding ServiceMonitor NetworkPolicy; do
+  for name in switchyard-driver-agent switchyard-driver-agent-metrics switchyard-driver-agent-own-node-slices; do
+    [ -z "$(object "$tmp/no-agent.yaml" "$kind" "$name")" ] || fail "no-agent: $kind $name is rendered"
+  done
+  checks=$((checks + 1))
+done
+rejects "agent.enabled=maybe" "/agent/enabled" --set agent.enabled=maybe
+
 # --- everything at once passes helm lint --strict ----------------------------------------------
 "$helm" lint --strict "$chart" -f "$tmp/logging.values.yaml" -f "$tmp/selector.values.yaml" \
   -f "$tmp/op-sched.values.yaml" -f "$tmp/ag-sched.values.yaml" -f "$tmp/ag-extra.values.yaml" \

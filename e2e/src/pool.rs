@@ -740,6 +740,8 @@ pub struct Samples {
 
 #[derive(Default)]
 struct View {
+    /// The DaemonSet whose pods are the DRA driver's kubelet plugins.
+    driver_ds: String,
     nodes: HashMap<String, Node>,
     /// Per node, the resourceVersion of the node object held, and of the last change to its
     /// slices.
@@ -820,6 +822,19 @@ impl Sampler {
     /// the PDB and deletion bookkeeping for pods in `apps_ns`) and every DeviceTaintRule; the
     /// device plugin serves a node while it advertises `resource`.
     pub fn watch(client: Client, pool: String, driver: String, apps_ns: String, resource: String) -> Self {
+        Self::watch_driver(client, pool, driver, DRIVER_DS.to_owned(), apps_ns, resource)
+    }
+
+    /// [`Sampler::watch`] of another DRA driver, whose kubelet-plugin pods belong to the
+    /// DaemonSet named `driver_ds` (NVIDIA's, say).
+    pub fn watch_driver(
+        client: Client,
+        pool: String,
+        driver: String,
+        driver_ds: String,
+        apps_ns: String,
+        resource: String,
+    ) -> Self {
         let samples = Arc::new(Mutex::new(Samples::default()));
         let out = samples.clone();
         let task = tokio::spawn(async move {
@@ -843,7 +858,7 @@ impl Sampler {
                     .map(|e| lift(e, |r, live| Update::Rule(Box::new(r), live)));
             let mut all =
                 futures::stream::select_all([nodes.boxed(), slices.boxed(), pods.boxed(), rules.boxed()]);
-            let mut view = View::default();
+            let mut view = View { driver_ds, ..View::default() };
             let mut listed = 0;
             while let Some(update) = all.next().await {
                 match update {
@@ -923,7 +938,7 @@ impl View {
                 let uid = p.uid().unwrap_or_default();
                 let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
                 let is_driver =
-                    p.owner_references().iter().any(|o| o.kind == "DaemonSet" && o.name == DRIVER_DS);
+                    p.owner_references().iter().any(|o| o.kind == "DaemonSet" && o.name == self.driver_ds);
                 if is_driver {
                     if live && p.metadata.deletion_timestamp.is_none() {
                         self.driver_pods.insert(uid.clone(), node.clone());

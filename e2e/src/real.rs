@@ -128,11 +128,21 @@ pub async fn label(client: &Client, node: &str, labels: serde_json::Value) -> an
     Ok(())
 }
 
+/// The overlay of config/ that the real-node scenarios install: Switchyard's operator and agent.
+pub const SWITCHYARD_OVERLAY: &str = "e2e/overlays/real-nodes";
+/// The overlay for a cluster that moves to NVIDIA's DRA driver: the operator without the agent.
+pub const SWITCHYARD_WITHOUT_AGENT_OVERLAY: &str = "e2e/overlays/nvidia-dra";
+
 /// Installs Switchyard as a user does: `kubectl apply --server-side -k` of config/ (through the
 /// real-nodes overlay), then waits until the operator Deployment has a Ready replica and the
 /// leader holds its Lease.
 pub async fn install_switchyard(client: &Client) -> anyhow::Result<()> {
-    kubectl(&["apply", "--server-side", "--force-conflicts", "-k", "e2e/overlays/real-nodes"])?;
+    install_switchyard_from(client, SWITCHYARD_OVERLAY).await
+}
+
+/// [`install_switchyard`] through another overlay of config/.
+pub async fn install_switchyard_from(client: &Client, overlay: &str) -> anyhow::Result<()> {
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-k", overlay])?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NS);
     wait::until("the operator Deployment to have a Ready replica", Duration::from_secs(120), || {
         let deployments = deployments.clone();
@@ -165,15 +175,63 @@ pub async fn leader(client: &Client, timeout: Duration) -> anyhow::Result<Pod> {
 /// Removes what [`install_switchyard`] applied. Migrations must be gone first (the operator
 /// releases their finalizers).
 pub fn uninstall_switchyard() -> anyhow::Result<()> {
-    kubectl(&[
-        "delete",
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=120s",
-        "-k",
-        "e2e/overlays/real-nodes",
-    ])
-    .map(|_| ())
+    uninstall_switchyard_from(SWITCHYARD_OVERLAY)
+}
+
+/// Removes what [`install_switchyard_from`] applied from `overlay`.
+pub fn uninstall_switchyard_from(overlay: &str) -> anyhow::Result<()> {
+    kubectl(&["delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-k", overlay]).map(|_| ())
+}
+
+/// The namespace NVIDIA's DRA driver is installed in, as its chart's docs install it.
+pub const NVIDIA_DRA_NS: &str = "nvidia-dra-driver-gpu";
+/// The DaemonSet of NVIDIA's GPU kubelet plugin, as its chart names it.
+pub const NVIDIA_DRA_KUBELET_PLUGIN: &str = "dra-driver-nvidia-gpu-kubelet-plugin";
+
+/// NVIDIA's DRA driver rendered by its own chart (`e2e/hack/render-nvidia-dra.sh`, with `extra`
+/// arguments for `helm template`): the command's output, whether or not it succeeded.
+pub fn render_nvidia_dra(extra: &[&str]) -> anyhow::Result<std::process::Output> {
+    Ok(Command::new("bash")
+        .arg(cluster::repo_root().join("e2e/hack/render-nvidia-dra.sh"))
+        .args(extra)
+        .current_dir(cluster::repo_root())
+        .output()?)
+}
+
+/// Where [`install_nvidia_dra`] keeps the rendered chart, for [`uninstall_nvidia_dra`].
+fn nvidia_dra_manifest() -> PathBuf {
+    cluster::repo_root().join("e2e/.cluster/nvidia-dra-driver-gpu.yaml")
+}
+
+/// Installs NVIDIA's DRA driver as `helm install` of its chart would: its namespace, then every
+/// object the chart renders (e2e/hack/render-nvidia-dra.sh), applied unchanged.
+pub fn install_nvidia_dra() -> anyhow::Result<()> {
+    let out = render_nvidia_dra(&[])?;
+    anyhow::ensure!(out.status.success(), "render-nvidia-dra.sh: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(nvidia_dra_manifest(), &out.stdout)?;
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NVIDIA_DRA_NS}});
+    let ns_file = cluster::repo_root().join("e2e/.cluster/nvidia-dra-namespace.json");
+    std::fs::write(&ns_file, ns.to_string())?;
+    kubectl(&["apply", "--server-side", "-f", &ns_file.to_string_lossy()])?;
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &nvidia_dra_manifest().to_string_lossy()])
+        .map(|_| ())
+}
+
+/// Removes NVIDIA's DRA driver: the chart's objects, its namespace, and the ResourceSlices its
+/// kubelet plugins published (a plugin that stops leaves them to the kubelet to remove).
+pub fn uninstall_nvidia_dra() -> anyhow::Result<()> {
+    if nvidia_dra_manifest().exists() {
+        kubectl(&[
+            "delete",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+            "-f",
+            &nvidia_dra_manifest().to_string_lossy(),
+        ])?;
+    }
+    kubectl(&["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=120s", NVIDIA_DRA_NS])?;
+    kubectl(&["delete", "resourceslices", "--field-selector", "spec.driver=gpu.nvidia.com"]).map(|_| ())
 }
 
 /// The mock's inventory in a node's driver root.
@@ -203,6 +261,23 @@ pub fn load_driver(node: &str) -> anyhow::Result<()> {
 /// NVIDIA's device plugin as the cluster's device-plugin DaemonSet.
 pub fn install_device_plugin() -> anyhow::Result<()> {
     kubectl(&["apply", "--server-side", "--force-conflicts", "-f", DEVICE_PLUGIN_MANIFEST]).map(|_| ())
+}
+
+/// The label the NVIDIA GPU Operator's device-plugin DaemonSet selects nodes by.
+pub const LABEL_DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
+
+/// Installs NVIDIA's device plugin as the NVIDIA GPU Operator places it: the same DaemonSet,
+/// marked `app.kubernetes.io/managed-by: gpu-operator` and selecting nodes by
+/// `nvidia.com/gpu.deploy.device-plugin=true`, as the GPU Operator renders it from its
+/// ClusterPolicy. [`uninstall_device_plugin`] removes it.
+pub fn install_device_plugin_as_gpu_operator() -> anyhow::Result<()> {
+    let manifest = std::fs::read_to_string(cluster::repo_root().join(DEVICE_PLUGIN_MANIFEST))?;
+    let mut ds: serde_json::Value = serde_yaml::from_str(&manifest)?;
+    ds["metadata"]["labels"]["app.kubernetes.io/managed-by"] = json!("gpu-operator");
+    ds["spec"]["template"]["spec"]["nodeSelector"] = json!({LABEL_DEPLOY_DEVICE_PLUGIN: "true"});
+    let path = cluster::repo_root().join("e2e/.cluster/nvidia-device-plugin-gpu-operator.json");
+    std::fs::write(&path, ds.to_string())?;
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &path.to_string_lossy()]).map(|_| ())
 }
 
 /// Removes the device plugin DaemonSet.
@@ -266,6 +341,27 @@ pub async fn gpu_daemon_set(client: &Client, ns: &str, name: &str, pool: &str) -
     Ok(())
 }
 
+/// `NVIDIA_VISIBLE_DEVICES` and the `/dev/nvidia<N>` GPU nodes (not nvidiactl or uvm) the workload
+/// printed.
+pub fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
+    let visible = logs
+        .lines()
+        .find_map(|l| l.strip_prefix("workload: NVIDIA_VISIBLE_DEVICES="))
+        .unwrap_or_default()
+        .to_owned();
+    let gpus = logs
+        .lines()
+        .filter_map(|l| l.strip_prefix("workload: dev "))
+        .filter(|l| {
+            l.split_whitespace()
+                .last()
+                .is_some_and(|p| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok())
+        })
+        .map(str::to_owned)
+        .collect();
+    (visible, gpus)
+}
+
 /// `kubectl logs` of a pod: through the API server to the kubelet on its node.
 pub fn logs(ns: &str, pod: &str) -> anyhow::Result<String> {
     kubectl(&["-n", ns, "logs", pod])
@@ -310,4 +406,125 @@ pub async fn wait_workload(
         }
     })
     .await
+}
+
+/// Waits until every node of `names` has `want` allocatable `resource` (the kubelet's device
+/// manager's figure, from the device plugin that serves the node).
+pub async fn wait_allocatable(
+    client: &Client,
+    names: &[String],
+    resource: &str,
+    want: i64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait::until(&format!("allocatable {resource} {want} on {}", names.join(", ")), timeout, || {
+        let nodes = nodes.clone();
+        async move {
+            for n in names {
+                if crate::pool::allocatable(&nodes.get(n).await?, resource) != want {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        }
+    })
+    .await
+}
+
+/// The devices allocated to a claim: (driver, pool, device) of each result.
+pub fn allocated(claim: &k8s_openapi::api::resource::v1::ResourceClaim) -> Vec<(String, String, String)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .map(|r| r.iter().map(|r| (r.driver.clone(), r.pool.clone(), r.device.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// Deletes the GpuPoolMigration `name` if it exists, and waits until it is gone (the operator
+/// releases its finalizer).
+pub async fn delete_migration(client: &Client, name: &str) -> anyhow::Result<()> {
+    use switchyard_operator::api::v1alpha1::GpuPoolMigration;
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    if migrations.get_opt(name).await?.is_none() {
+        return Ok(());
+    }
+    migrations.delete(name, &kube::api::DeleteParams::default()).await?;
+    wait::until(&format!("migration {name} to be deleted"), Duration::from_secs(120), || {
+        let migrations = migrations.clone();
+        async move { Ok(migrations.get_opt(name).await?.is_none().then_some(())) }
+    })
+    .await
+}
+
+/// Deletes the namespace `ns` if it exists, and waits until it is gone.
+pub async fn delete_namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(ns).await?.is_none() {
+        return Ok(());
+    }
+    let _ = namespaces.delete(ns, &kube::api::DeleteParams::default()).await;
+    wait::until(&format!("namespace {ns} to be deleted"), Duration::from_secs(120), || {
+        let namespaces = namespaces.clone();
+        async move { Ok(namespaces.get_opt(ns).await?.is_none().then_some(())) }
+    })
+    .await
+}
+
+/// Removes `labels` from each node of `names` and uncordons it, then fails if any real node still
+/// carries a `switchyard.dev/` annotation: a migration's state left behind.
+pub async fn release_nodes(client: &Client, names: &[String], labels: &[&str]) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let unset: serde_json::Map<String, serde_json::Value> =
+        labels.iter().map(|l| (l.to_string(), serde_json::Value::Null)).collect();
+    for n in names {
+        label(client, n, serde_json::Value::Object(unset.clone())).await?;
+        nodes
+            .patch(n, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": null}})))
+            .await?;
+    }
+    let left: Vec<String> = nodes
+        .list(&ListParams::default().labels(&format!("{LABEL_REAL_NODE}=true")))
+        .await?
+        .items
+        .iter()
+        .flat_map(|n| {
+            n.annotations()
+                .keys()
+                .filter(|k| k.starts_with("switchyard.dev/"))
+                .map(|k| format!("{}: {k}", n.name_any()))
+        })
+        .collect();
+    anyhow::ensure!(left.is_empty(), "migration state left on real nodes: {left:?}");
+    Ok(())
+}
+
+/// Runs a scenario that installs the packaged operator, with the cluster to itself (the operator
+/// manages every GpuPoolMigration of the cluster, so no other scenario may run beside it), on the
+/// real nodes, under a fresh id that starts with `prefix`. `cleanup` runs whatever the outcome, a
+/// failed assertion (a panic) included, so the operator never outlives the scenario on the shared
+/// cluster; `diagnostics` is printed first when the scenario failed.
+pub async fn alone_on_real_nodes(
+    prefix: &str,
+    scenario: impl AsyncFnOnce(&Client, &str, &[String]) -> anyhow::Result<()>,
+    diagnostics: fn(&str) -> String,
+    cleanup: impl AsyncFnOnce(&Client, &str, &[String]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use futures::FutureExt;
+    let _cluster = crate::locks::cluster_alone().await?;
+    let client = cluster::client().await?;
+    let names: Vec<String> = nodes(&client).await?.iter().map(|n| n.name_any()).collect();
+    let id = cluster::unique(prefix);
+    let outcome = std::panic::AssertUnwindSafe(scenario(&client, &id, &names)).catch_unwind().await;
+    if !matches!(outcome, Ok(Ok(()))) {
+        eprintln!("{}", diagnostics(&id));
+    }
+    let cleaned = cleanup(&client, &id, &names).await;
+    match outcome {
+        Err(panic) => std::panic::resume_unwind(panic),
+        Ok(result) => result.and(cleaned),
+    }
 }

@@ -176,6 +176,14 @@ fn kustomize_with_simulated_gpus_component_passes_server_side_dry_run() {
     dry_run_all("kubectl kustomize e2e/overlays/simulated-gpus", kustomize("e2e/overlays/simulated-gpus"));
 }
 
+/// The without-agent component (clusters whose DRA driver is another vendor's): the operator
+/// alone, accepted by the API server.
+#[test]
+fn kustomize_without_agent_component_passes_server_side_dry_run() {
+    let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
+    dry_run_all("kubectl kustomize e2e/overlays/nvidia-dra", kustomize("e2e/overlays/nvidia-dra"));
+}
+
 /// The samples in config/samples/ are valid GpuPoolMigrations: the CRD's schema and CEL rules take
 /// them (NVIDIA's driver without the interlock among them).
 #[test]

@@ -40,7 +40,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -48,7 +47,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{Sampler, allocatable};
 use switchyard_e2e::real::{self, LABEL_GPU_PRESENT, SYSTEM_NS};
-use switchyard_e2e::{cluster, locks, wait};
+use switchyard_e2e::{cluster, wait};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
 
 const DRIVER: &str = "gpu.switchyard.dev";
@@ -61,47 +60,9 @@ fn uuids_in_inventory() -> BTreeSet<String> {
     real::gpu_uuids()
 }
 
-/// `NVIDIA_VISIBLE_DEVICES` and the /dev/nvidia<N> GPU nodes (not nvidiactl or uvm) the workload
-/// printed.
-fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
-    let visible = logs
-        .lines()
-        .find_map(|l| l.strip_prefix("workload: NVIDIA_VISIBLE_DEVICES="))
-        .unwrap_or_default()
-        .to_owned();
-    let gpus = logs
-        .lines()
-        .filter_map(|l| l.strip_prefix("workload: dev "))
-        .filter(|l| {
-            l.split_whitespace()
-                .last()
-                .is_some_and(|p| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok())
-        })
-        .map(str::to_owned)
-        .collect();
-    (visible, gpus)
-}
-
 #[tokio::test]
 async fn real_pool_moves_from_the_device_plugin_to_dra_with_the_packaged_operator() -> anyhow::Result<()> {
-    // The packaged operator manages every GpuPoolMigration of the cluster, so no other
-    // scenario may run beside it.
-    let _cluster = locks::cluster_alone().await?;
-    let client = cluster::client().await?;
-    let nodes = real::nodes(&client).await?;
-    let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
-    let id = cluster::unique("real");
-    // Cleaned up whatever the outcome, a failed assertion (a panic) included: the packaged
-    // operator watches every migration, so it must not outlive this scenario on the shared cluster.
-    let outcome = std::panic::AssertUnwindSafe(scenario(&client, &id, &names)).catch_unwind().await;
-    if !matches!(outcome, Ok(Ok(()))) {
-        eprintln!("{}", diagnostics(&id));
-    }
-    let cleaned = cleanup(&client, &id, &names).await;
-    match outcome {
-        Err(panic) => std::panic::resume_unwind(panic),
-        Ok(result) => result.and(cleaned),
-    }
+    real::alone_on_real_nodes("real", scenario, diagnostics, cleanup).await
 }
 
 /// The agent discovered each node's GPUs through NVML, that is through the mock's C functions:
@@ -279,6 +240,10 @@ async fn a_device_plugin_without_nvml_is_named_by_the_plan(
         Ok(real::kubectl(&["-n", "kube-system", "logs", &plugin])?.contains("No devices found").then_some(()))
     })
     .await?;
+    // The plan reads the node's status: on a node a device plugin served until moments ago (the
+    // scenario before this one), the kubelet reports the GPUs gone at its next status update.
+    real::wait_allocatable(client, std::slice::from_ref(&node.to_string()), GPU, 0, Duration::from_secs(60))
+        .await?;
     let manifest = std::env::temp_dir().join(format!("{id}-plan.json"));
     std::fs::write(&manifest, serde_json::to_vec(&pool_migration(id)?)?)?;
     let out = std::process::Command::new(cluster::cli_bin())
@@ -520,18 +485,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 
     // The kubelet's device manager, not the test, turns the plugin's devices into allocatable.
     let node_api: Api<Node> = Api::all(client.clone());
-    wait::until("the device plugin to serve every real node", Duration::from_secs(120), || {
-        let node_api = node_api.clone();
-        async move {
-            for n in names {
-                if allocatable(&node_api.get(n).await?, GPU) != gpus_per_node {
-                    return Ok(None);
-                }
-            }
-            Ok(Some(()))
-        }
-    })
-    .await?;
+    real::wait_allocatable(client, names, GPU, gpus_per_node, Duration::from_secs(120)).await?;
 
     cluster::create_namespace(client, id).await?;
     real::gpu_workload(client, id, APP, names.len() as i32, None).await?;
@@ -540,7 +494,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     let agents_before =
         real::wait_workload(client, id, AGENT_APP, names.len(), Duration::from_secs(120)).await?;
     for p in &agents_before {
-        let (visible, _) = what_the_container_saw(&real::logs(id, &p.name_any())?);
+        let (visible, _) = real::what_the_container_saw(&real::logs(id, &p.name_any())?);
         assert!(
             uuids_in_inventory().contains(&visible),
             "{}: a device-plugin GPU, got {visible:?}",
@@ -550,7 +504,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     let inventory = uuids_in_inventory();
     for p in &before {
         let logs = real::logs(id, &p.name_any())?;
-        let (visible, gpus) = what_the_container_saw(&logs);
+        let (visible, gpus) = real::what_the_container_saw(&logs);
         assert!(
             inventory.contains(&visible),
             "{}: the device plugin's Allocate sets one inventory UUID, got {visible:?}\n{logs}",
@@ -631,18 +585,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     real::kubectl(&["uncordon", &leader_node])?;
 
     // Allocatable through the kubelet's own device manager: the plugin pod left each node.
-    wait::until("allocatable nvidia.com/gpu 0 on every real node", Duration::from_secs(60), || {
-        let node_api = node_api.clone();
-        async move {
-            for n in names {
-                if allocatable(&node_api.get(n).await?, GPU) != 0 {
-                    return Ok(None);
-                }
-            }
-            Ok(Some(()))
-        }
-    })
-    .await?;
+    real::wait_allocatable(client, names, GPU, 0, Duration::from_secs(60)).await?;
 
     let after = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
@@ -674,7 +617,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             )
         })?)?;
         let logs = real::logs(id, &name)?;
-        let (visible, gpus) = what_the_container_saw(&logs);
+        let (visible, gpus) = real::what_the_container_saw(&logs);
         let spec_env = spec["containerEdits"]["env"][0].as_str().unwrap_or_default().to_owned();
         assert_eq!(
             format!("NVIDIA_VISIBLE_DEVICES={visible}"),
@@ -704,7 +647,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         .iter()
         .map(|p| {
             let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            Ok((node, what_the_container_saw(&real::logs(id, &p.name_any())?).0))
+            Ok((node, real::what_the_container_saw(&real::logs(id, &p.name_any())?).0))
         })
         .collect::<anyhow::Result<_>>()?;
     for p in &agents {
@@ -714,7 +657,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some(),
             "{name}: the DaemonSet pod on {node} was not replaced through DRA"
         );
-        let (visible, _) = what_the_container_saw(&real::logs(id, &name)?);
+        let (visible, _) = real::what_the_container_saw(&real::logs(id, &name)?);
         assert!(inventory.contains(&visible), "{name}: {visible:?} is a GPU of the inventory");
         if let Some(trainer) = trainers_by_node.get(&node) {
             assert_ne!(
@@ -790,7 +733,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     real::gpu_workload(client, id, "pinned", 1, Some(&back)).await?;
     let pinned = real::wait_workload(client, id, "pinned", 1, Duration::from_secs(120)).await?;
     let logs = real::logs(id, &pinned[0].name_any())?;
-    let (visible, gpus) = what_the_container_saw(&logs);
+    let (visible, gpus) = real::what_the_container_saw(&logs);
     assert!(inventory.contains(&visible), "the device plugin's Allocate set {visible:?}\n{logs}");
     assert_eq!(gpus.len(), 1, "one GPU device node from the plugin\n{logs}");
     assert!(
@@ -901,7 +844,7 @@ async fn replace_onto_the_dra_nodes(
             (results.len(), results[0].driver.as_str(), results[0].pool.as_str()),
             (1, DRIVER, node.as_str())
         );
-        let (visible, gpus) = what_the_container_saw(&real::logs(id, &pod)?);
+        let (visible, gpus) = real::what_the_container_saw(&real::logs(id, &pod)?);
         assert!(uuids_in_inventory().contains(&visible), "{pod}: {visible:?} is a GPU of the inventory");
         assert_eq!(gpus.len(), 1, "{pod}: one GPU device node");
     }
@@ -916,60 +859,20 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
     for n in names {
         real::load_driver(n)?;
     }
-    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
     for name in [id.to_owned(), format!("{id}-back"), format!("{id}-replace")] {
-        if migrations.get_opt(&name).await?.is_some() {
-            migrations.delete(&name, &DeleteParams::default()).await?;
-            wait::until(&format!("migration {name} to be deleted"), Duration::from_secs(120), || {
-                let (migrations, name) = (migrations.clone(), name.clone());
-                async move { Ok(migrations.get_opt(&name).await?.is_none().then_some(())) }
-            })
-            .await?;
-        }
+        real::delete_migration(client, &name).await?;
     }
     // The workload goes before the driver: a DRA plugin must outlive the pods whose claims it
     // prepared, or they hang in Terminating.
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(id).await?.is_some() {
-        let _ = namespaces.delete(id, &DeleteParams::default()).await;
-        wait::until("the scenario namespace to be deleted", Duration::from_secs(120), || {
-            let namespaces = namespaces.clone();
-            async move { Ok(namespaces.get_opt(id).await?.is_none().then_some(())) }
-        })
-        .await?;
-    }
+    real::delete_namespace(client, id).await?;
     real::uninstall_switchyard()?;
     real::uninstall_device_plugin()?;
     let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
     let _ = classes.delete(DRIVER, &DeleteParams::default()).await;
-    let node_api: Api<Node> = Api::all(client.clone());
-    for n in names {
-        real::label(
-            client,
-            n,
-            json!({"pool": null, LABEL_GPU_PRESENT: null, "switchyard.dev/gpu-backend": null, "switchyard.dev/replaced": null}),
-        )
-        .await?;
-        node_api
-            .patch(
-                n,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(json!({"spec": {"unschedulable": null}})),
-            )
-            .await?;
-    }
-    let left: Vec<String> = node_api
-        .list(&ListParams::default().labels(&format!("{}=true", real::LABEL_REAL_NODE)))
-        .await?
-        .items
-        .iter()
-        .flat_map(|n| {
-            n.annotations()
-                .keys()
-                .filter(|k| k.starts_with("switchyard.dev/"))
-                .map(|k| format!("{}: {k}", n.name_any()))
-        })
-        .collect();
-    anyhow::ensure!(left.is_empty(), "migration state left on real nodes: {left:?}");
-    Ok(())
+    real::release_nodes(
+        client,
+        names,
+        &["pool", LABEL_GPU_PRESENT, "switchyard.dev/gpu-backend", "switchyard.dev/replaced"],
+    )
+    .await
 }

@@ -112,6 +112,13 @@ func TestNvidiasBindingsReadTheInventory(t *testing.T) {
 		if u, _ := byUUID.GetUUID(); u != w.uuid {
 			t.Errorf("DeviceGetHandleByUUID(%s) gave %s", w.uuid, u)
 		}
+		// NVML's enumeration index, not the minor number: NVIDIA's DRA driver builds its CDI
+		// device specs from it.
+		index, ret := byUUID.GetIndex()
+		ok(t, "GetIndex", ret)
+		if index != i {
+			t.Errorf("GetIndex of %s = %d, want %d", w.uuid, index, i)
+		}
 		// A function the mock does not implement answers as NVML does where a GPU lacks it.
 		if _, ret := d.GetPowerUsage(); ret != nvml.ERROR_NOT_SUPPORTED {
 			t.Errorf("GetPowerUsage: %v, want ERROR_NOT_SUPPORTED", nvml.ErrorString(ret))

@@ -437,6 +437,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *
 }
 
 /// # Safety
+/// `index` is a valid pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> Ret {
+    // NVML's enumeration index of a GPU; a MIG device has none of its own.
+    with_device(device, |s, g, mig| match mig {
+        Some(_) => INVALID_ARGUMENT,
+        None => match s.inv.gpus.iter().position(|x| x.uuid == g.uuid) {
+            Some(i) => unsafe { put(index, i as c_uint) },
+            None => NOT_FOUND,
+        },
+    })
+}
+
+/// # Safety
 /// `name` points to `length` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_char, length: c_uint) -> Ret {

@@ -100,7 +100,6 @@ not_supported! {
     nvmlDeviceGetHandleByUUIDV,
     nvmlDeviceGetHostVgpuMode,
     nvmlDeviceGetHostname_v1,
-    nvmlDeviceGetIndex,
     nvmlDeviceGetInforomConfigurationChecksum,
     nvmlDeviceGetInforomImageVersion,
     nvmlDeviceGetInforomVersion,

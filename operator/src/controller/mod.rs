@@ -126,24 +126,27 @@ fn migrations_for_daemon_set(
 }
 
 /// The migrations a DeviceClass concerns: those with an entry of its name or its extended
-/// resource name (a class that would shadow theirs).
+/// resource name (a class that would shadow theirs), and those whose status names it as the class
+/// that shadows theirs: once it stops carrying the name (an admin removes its
+/// `extendedResourceName`), only that status still ties it to them.
 fn migrations_for_device_class(
     store: &Store<GpuPoolMigration>,
     dc: &DeviceClass,
 ) -> Vec<ObjectRef<GpuPoolMigration>> {
-    let ext = dc.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
+    store.state().iter().filter(|g| concerns(g, dc)).map(|g| ObjectRef::from_obj(g.as_ref())).collect()
+}
+
+fn concerns(g: &GpuPoolMigration, dc: &DeviceClass) -> bool {
+    let ext = dc.spec.as_ref().and_then(|s| s.extended_resource_name.as_ref());
     let dc_name = dc.name_any();
-    store
-        .state()
+    let entry = g
+        .spec
+        .resources
         .iter()
-        .filter(|g| {
-            g.spec
-                .resources
-                .iter()
-                .any(|r| Some(&r.extended_resource_name) == ext.as_ref() || r.device_class_name == dc_name)
-        })
-        .map(|g| ObjectRef::from_obj(g.as_ref()))
-        .collect()
+        .any(|r| Some(&r.extended_resource_name) == ext || r.device_class_name == dc_name);
+    let shadows =
+        g.status.as_ref().is_some_and(|s| s.device_classes.iter().any(|c| c.shadowed_by == dc_name));
+    entry || shadows
 }
 
 /// The migrations a ResourceSlice concerns: those of its node, with its driver.
@@ -398,6 +401,51 @@ fn cluster_gpus(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn migration(status_shadowed_by: &str) -> GpuPoolMigration {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+            "metadata": {"name": "m"},
+            "spec": {
+                "nodeSelector": {"matchLabels": {"pool": "a"}},
+                "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.nvidia.switchyard.dev"}],
+                "driver": {"name": "gpu.nvidia.com",
+                           "daemonSet": {"namespace": "nvidia-dra-driver-gpu", "name": "dra-driver-nvidia-gpu-kubelet-plugin"}},
+                "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
+            },
+            "status": {"deviceClasses": [{
+                "name": "gpu.nvidia.switchyard.dev", "extendedResourceName": "nvidia.com/gpu",
+                "effective": status_shadowed_by.is_empty(), "shadowedBy": status_shadowed_by,
+            }]},
+        }))
+        .expect("a migration")
+    }
+
+    fn class(name: &str, ext: Option<&str>) -> DeviceClass {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"extendedResourceName": ext},
+        }))
+        .expect("a class")
+    }
+
+    #[test]
+    fn a_class_concerns_the_migrations_of_its_name_or_extended_resource() {
+        let g = migration("");
+        assert!(concerns(&g, &class("gpu.nvidia.switchyard.dev", None)), "its own class");
+        assert!(concerns(&g, &class("gpu.nvidia.com", Some("nvidia.com/gpu"))), "a class that may shadow it");
+        assert!(!concerns(&g, &class("gpu.nvidia.com", Some("nvidia.com/mig-1g.10gb"))), "another resource");
+        assert!(!concerns(&g, &class("gpu.nvidia.com", None)), "unrelated");
+    }
+
+    #[test]
+    fn the_class_that_shadowed_a_migration_concerns_it_after_it_drops_the_name() {
+        // NVIDIA's chart class re-created newer than ours, then the admin removes its
+        // extendedResourceName as the Shadowed message says: that update must reach the migration.
+        let g = migration("gpu.nvidia.com");
+        assert!(concerns(&g, &class("gpu.nvidia.com", None)));
+        assert!(!concerns(&g, &class("mig.nvidia.com", None)));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

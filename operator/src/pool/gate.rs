@@ -377,11 +377,16 @@ pub fn judge<N: Borrow<SlimNode>>(i: &Inputs<'_, N>) -> Result<Gate, String> {
         _ => verdict,
     };
 
+    // Not a node mid-switch, nor one rolling back: a rolling-back node that held DRA devices
+    // goes back to the device plugin only under Switchyard's NoSchedule DeviceTaintRule on its
+    // devices, kept until the driver has withdrawn them. A third-party driver's kubelet plugin
+    // (NVIDIA's) leaves its slices untainted for the kubelet to remove about 30 s after it stops;
+    // the rule, not the slices, keeps the scheduler off them then.
     let overlaps: Vec<Overlap> = i
         .nodes
         .iter()
         .map(Borrow::borrow)
-        .filter(|n| record::node_state(n) != NodeState::Switching)
+        .filter(|n| !matches!(record::node_state(n), NodeState::Switching | NodeState::RollingBack))
         .filter_map(|n| overlap::check(n, &res, (i.schedulable)(n)))
         .collect();
 
@@ -529,6 +534,21 @@ mod tests {
                 |p| p.schedulable = 8,
                 Some("BackendOverlap"),
                 Some(Hold::GateClosed),
+            ),
+            (
+                "a node rolling back, on the device plugin again, its DRA devices under the rule",
+                |p| {
+                    p.schedulable = 2;
+                    for (i, n) in ["n1", "n2"].iter().enumerate() {
+                        p.nodes[i] = gpu_node(
+                            n,
+                            &json!({"metadata": {"labels": {LABEL_MIGRATION: "pool-a"},
+                                "annotations": {ANNOTATION_MIGRATION_STATE: "RollingBack"}}}),
+                        );
+                    }
+                },
+                None,
+                None,
             ),
             (
                 "no GFD labels, and the device plugin's config time-slices the GPUs of n2",

@@ -1,0 +1,418 @@
+//! A pool of real nodes moves from NVIDIA's device plugin (k8s-device-plugin v0.19.3), placed as
+//! the NVIDIA GPU Operator places it, to NVIDIA's DRA driver for GPUs (`sigs.k8s.io/dra-driver-nvidia-gpu` v0.5.0, its `gpu-kubelet-plugin`) and
+//! back, with Switchyard's packaged operator (config/ without Switchyard's own driver agent,
+//! `config/components/without-agent`). Both of NVIDIA's components are built from their modules
+//! and run unchanged; NVIDIA's DRA driver is installed from its own Helm chart, rendered by
+//! `e2e/hack/render-nvidia-dra.sh` with the values a cluster moving off the device plugin sets.
+//! Only the GPUs are fake: the NVML mock in each node's driver root, its device nodes, and the
+//! driver root's `nvidia-smi` (the mock's NVML client), which the chart's init container runs.
+//!
+//! What it shows, through the real kubelet, DRA manager, containerd and runc:
+//! - the chart refuses to enable GPUs unless told the device plugin is kept off its nodes
+//!   (`gpuResourcesEnabledOverride`), and its kubelet plugin runs on no node before Switchyard
+//!   switches one (its `nodeSelector` is Switchyard's `gpu-backend=dra` label);
+//! - each node switches in sequence, `device-plugin → none → dra`, because NVIDIA's driver has no
+//!   device-plugin interlock; the sampler sees no instant where a node was served by both;
+//! - `placement: GpuOperator`: the device plugin's DaemonSet is the GPU Operator's (managed by it,
+//!   selecting `nvidia.com/gpu.deploy.device-plugin=true`); Switchyard edits no DaemonSet and moves
+//!   the plugin off each node with that label (`false`), and the rollback puts it back (`true`);
+//! - after: the plain `nvidia.com/gpu` pods run with claims the scheduler generated, allocated
+//!   from NVIDIA's slices (driver `gpu.nvidia.com`, one pool per node named after it, the mock's
+//!   UUIDs), and each container got the device node of its allocated GPU from NVIDIA's CDI spec;
+//! - the assumptions Switchyard makes about a third-party driver hold for NVIDIA's: its pool names,
+//!   the attributes its selector reads, its DaemonSet's placement;
+//! - the chart's own DeviceClass (`gpu.nvidia.com`, with `extendedResourceName: nvidia.com/gpu`)
+//!   re-created as a Helm re-install does becomes newer than Switchyard's and takes the extended
+//!   resource: the migration says so (`DeviceClassesReady=False`, `Shadowed`, naming the class and
+//!   what to change), and recovers once the admin does what the message says;
+//! - a rollback (`direction: Rollback`) returns every node to NVIDIA's device plugin: the claim
+//!   holders are evicted while NVIDIA's kubelet plugin still runs, the plugin's GPUs come back as
+//!   allocatable, and the trainers run again without claims.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use switchyard_e2e::pool::{Sampler, allocatable};
+use switchyard_e2e::real::{
+    self, LABEL_DEPLOY_DEVICE_PLUGIN, LABEL_GPU_PRESENT, NVIDIA_DRA_KUBELET_PLUGIN, NVIDIA_DRA_NS, SYSTEM_NS,
+};
+use switchyard_e2e::{cluster, wait};
+use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
+
+/// NVIDIA's DRA driver, and the DeviceClass its chart creates under the same name.
+const DRIVER: &str = "gpu.nvidia.com";
+/// Switchyard's DeviceClass for `nvidia.com/gpu` on NVIDIA's driver.
+const CLASS: &str = "gpu.nvidia.switchyard.dev";
+const GPU: &str = "nvidia.com/gpu";
+const APP: &str = "trainer";
+const BACKEND: &str = "switchyard.dev/gpu-backend";
+
+#[tokio::test]
+async fn real_pool_moves_to_nvidias_dra_driver_and_back_with_the_packaged_operator() -> anyhow::Result<()> {
+    real::alone_on_real_nodes("nvdra", scenario, diagnostics, cleanup).await
+}
+
+fn pool_migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+        "metadata": {"name": id},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": id}},
+            "resources": [{"extendedResourceName": GPU, "deviceClassName": CLASS,
+                           "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'")}],
+            "driver": {"name": DRIVER, "daemonSet": {"namespace": NVIDIA_DRA_NS, "name": NVIDIA_DRA_KUBELET_PLUGIN}},
+            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
+            "placement": "GpuOperator",
+            "strategy": {
+                "maxUnavailable": 1,
+                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
+                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
+            },
+        },
+    }))?)
+}
+
+fn status(g: &GpuPoolMigration) -> switchyard_operator::api::v1alpha1::GpuPoolMigrationStatus {
+    g.status.clone().unwrap_or_default()
+}
+
+/// The DeviceClassesReady condition of a migration: (status, reason, message).
+fn classes_ready(g: &GpuPoolMigration) -> Option<(String, String, String)> {
+    status(g)
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "DeviceClassesReady")
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// The pods of NVIDIA's GPU kubelet plugin, by node.
+async fn kubelet_plugin_pods(client: &Client) -> anyhow::Result<BTreeMap<String, Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NVIDIA_DRA_NS);
+    Ok(pods
+        .list(&ListParams::default().labels("dra-driver-nvidia-gpu-component=kubelet-plugin"))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+        .collect())
+}
+
+async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let gpus_per_node = real::node_gpus().len() as i64;
+    let inventory = real::node_gpus();
+
+    // The chart will not enable GPUs beside the device plugin unless told that something keeps
+    // the two apart: Switchyard's placement is that something.
+    let refused = real::render_nvidia_dra(&["--set", "gpuResourcesEnabledOverride=false"])?;
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "the chart renders GPUs without gpuResourcesEnabledOverride");
+    assert!(why.contains("cannot be deployed alongside the standard GPU device plugin"), "{why}");
+
+    for n in names {
+        real::label(
+            client,
+            n,
+            json!({"pool": id, LABEL_GPU_PRESENT: "true", LABEL_DEPLOY_DEVICE_PLUGIN: "true"}),
+        )
+        .await?;
+    }
+    real::install_device_plugin_as_gpu_operator()?;
+    real::install_switchyard_from(client, real::SWITCHYARD_WITHOUT_AGENT_OVERLAY).await?;
+    real::install_nvidia_dra()?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    real::wait_allocatable(client, names, GPU, gpus_per_node, Duration::from_secs(120)).await?;
+    // Switchyard's agent is not installed, and NVIDIA's kubelet plugin waits for `dra` nodes.
+    let daemon_sets: Api<DaemonSet> = Api::all(client.clone());
+    let plugin_ds: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let plugin_generation = plugin_ds.get("nvidia-device-plugin-daemonset").await?.metadata.generation;
+    let agents = daemon_sets
+        .list(&ListParams::default().labels("app.kubernetes.io/name=switchyard-driver-agent"))
+        .await?;
+    assert!(agents.items.is_empty(), "Switchyard's agent must not run beside NVIDIA's driver");
+    assert!(kubelet_plugin_pods(client).await?.is_empty(), "NVIDIA's kubelet plugin runs before any switch");
+
+    cluster::create_namespace(client, id).await?;
+    real::gpu_workload(client, id, APP, names.len() as i32, None).await?;
+    let before = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(120)).await?;
+    for p in &before {
+        assert!(
+            p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none(),
+            "{}: a device-plugin pod has no generated claim",
+            p.name_any()
+        );
+    }
+
+    let sampler = Sampler::watch_driver(
+        client.clone(),
+        id.to_owned(),
+        DRIVER.to_owned(),
+        NVIDIA_DRA_KUBELET_PLUGIN.to_owned(),
+        id.to_owned(),
+        GPU.to_owned(),
+    );
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    migrations.create(&PostParams::default(), &pool_migration(id)?).await?;
+    let done =
+        wait::until("the migration to NVIDIA's DRA driver to complete", Duration::from_secs(480), || {
+            let migrations = migrations.clone();
+            async move {
+                let g = migrations.get(id).await?;
+                let s = status(&g);
+                anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {:?}", s);
+                Ok((s.phase == Some(Phase::Completed)).then_some(g))
+            }
+        })
+        .await?;
+    assert_eq!(status(&done).nodes.migrated, names.len() as i32);
+    for n in names {
+        let node = node_api.get(n).await?;
+        assert_eq!(node.labels().get(BACKEND).map(String::as_str), Some("dra"), "{n}");
+        assert_eq!(
+            node.labels().get(LABEL_DEPLOY_DEVICE_PLUGIN).map(String::as_str),
+            Some("false"),
+            "{n}: the GPU Operator's label takes its device plugin off the node"
+        );
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
+        assert_eq!(allocatable(&node, GPU), 0, "{n}: NVIDIA's device plugin left");
+    }
+    let plugins = kubelet_plugin_pods(client).await?;
+    assert_eq!(
+        plugins.keys().cloned().collect::<BTreeSet<_>>(),
+        names.iter().cloned().collect(),
+        "NVIDIA's kubelet plugin runs on every switched node"
+    );
+
+    // NVIDIA's slices: one pool per node, named after it (what Switchyard's per-node checks key
+    // on), with the mock's GPUs and the attribute the class selector reads.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let published = slices.list(&ListParams::default().fields(&format!("spec.driver={DRIVER}"))).await?.items;
+    // Per node, device name → UUID.
+    let mut devices: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for s in &published {
+        let node = s.spec.node_name.clone().unwrap_or_default();
+        assert_eq!(s.spec.pool.name, node, "{}: NVIDIA's pool is named after its node", s.name_any());
+        for d in s.spec.devices.as_deref().unwrap_or_default() {
+            let attr = |k: &str| d.attributes.as_ref().and_then(|a| a.get(k)).and_then(|v| v.string.clone());
+            assert_eq!(attr("type").as_deref(), Some("gpu"), "{}: {d:?}", s.name_any());
+            let uuid = attr("uuid").unwrap_or_default();
+            let gpu = inventory.iter().find(|g| g.uuid == uuid);
+            assert!(gpu.is_some(), "{node}/{}: {uuid:?} is not a GPU of the mock", d.name);
+            assert_eq!(attr("productName"), gpu.map(|g| g.name.clone()), "{node}/{}", d.name);
+            devices.entry(node.clone()).or_default().insert(d.name.clone(), uuid);
+        }
+    }
+    for n in names {
+        assert_eq!(
+            devices.get(n).map(|d| d.values().cloned().collect::<BTreeSet<_>>()),
+            Some(real::gpu_uuids()),
+            "{n}: NVIDIA's driver publishes each GPU of the mock once"
+        );
+    }
+
+    // The trainers run through NVIDIA's driver: a generated claim, allocated from their node's
+    // pool, and the device node of that GPU (the mock's minor for its UUID) from NVIDIA's CDI spec.
+    let after = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    for p in &after {
+        let name = p.name_any();
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let claim_name = p
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone())
+            .unwrap_or_else(|| panic!("{name}: no generated claim for the plain nvidia.com/gpu limit"));
+        let results = real::allocated(&claims.get(&claim_name).await?);
+        assert_eq!(results.len(), 1, "{name}: one device");
+        let (driver, pool, device) = &results[0];
+        assert_eq!(driver, DRIVER, "{name}");
+        assert_eq!(pool, &node, "{name}: the device comes from its own node's pool");
+        let uuid = devices.get(&node).and_then(|d| d.get(device)).cloned().unwrap_or_default();
+        let minor = inventory.iter().position(|g| g.uuid == uuid).expect("an inventory GPU");
+        let logs = real::logs(id, &name)?;
+        let (_, gpus) = real::what_the_container_saw(&logs);
+        assert_eq!(gpus.len(), 1, "{name}: one GPU device node from NVIDIA's CDI spec\n{logs}");
+        assert!(
+            gpus[0].ends_with(&format!("/dev/nvidia{minor}"))
+                && gpus[0].contains(&format!("195, {minor:>3}")),
+            "{name}: {uuid} ({device}) is /dev/nvidia{minor}, char 195:{minor}; the container has {:?}",
+            gpus[0]
+        );
+    }
+
+    // The chart's DeviceClass re-created, as a Helm re-install or a GitOps re-sync that deletes
+    // it does: now the newest class with `extendedResourceName: nvidia.com/gpu`, it wins.
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let chart_class = classes.get(DRIVER).await?;
+    assert_eq!(
+        chart_class.spec.as_ref().and_then(|s| s.extended_resource_name.as_deref()),
+        Some(GPU),
+        "the chart's class carries the extended resource"
+    );
+    classes.delete(DRIVER, &DeleteParams::default()).await?;
+    wait::until("the chart's class to be gone", Duration::from_secs(30), || {
+        let classes = classes.clone();
+        async move { Ok(classes.get_opt(DRIVER).await?.is_none().then_some(())) }
+    })
+    .await?;
+    // One second apart at least: creation times have second resolution.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut again = chart_class.clone();
+    again.metadata = kube::api::ObjectMeta {
+        name: Some(DRIVER.to_owned()),
+        labels: chart_class.metadata.labels.clone(),
+        annotations: chart_class.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    classes.create(&PostParams::default(), &again).await?;
+    let (_, reason, message) =
+        wait::until("the migration to see its class shadowed", Duration::from_secs(60), || {
+            let migrations = migrations.clone();
+            async move {
+                Ok(classes_ready(&migrations.get(id).await?)
+                    .filter(|(s, r, _)| s == "False" && r == "Shadowed"))
+            }
+        })
+        .await?;
+    assert!(
+        message.contains(&format!("DeviceClass {DRIVER} also carries extendedResourceName {GPU}"))
+            && message.contains(&format!("remove extendedResourceName from {DRIVER}")),
+        "{reason}: {message}"
+    );
+    // What the message says to do.
+    real::kubectl(&[
+        "patch",
+        "deviceclass",
+        DRIVER,
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/extendedResourceName"}]"#,
+    ])?;
+    wait::until("the migration's class to be effective again", Duration::from_secs(60), || {
+        let migrations = migrations.clone();
+        async move { Ok(classes_ready(&migrations.get(id).await?).filter(|(s, _, _)| s == "True")) }
+    })
+    .await?;
+
+    // Rollback: every node back to NVIDIA's device plugin.
+    migrations
+        .patch(id, &PatchParams::default(), &Patch::Merge(json!({"spec": {"direction": "Rollback"}})))
+        .await?;
+    wait::until("the rollback to NVIDIA's device plugin to finish", Duration::from_secs(480), || {
+        let migrations = migrations.clone();
+        async move {
+            let s = status(&migrations.get(id).await?);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "rollback failed: {:?}", s);
+            // NVIDIA's slices outlive its kubelet plugin for about 30 s, untainted, while the
+            // device plugin is back; Switchyard's DeviceTaintRule fences them, so no overlap.
+            let overlap = s.conditions.iter().find(|c| c.type_ == "BackendOverlap" && c.status == "True");
+            anyhow::ensure!(overlap.is_none(), "the rollback reported an overlap: {overlap:?}");
+            Ok((s.phase == Some(Phase::RolledBack)).then_some(()))
+        }
+    })
+    .await?;
+    real::wait_allocatable(client, names, GPU, gpus_per_node, Duration::from_secs(120)).await?;
+    for n in names {
+        let node = node_api.get(n).await?;
+        assert_eq!(node.labels().get(BACKEND).map(String::as_str), Some("device-plugin"), "{n}");
+        assert_eq!(
+            node.labels().get(LABEL_DEPLOY_DEVICE_PLUGIN).map(String::as_str),
+            Some("true"),
+            "{n}: the rollback puts the GPU Operator's label back as it was"
+        );
+        assert!(
+            !node.annotations().contains_key("switchyard.dev/device-plugin-deploy-before"),
+            "{n}: the record of the label goes once the node is back"
+        );
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
+    }
+    wait::until("NVIDIA's kubelet plugin to leave every node", Duration::from_secs(120), || async move {
+        Ok(kubelet_plugin_pods(client).await?.is_empty().then_some(()))
+    })
+    .await?;
+    let back = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(180)).await?;
+    for p in &back {
+        let name = p.name_any();
+        let (visible, gpus) = real::what_the_container_saw(&real::logs(id, &name)?);
+        assert!(real::gpu_uuids().contains(&visible), "{name}: the device plugin's Allocate set {visible:?}");
+        assert_eq!(gpus.len(), 1, "{name}: one GPU device node from the plugin");
+        assert!(
+            p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none(),
+            "{name}: a pod back on the device plugin has no generated claim"
+        );
+    }
+
+    assert_eq!(
+        plugin_ds.get("nvidia-device-plugin-daemonset").await?.metadata.generation,
+        plugin_generation,
+        "under placement: GpuOperator Switchyard edits no DaemonSet of the GPU Operator's"
+    );
+
+    let samples = sampler.stop();
+    assert!(samples.events > 0, "the sampler saw the migration");
+    assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
+    assert!(
+        samples.orphaned_claim_holders.is_empty(),
+        "claims outlived NVIDIA's kubelet plugin: {:?}",
+        samples.orphaned_claim_holders
+    );
+    for n in names {
+        let history = samples.backend_history.get(n).cloned().unwrap_or_default();
+        assert_eq!(
+            history,
+            ["device-plugin", "none", "dra", "device-plugin"],
+            "{n}: a driver without the interlock switches through none, and comes straight back"
+        );
+    }
+    Ok(())
+}
+
+fn diagnostics(id: &str) -> String {
+    let run = |args: &[&str]| real::kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
+    [
+        run(&["get", "gpm", id, "-o", "yaml"]),
+        run(&["get", "pods", "-A", "-o", "wide"]),
+        run(&["get", "resourceslices", "-o", "wide"]),
+        run(&[
+            "-n",
+            SYSTEM_NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=switchyard-operator",
+            "--tail=60",
+            "--prefix",
+        ]),
+        run(&[
+            "-n",
+            NVIDIA_DRA_NS,
+            "logs",
+            "-l",
+            "dra-driver-nvidia-gpu-component=kubelet-plugin",
+            "-c",
+            "gpus",
+            "--tail=30",
+            "--prefix",
+        ]),
+    ]
+    .join("\n")
+}
+
+async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    real::delete_migration(client, id).await?;
+    // The workload goes before the driver: a DRA plugin must outlive the pods whose claims it
+    // prepared, or they hang in Terminating.
+    real::delete_namespace(client, id).await?;
+    real::uninstall_nvidia_dra()?;
+    real::uninstall_switchyard_from(real::SWITCHYARD_WITHOUT_AGENT_OVERLAY)?;
+    real::uninstall_device_plugin()?;
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let _ = classes.delete(CLASS, &DeleteParams::default()).await;
+    real::release_nodes(client, names, &["pool", LABEL_GPU_PRESENT, LABEL_DEPLOY_DEVICE_PLUGIN, BACKEND])
+        .await
+}
