@@ -19,6 +19,8 @@
 #   dra-driver-nvidia-gpu     switchyard.dev/e2e/dra-driver-nvidia-gpu:v0.5.0 (NVIDIA's DRA driver:
 #                             its gpu-kubelet-plugin, nvidia-cdi-hook and the init container's
 #                             kubelet-plugin-prestart.sh; the version is e2e/nvidia-dra/go.mod's)
+#   kueue                     switchyard.dev/e2e/kueue:v0.19.2 (Kueue's manager, built from its
+#                             module by e2e/hack/build-kueue.sh; the version is e2e/kueue/go.mod's)
 #
 # Reproducible: every file has mtime 0 and uid/gid 0 in the layer, the config and history carry the
 # epoch as their date, the Rust binaries are built with their build paths remapped, and the Go ones
@@ -207,8 +209,18 @@ image_dra_driver_nvidia_gpu() {
     --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 }
 
+# Kueue, unchanged: its static manager at /manager, where Kueue's image has it, run as nonroot.
+image_kueue() {
+  local rootfs="$work/kueue" bin kueue_version
+  bin=$(bash "$root/e2e/hack/build-kueue.sh")
+  kueue_version=$(cd "$root/e2e/kueue" && go list -m -f '{{.Version}}' sigs.k8s.io/kueue)
+  stage_base "$rootfs"
+  install -D -m 0755 "$bin" "$rootfs/manager"
+  pack kueue "switchyard.dev/e2e/kueue:$kueue_version" "$rootfs" --config.user 65532:65532 --config.entrypoint /manager
+}
+
 images=("$@")
-[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin dra-driver-nvidia-gpu)
+[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue)
 : > "$work/digests"
 for image in "${images[@]}"; do
   fn="image_${image//-/_}"

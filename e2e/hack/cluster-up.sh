@@ -73,6 +73,19 @@ EOF
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 fi
 
+# The aggregation layer's own CA and the API server's client cert for it, as kubeadm makes them:
+# an aggregated API server (Kueue's visibility API) trusts requests that carry this client cert
+# and the X-Remote-* headers, and refuses the API server's proxied calls (403) without them.
+if [ ! -f "$pki/front-proxy-ca.crt" ]; then
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=switchyard-e2e-front-proxy-ca" \
+    -keyout "$pki/front-proxy-ca.key" -out "$pki/front-proxy-ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=front-proxy-client" -keyout "$pki/front-proxy-client.key" \
+    -out "$pki/front-proxy-client.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/front-proxy-client.csr" -CA "$pki/front-proxy-ca.crt" \
+    -CAkey "$pki/front-proxy-ca.key" -CAcreateserial -days 3650 \
+    -extfile <(echo "extendedKeyUsage=clientAuth") -out "$pki/front-proxy-client.crt" 2>/dev/null
+fi
+
 write_kubeconfig() { # name cert key
   cat > "$state/$1.kubeconfig" <<EOF
 apiVersion: v1
@@ -166,6 +179,10 @@ wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 # to the node's InternalIP.
 # --allow-privileged: as on every real cluster (kubeadm sets it), so privileged pod specs such as the
 # driver agent's pass validation; without it the API server refuses them before Pod Security runs.
+# --enable-aggregator-routing: the API server calls webhooks and aggregated APIs (Kueue's) at their
+# Service's endpoint (a pod address on one of the nodes' bridges, routed on this machine) rather
+# than its cluster IP, because nothing here implements cluster IPs for the API server (no
+# kube-proxy). --requestheader-* and --proxy-client-*: the aggregation layer, as kubeadm sets it.
 # --endpoint-reconciler-type=none: the loopback advertise address is valid for serving but may not
 # be written into the kubernetes Service endpoints, and a machine without a default route has no
 # other address to advertise.
@@ -180,6 +197,11 @@ apiserver=("$bin/kube-apiserver" \
   --service-cluster-ip-range 10.96.0.0/16 \
   --authorization-mode Node,RBAC \
   --allow-privileged=true \
+  --enable-aggregator-routing=true \
+  --requestheader-client-ca-file "$pki/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
   --kubelet-preferred-address-types InternalIP,Hostname \
   --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/logs/audit.log" \
   --audit-log-maxsize 200 --audit-log-maxbackup 10)

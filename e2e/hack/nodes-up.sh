@@ -88,7 +88,7 @@ node_ip=$(ip -4 -o addr show ${dev:+dev "$dev"} scope global 2>/dev/null | awk '
 bin=$(bash "$here/hack/build-controlplane.sh")
 node_bin=$(bash "$here/hack/build-node.sh")
 images="${SWITCHYARD_IMAGE_DIR:-$here/../target/images}"
-node_images=(pause workload nvidia-device-plugin dra-driver-nvidia-gpu switchyard-operator switchyard-driver-agent)
+node_images=(pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue switchyard-operator switchyard-driver-agent)
 for image in "${node_images[@]}"; do
   [ -f "$images/$image.tar" ] || fail "image archive $images/$image.tar is missing: run 'make images' first"
 done

@@ -221,14 +221,7 @@ pub fn install_nvidia_dra() -> anyhow::Result<()> {
 /// kubelet plugins published (a plugin that stops leaves them to the kubelet to remove).
 pub fn uninstall_nvidia_dra() -> anyhow::Result<()> {
     if nvidia_dra_manifest().exists() {
-        kubectl(&[
-            "delete",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-            "-f",
-            &nvidia_dra_manifest().to_string_lossy(),
-        ])?;
+        delete_file(&nvidia_dra_manifest())?;
     }
     kubectl(&["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=120s", NVIDIA_DRA_NS])?;
     kubectl(&["delete", "resourceslices", "--field-selector", "spec.driver=gpu.nvidia.com"]).map(|_| ())
@@ -386,13 +379,7 @@ pub async fn wait_workload(
                 .await?
                 .items
                 .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter(|p| {
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
+                .filter(|p| p.metadata.deletion_timestamp.is_none() && ready(p))
                 .collect();
             if pods.len() != count {
                 return Ok(None);
@@ -527,4 +514,113 @@ pub async fn alone_on_real_nodes(
         Err(panic) => std::panic::resume_unwind(panic),
         Ok(result) => result.and(cleaned),
     }
+}
+
+/// `kubectl apply --server-side` of one object (or a `List`) given as JSON.
+pub fn kubectl_apply_json(object: &serde_json::Value) -> anyhow::Result<()> {
+    let path = std::env::temp_dir().join(format!("switchyard-e2e-apply-{}.json", std::process::id()));
+    std::fs::write(&path, object.to_string())?;
+    let applied = kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &path.to_string_lossy()]);
+    let _ = std::fs::remove_file(&path);
+    applied.map(|_| ())
+}
+
+/// The namespace Kueue is installed in, as its docs install it.
+pub const KUEUE_NS: &str = "kueue-system";
+
+/// Where [`install_kueue`] keeps the rendered chart, for [`uninstall_kueue`].
+fn kueue_manifest() -> PathBuf {
+    cluster::repo_root().join("e2e/.cluster/kueue.yaml")
+}
+
+/// Installs Kueue as `helm install` of its chart would (e2e/hack/render-kueue.sh, applied
+/// unchanged), then waits until its manager is Ready and the API server gets answers from its
+/// webhooks: a server-side dry run of a ResourceFlavor passes Kueue's validating webhook.
+pub async fn install_kueue(client: &Client) -> anyhow::Result<()> {
+    let out = Command::new("bash")
+        .arg(cluster::repo_root().join("e2e/hack/render-kueue.sh"))
+        .current_dir(cluster::repo_root())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "render-kueue.sh: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(kueue_manifest(), &out.stdout)?;
+    kubectl_apply_json(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NS}}))?;
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &kueue_manifest().to_string_lossy()])?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), KUEUE_NS);
+    wait::until("Kueue's manager to be Ready", Duration::from_secs(180), || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get("kueue-controller-manager").await?;
+            Ok(d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1).then_some(()))
+        }
+    })
+    .await?;
+    let probe = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                       "metadata": {"name": "switchyard-e2e-webhook-probe"}});
+    let path = cluster::repo_root().join("e2e/.cluster/kueue-probe.json");
+    std::fs::write(&path, probe.to_string())?;
+    wait::until("the API server to reach Kueue's webhooks", Duration::from_secs(120), || {
+        let path = path.clone();
+        async move {
+            Ok(kubectl(&["create", "--dry-run=server", "-f", &path.to_string_lossy()]).ok().map(|_| ()))
+        }
+    })
+    .await
+}
+
+/// Removes what [`install_kueue`] applied, its aggregated APIs and webhooks first (an aggregated
+/// API left without its server would stall namespace deletion), then its namespace.
+pub fn uninstall_kueue() -> anyhow::Result<()> {
+    if kueue_manifest().exists() {
+        for kind in ["apiservices", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"] {
+            kubectl(&["delete", kind, "-l", "app.kubernetes.io/name=kueue", "--ignore-not-found"])?;
+        }
+        delete_file(&kueue_manifest())?;
+    }
+    kubectl(&["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=120s", KUEUE_NS])
+        .map(|_| ())
+}
+
+/// Whether the pod's Ready condition is True.
+pub fn ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A GpuPoolMigration of the real nodes labelled `pool=<name>` from NVIDIA's device plugin
+/// (`kube-system/nvidia-device-plugin-daemonset`) to `driver`, whose kubelet plugin is the
+/// DaemonSet `driver_ds` (namespace, name): `nvidia.com/gpu` through the DeviceClass `class`
+/// selecting the driver's `type: gpu` devices, one node at a time, a 5 s grace period and a pause
+/// canary. `placement` is Managed or GpuOperator. Scenarios add what they test to the JSON.
+pub fn pool_migration(
+    name: &str,
+    driver: &str,
+    class: &str,
+    driver_ds: (&str, &str),
+    placement: &str,
+) -> serde_json::Value {
+    json!({
+        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": name}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": class,
+                           "selector": format!("device.attributes['{driver}'].type == 'gpu'")}],
+            "driver": {"name": driver, "daemonSet": {"namespace": driver_ds.0, "name": driver_ds.1}},
+            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
+            "placement": placement,
+            "strategy": {
+                "maxUnavailable": 1,
+                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
+                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
+            },
+        },
+    })
+}
+
+/// `kubectl delete -f` of a manifest, waiting up to 2 minutes for its objects to go.
+fn delete_file(path: &std::path::Path) -> anyhow::Result<()> {
+    kubectl(&["delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", &path.to_string_lossy()])
+        .map(|_| ())
 }

@@ -59,23 +59,8 @@ async fn real_pool_moves_to_nvidias_dra_driver_and_back_with_the_packaged_operat
 }
 
 fn pool_migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
-        "metadata": {"name": id},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"pool": id}},
-            "resources": [{"extendedResourceName": GPU, "deviceClassName": CLASS,
-                           "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'")}],
-            "driver": {"name": DRIVER, "daemonSet": {"namespace": NVIDIA_DRA_NS, "name": NVIDIA_DRA_KUBELET_PLUGIN}},
-            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
-            "placement": "GpuOperator",
-            "strategy": {
-                "maxUnavailable": 1,
-                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
-                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
-            },
-        },
-    }))?)
+    let driver_ds = (NVIDIA_DRA_NS, NVIDIA_DRA_KUBELET_PLUGIN);
+    Ok(serde_json::from_value(real::pool_migration(id, DRIVER, CLASS, driver_ds, "GpuOperator"))?)
 }
 
 fn status(g: &GpuPoolMigration) -> switchyard_operator::api::v1alpha1::GpuPoolMigrationStatus {

@@ -171,23 +171,9 @@ async fn an_xid_in_the_mock_taints_the_device_until_it_recovers(
 
 /// The migration of the scenario's pool, in place, to Switchyard's driver.
 fn pool_migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "switchyard.dev/v1alpha1", "kind": "GpuPoolMigration",
-        "metadata": {"name": id},
-        "spec": {
-            "nodeSelector": {"matchLabels": {"pool": id}},
-            "resources": [{"extendedResourceName": GPU, "deviceClassName": DRIVER,
-                           "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'")}],
-            "driver": {"name": DRIVER, "daemonSet": {"namespace": SYSTEM_NS, "name": "switchyard-driver-agent"}},
-            "devicePlugin": {"daemonSet": {"namespace": "kube-system", "name": "nvidia-device-plugin-daemonset"}},
-            "placement": "Managed",
-            "strategy": {
-                "maxUnavailable": 1,
-                "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180, "evictDaemonSetGpuPods": true},
-                "verify": {"timeoutSeconds": 180, "canary": {"image": "registry.k8s.io/pause:3.10", "command": ["/pause", "-v"]}},
-            },
-        },
-    }))?)
+    let mut m = real::pool_migration(id, DRIVER, DRIVER, (SYSTEM_NS, "switchyard-driver-agent"), "Managed");
+    m["spec"]["strategy"]["drain"]["evictDaemonSetGpuPods"] = json!(true);
+    Ok(serde_json::from_value(m)?)
 }
 
 /// NVIDIA's device plugin failing on one node, as on a node whose driver is not loaded: its NVML
