@@ -14,13 +14,15 @@
 #                             migration canary's image in the samples)
 #   workload                  switchyard.dev/e2e/gpu-workload:$VERSION (prints its env and /dev)
 #   nvidia-device-plugin      switchyard.dev/e2e/nvidia-k8s-device-plugin:v0.19.3 (NVIDIA's device
-#                             plugin, built from its module by e2e/hack/build-nvidia.sh; the version
+#                             plugin, built from its module by e2e/hack/build-vendor.sh; the version
 #                             is e2e/nvidia/go.mod's)
 #   dra-driver-nvidia-gpu     switchyard.dev/e2e/dra-driver-nvidia-gpu:v0.5.0 (NVIDIA's DRA driver:
 #                             its gpu-kubelet-plugin, nvidia-cdi-hook and the init container's
 #                             kubelet-plugin-prestart.sh; the version is e2e/nvidia-dra/go.mod's)
 #   kueue                     switchyard.dev/e2e/kueue:v0.19.2 (Kueue's manager, built from its
-#                             module by e2e/hack/build-kueue.sh; the version is e2e/kueue/go.mod's)
+#                             module by e2e/hack/build-vendor.sh kueue; the version is e2e/kueue/go.mod's)
+#   node-feature-discovery    switchyard.dev/e2e/node-feature-discovery:v0.18.3 (NFD's nfd-master,
+#                             built by e2e/hack/build-vendor.sh; the version is e2e/nfd/go.mod's)
 #
 # Reproducible: every file has mtime 0 and uid/gid 0 in the layer, the config and history carry the
 # epoch as their date, the Rust binaries are built with their build paths remapped, and the Go ones
@@ -164,22 +166,25 @@ EOF
   pack workload "switchyard.dev/e2e/gpu-workload:$version" "$rootfs" --config.entrypoint /workload.sh
 }
 
-# NVIDIA's k8s-device-plugin, unchanged: its nvidia-device-plugin command at the path NVIDIA's
-# image has it, with the glibc it links (go-nvml loads libnvidia-ml.so.1 with dlopen, so it is a
-# cgo binary) and libgcc_s, which a distroless/cc base carries and NVIDIA's NVML library needs.
+# NVIDIA's k8s-device-plugin, unchanged: its nvidia-device-plugin, gpu-feature-discovery and
+# config-manager commands at the paths NVIDIA's image has them (its Helm chart runs all three from
+# the one image), with the glibc they link (go-nvml loads libnvidia-ml.so.1 with dlopen, so they
+# are cgo binaries) and libgcc_s, which a distroless/cc base carries and NVIDIA's NVML library needs.
 image_nvidia_device_plugin() {
-  local rootfs="$work/nvidia-device-plugin" bin dp_version lib
-  bin=$(bash "$root/e2e/hack/build-nvidia.sh" nvidia-device-plugin)
+  local rootfs="$work/nvidia-device-plugin" cmd dp_version lib
   dp_version=$(sed -n 's/^require github.com\/NVIDIA\/k8s-device-plugin \(v[0-9.]*\)$/\1/p' "$root/e2e/nvidia/go.mod")
   stage_base "$rootfs"
-  stage_dynamic "$rootfs" "$bin" /usr/bin/nvidia-device-plugin
+  for cmd in nvidia-device-plugin gpu-feature-discovery config-manager; do
+    stage_dynamic "$rootfs" "$(bash "$root/e2e/hack/build-vendor.sh" "$cmd")" "/usr/bin/$cmd"
+  done
   # awk reads all of ldconfig's output (no early exit): under pipefail, ldconfig killed by SIGPIPE
   # would fail the build.
   lib=$(ldconfig -p | awk '/libgcc_s\.so\.1 \(libc6,x86-64\)/ && !found {print $NF; found = 1}')
   [ -n "$lib" ] || { echo "build-images: libgcc_s.so.1 not found (ldconfig -p)" >&2; exit 1; }
   install -D -m 0644 "$(readlink -f "$lib")" "$rootfs$lib"
   pack nvidia-device-plugin "switchyard.dev/e2e/nvidia-k8s-device-plugin:$dp_version" "$rootfs" \
-    --config.entrypoint /usr/bin/nvidia-device-plugin
+    --config.entrypoint /usr/bin/nvidia-device-plugin \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 }
 
 # NVIDIA's DRA driver, unchanged: gpu-kubelet-plugin and nvidia-cdi-hook where NVIDIA's image has
@@ -188,8 +193,8 @@ image_nvidia_device_plugin() {
 # with the libraries they link, as NVIDIA's distro-based image carries them.
 image_dra_driver_nvidia_gpu() {
   local rootfs="$work/dra-driver-nvidia-gpu" plugin hook dra_version dir tool lib
-  plugin=$(bash "$root/e2e/hack/build-nvidia.sh" gpu-kubelet-plugin)
-  hook=$(bash "$root/e2e/hack/build-nvidia.sh" nvidia-cdi-hook)
+  plugin=$(bash "$root/e2e/hack/build-vendor.sh" gpu-kubelet-plugin)
+  hook=$(bash "$root/e2e/hack/build-vendor.sh" nvidia-cdi-hook)
   dra_version=$(cd "$root/e2e/nvidia-dra" && go list -m -f '{{.Version}}' sigs.k8s.io/dra-driver-nvidia-gpu)
   dir=$(cd "$root/e2e/nvidia-dra" && go list -m -f '{{.Dir}}' sigs.k8s.io/dra-driver-nvidia-gpu)
   stage_base "$rootfs"
@@ -212,15 +217,28 @@ image_dra_driver_nvidia_gpu() {
 # Kueue, unchanged: its static manager at /manager, where Kueue's image has it, run as nonroot.
 image_kueue() {
   local rootfs="$work/kueue" bin kueue_version
-  bin=$(bash "$root/e2e/hack/build-kueue.sh")
+  bin=$(bash "$root/e2e/hack/build-vendor.sh" kueue)
   kueue_version=$(cd "$root/e2e/kueue" && go list -m -f '{{.Version}}' sigs.k8s.io/kueue)
   stage_base "$rootfs"
   install -D -m 0755 "$bin" "$rootfs/manager"
   pack kueue "switchyard.dev/e2e/kueue:$kueue_version" "$rootfs" --config.user 65532:65532 --config.entrypoint /manager
 }
 
+# Node Feature Discovery's nfd-master, unchanged, where NFD's image has it and as the user NFD's
+# image runs as (65534, which the chart's runAsNonRoot requires): it writes the labels GPU Feature
+# Discovery publishes as NodeFeature objects onto the nodes.
+image_node_feature_discovery() {
+  local rootfs="$work/node-feature-discovery" nfd_version
+  nfd_version=$(cd "$root/e2e/nfd" && go list -m -f '{{.Version}}' sigs.k8s.io/node-feature-discovery)
+  stage_base "$rootfs"
+  stage_dynamic "$rootfs" "$(bash "$root/e2e/hack/build-vendor.sh" nfd-master)" /usr/bin/nfd-master
+  pack node-feature-discovery "switchyard.dev/e2e/node-feature-discovery:$nfd_version" "$rootfs" \
+    --config.user 65534:65534 --config.entrypoint /usr/bin/nfd-master --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+}
+
 images=("$@")
-[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue)
+[ "${#images[@]}" -gt 0 ] || images=(switchyard-operator switchyard-driver-agent pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue \
+  node-feature-discovery)
 : > "$work/digests"
 for image in "${images[@]}"; do
   fn="image_${image//-/_}"

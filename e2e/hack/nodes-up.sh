@@ -7,8 +7,8 @@
 # where its own directories are bind-mounted over the paths that the kubelet, containerd and the
 # pods' hostPath volumes hard-code: /var/lib/kubelet (device-plugin and DRA plugin sockets,
 # checkpoints, serving certificate), /run/containerd (shim sockets), /var/run/cdi, /var/log/pods,
-# /var/log/containers, /var/lib/cni and /run/nvidia/driver. The packaged DaemonSets therefore run
-# unchanged.
+# /var/log/containers, /var/lib/cni, /run/nvidia/driver and /etc/kubernetes/node-feature-discovery/
+# features.d (GPU Feature Discovery's hostPath). The packaged DaemonSets therefore run unchanged.
 #
 # The GPUs: each node has an NVIDIA driver root at /run/nvidia/driver, laid out as the GPU
 # Operator's driver container leaves one (usr/lib64/libnvidia-ml.so.1, dev/nvidia<N>, dev/nvidiactl,
@@ -88,7 +88,8 @@ node_ip=$(ip -4 -o addr show ${dev:+dev "$dev"} scope global 2>/dev/null | awk '
 bin=$(bash "$here/hack/build-controlplane.sh")
 node_bin=$(bash "$here/hack/build-node.sh")
 images="${SWITCHYARD_IMAGE_DIR:-$here/../target/images}"
-node_images=(pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue switchyard-operator switchyard-driver-agent)
+node_images=(pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue node-feature-discovery switchyard-operator
+  switchyard-driver-agent)
 for image in "${node_images[@]}"; do
   [ -f "$images/$image.tar" ] || fail "image archive $images/$image.tar is missing: run 'make images' first"
 done
@@ -111,7 +112,8 @@ for key in vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_fo
   grep -q "^sysctl $key " "$changes" || echo "sysctl $key $(sysctl -n "$key")" >> "$changes"
 done
 for dir in /var/lib/kubelet /run/containerd /run/cdi /var/log/pods /var/log/containers /var/lib/cni \
-  /run/nvidia /run/nvidia/driver; do
+  /run/nvidia /run/nvidia/driver /etc/kubernetes /etc/kubernetes/node-feature-discovery \
+  /etc/kubernetes/node-feature-discovery/features.d; do
   if [ ! -e "$dir" ]; then mkdir -p "$dir"; record "dir $dir"; fi
 done
 
@@ -189,8 +191,9 @@ start_node() { # index
   # again, so a node whose plugin no longer finds a GPU would still show the old run's GPUs.
   kubectl delete node "$name" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1 \
     || fail "could not delete the Node $name left by an earlier run"
-  rm -rf "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd,driver-root}
-  mkdir -p "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd/root,containerd/state,containerd/opt,pki}
+  rm -rf "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd,driver-root,nfd-features}
+  mkdir -p "$n"/{kubelet,run,cdi,log-pods,log-containers,cni-lib,cni-conf,containerd/root,containerd/state,containerd/opt,pki} \
+    "$n/nfd-features"
   lay_out_driver_root "$n/driver-root"
 
   # Client certificate for the Node authorizer and NodeRestriction: CN=system:node:<name>.
@@ -316,6 +319,7 @@ EOF
     mount --bind "$n/log-containers" /var/log/containers
     mount --bind "$n/cni-lib" /var/lib/cni
     mount --bind "$n/driver-root" /run/nvidia/driver
+    mount --bind "$n/nfd-features" /etc/kubernetes/node-feature-discovery/features.d
     # Shared inside the node, as systemd leaves a host: pods that mount a host path with
     # HostToContainer or Bidirectional propagation (the DRA driver of NVIDIA: /run/nvidia and the
     # plugins dir of the kubelet) need it. A peer group of this namespace only: nothing propagates

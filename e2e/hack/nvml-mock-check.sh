@@ -10,7 +10,7 @@ cargo build --quiet -p switchyard-nvml-mock --manifest-path "$root/Cargo.toml"
 lib="${CARGO_TARGET_DIR:-$root/target}/debug/libnvidia_ml_mock.so"
 [ -f "$lib" ] || { echo "nvml-mock-check: $lib was not built" >&2; exit 1; }
 # NVIDIA's GPU Feature Discovery, built from its module (cached), labels the mock's GPUs.
-gfd=$(bash "$root/e2e/hack/build-nvidia.sh" gpu-feature-discovery)
+gfd=$(bash "$root/e2e/hack/build-vendor.sh" gpu-feature-discovery)
 cd "$root/e2e/nvml-mock/gocheck"
 # NVML 13 marks some functions deprecated; cgo compiles a call to each, so its warnings are noise.
 CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" NVML_MOCK_LIBRARY="$lib" GFD_BIN="$gfd" \

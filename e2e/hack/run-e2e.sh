@@ -48,7 +48,7 @@ export SWITCHYARD_KUBELETPLUGIN_BIN
 #    hold across processes.
 # 2. The files that install the packaged operator (it manages every GpuPoolMigration of the
 #    cluster) run after, with the cluster to themselves: they also take locks::cluster_alone.
-alone=(real_nodes nvidia_dra kueue demo)
+alone=(real_nodes nvidia_dra kueue gpu_sharing demo)
 beside=(--lib --bins)
 for t in "$root"/e2e/tests/*.rs; do
   name=$(basename "$t" .rs)

@@ -23,6 +23,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::{cluster, wait};
@@ -74,6 +75,18 @@ pub fn raise_gpu_fault(node: &str, uuid: &str, kind: &str, xid: u64) -> anyhow::
     let path = node_dir(node).join("driver-root/usr/lib64/nvml-mock.json.faults");
     let mut f = std::fs::OpenOptions::new().append(true).open(&path)?;
     writeln!(f, "{}", json!({"uuid": uuid, "kind": kind, "xid": xid}))?;
+    Ok(())
+}
+
+/// Every GPU of `nodes` answers again: a fault a failed scenario raised and did not clear (a lost
+/// GPU) would otherwise stay in the mock's state for the next one, and NVIDIA's components exit on
+/// a lost GPU at start.
+pub fn recover_gpus(nodes: &[String]) -> anyhow::Result<()> {
+    for node in nodes {
+        for gpu in node_gpus() {
+            raise_gpu_fault(node, &gpu.uuid, "recover", 0)?;
+        }
+    }
     Ok(())
 }
 
@@ -198,33 +211,141 @@ pub fn render_nvidia_dra(extra: &[&str]) -> anyhow::Result<std::process::Output>
         .output()?)
 }
 
-/// Where [`install_nvidia_dra`] keeps the rendered chart, for [`uninstall_nvidia_dra`].
-fn nvidia_dra_manifest() -> PathBuf {
-    cluster::repo_root().join("e2e/.cluster/nvidia-dra-driver-gpu.yaml")
+/// Where an install keeps the chart it rendered and applied (`e2e/.cluster/<name>.yaml`), for its
+/// uninstall.
+fn rendered(name: &str) -> PathBuf {
+    cluster::repo_root().join("e2e/.cluster").join(format!("{name}.yaml"))
+}
+
+/// Installs what a render script (`e2e/hack/render-<name>.sh`) prints, as `helm install
+/// --create-namespace` of the chart would: the namespace `ns`, then every object, applied with
+/// `edit` applied to them (`Ok` unchanged). The objects are kept at [`rendered`]`(name)`.
+fn install_rendered(
+    name: &str,
+    ns: &str,
+    edit: impl FnOnce(Vec<serde_json::Value>) -> anyhow::Result<Vec<serde_json::Value>>,
+) -> anyhow::Result<()> {
+    let script = format!("e2e/hack/render-{name}.sh");
+    let out = Command::new("bash")
+        .arg(cluster::repo_root().join(&script))
+        .current_dir(cluster::repo_root())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_slice(&out.stdout) {
+        let object = serde_json::Value::deserialize(doc)?;
+        if !object.is_null() {
+            objects.push(object);
+        }
+    }
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": edit(objects)?});
+    std::fs::write(rendered(name), serde_yaml::to_string(&list)?)?;
+    kubectl_apply_json(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))?;
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &rendered(name).to_string_lossy()])
+        .map(|_| ())
+}
+
+/// Removes what [`install_rendered`] applied under `name`, then the namespace `ns`.
+fn uninstall_rendered(name: &str, ns: &str) -> anyhow::Result<()> {
+    if rendered(name).exists() {
+        delete_file(&rendered(name))?;
+    }
+    kubectl(&["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=120s", ns]).map(|_| ())
 }
 
 /// Installs NVIDIA's DRA driver as `helm install` of its chart would: its namespace, then every
 /// object the chart renders (e2e/hack/render-nvidia-dra.sh), applied unchanged.
 pub fn install_nvidia_dra() -> anyhow::Result<()> {
-    let out = render_nvidia_dra(&[])?;
-    anyhow::ensure!(out.status.success(), "render-nvidia-dra.sh: {}", String::from_utf8_lossy(&out.stderr));
-    std::fs::write(nvidia_dra_manifest(), &out.stdout)?;
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NVIDIA_DRA_NS}});
-    let ns_file = cluster::repo_root().join("e2e/.cluster/nvidia-dra-namespace.json");
-    std::fs::write(&ns_file, ns.to_string())?;
-    kubectl(&["apply", "--server-side", "-f", &ns_file.to_string_lossy()])?;
-    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &nvidia_dra_manifest().to_string_lossy()])
-        .map(|_| ())
+    install_rendered("nvidia-dra", NVIDIA_DRA_NS, Ok)
 }
 
 /// Removes NVIDIA's DRA driver: the chart's objects, its namespace, and the ResourceSlices its
 /// kubelet plugins published (a plugin that stops leaves them to the kubelet to remove).
 pub fn uninstall_nvidia_dra() -> anyhow::Result<()> {
-    if nvidia_dra_manifest().exists() {
-        delete_file(&nvidia_dra_manifest())?;
-    }
-    kubectl(&["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=120s", NVIDIA_DRA_NS])?;
+    uninstall_rendered("nvidia-dra", NVIDIA_DRA_NS)?;
     kubectl(&["delete", "resourceslices", "--field-selector", "spec.driver=gpu.nvidia.com"]).map(|_| ())
+}
+
+/// The namespace Node Feature Discovery is installed in.
+pub const NFD_NS: &str = "node-feature-discovery";
+
+/// Installs Node Feature Discovery's master from its own chart (e2e/hack/render-nfd.sh: CRDs
+/// included, applied unchanged) and waits until it is Ready.
+pub async fn install_nfd(client: &Client) -> anyhow::Result<()> {
+    install_rendered("nfd", NFD_NS, Ok)?;
+    wait_deployment_ready(client, NFD_NS, "node-feature-discovery-master", Duration::from_secs(120)).await
+}
+
+/// Removes Node Feature Discovery, its CRDs (and so every NodeFeature) included. The labels it
+/// wrote stay on the nodes, as after `helm uninstall` without its prune hook.
+pub fn uninstall_nfd() -> anyhow::Result<()> {
+    uninstall_rendered("nfd", NFD_NS)
+}
+
+/// The namespace NVIDIA's device-plugin chart is installed in.
+pub const NVIDIA_DEVICE_PLUGIN_NS: &str = "nvidia-device-plugin";
+/// The chart's device-plugin DaemonSet; GPU Feature Discovery's is `<this>-gpu-feature-discovery`.
+pub const NVIDIA_DEVICE_PLUGIN_DS: &str = "nvidia-device-plugin";
+/// The node label NVIDIA's config-manager picks a node's device-plugin config by.
+pub const LABEL_DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
+
+/// Installs NVIDIA's device plugin and GPU Feature Discovery from their Helm chart
+/// (e2e/hack/render-nvidia-device-plugin.sh: the config-manager, time-slicing configs, GFD).
+///
+/// One change to what the chart renders: GPU Feature Discovery loads `libnvidia-ml.so.1` from the
+/// library path, where the NVIDIA Container Toolkit (the GPU Operator installs it as the nodes'
+/// container runtime) injects the driver's library into every container that asks for GPUs. These
+/// nodes run plain containerd, so the GFD container mounts the chart's own `driver-root` volume and
+/// finds the library there through `LD_LIBRARY_PATH`, as the toolkit would have put it. The device
+/// plugin needs no such change: it opens the library under its mounted driver root itself.
+pub fn install_nvidia_device_plugin_chart() -> anyhow::Result<()> {
+    install_rendered("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_NS, |mut objects| {
+        let gfd = format!("{NVIDIA_DEVICE_PLUGIN_DS}-gpu-feature-discovery");
+        let ds = objects
+            .iter_mut()
+            .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == gfd.as_str())
+            .ok_or_else(|| anyhow::anyhow!("the chart rendered no DaemonSet {gfd}"))?;
+        let containers = ds["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .ok_or_else(|| anyhow::anyhow!("{gfd} has no containers"))?;
+        let ctr = containers
+            .iter_mut()
+            .find(|c| c["name"] == "gpu-feature-discovery-ctr")
+            .ok_or_else(|| anyhow::anyhow!("{gfd} has no gpu-feature-discovery-ctr"))?;
+        ctr["volumeMounts"]
+            .as_array_mut()
+            .ok_or_else(|| anyhow::anyhow!("gpu-feature-discovery-ctr has no volumeMounts"))?
+            .push(json!({"name": "driver-root", "mountPath": "/driver-root", "readOnly": true}));
+        ctr["env"]
+            .as_array_mut()
+            .ok_or_else(|| anyhow::anyhow!("gpu-feature-discovery-ctr has no env"))?
+            .push(json!({"name": "LD_LIBRARY_PATH", "value": "/driver-root/usr/lib64"}));
+        Ok(objects)
+    })
+}
+
+/// Removes what [`install_nvidia_device_plugin_chart`] applied and its namespace, GFD's
+/// NodeFeature objects with it.
+pub fn uninstall_nvidia_device_plugin_chart() -> anyhow::Result<()> {
+    uninstall_rendered("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_NS)
+}
+
+/// Waits until the Deployment `ns/name` has a Ready replica.
+pub async fn wait_deployment_ready(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    wait::until(&format!("Deployment {ns}/{name} to be Ready"), timeout, || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get(name).await?;
+            Ok(d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1).then_some(()))
+        }
+    })
+    .await
 }
 
 /// The mock's inventory in a node's driver root.
@@ -288,6 +409,18 @@ pub async fn gpu_workload(
     replicas: i32,
     node: Option<&str>,
 ) -> anyhow::Result<()> {
+    gpu_workload_of(client, ns, name, replicas, node, "nvidia.com/gpu").await
+}
+
+/// [`gpu_workload`] asking for one `resource` (`nvidia.com/gpu.shared`, a MIG profile) instead.
+pub async fn gpu_workload_of(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    node: Option<&str>,
+    resource: &str,
+) -> anyhow::Result<()> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let node_selector = node.map(|n| json!({"kubernetes.io/hostname": n})).unwrap_or(json!({}));
     let d: Deployment = serde_json::from_value(json!({
@@ -295,7 +428,7 @@ pub async fn gpu_workload(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": gpu_pod_template(name, node_selector),
+            "template": gpu_pod_template(name, node_selector, resource),
         },
     }))?;
     api.create(&PostParams::default(), &d).await?;
@@ -303,8 +436,8 @@ pub async fn gpu_workload(
 }
 
 /// The pod template of a GPU workload labelled `app: <app>`: the workload image asking for one
-/// `nvidia.com/gpu` the plain way, on the nodes `node_selector` selects.
-fn gpu_pod_template(app: &str, node_selector: serde_json::Value) -> serde_json::Value {
+/// `resource` the plain way (a limit), on the nodes `node_selector` selects.
+fn gpu_pod_template(app: &str, node_selector: serde_json::Value, resource: &str) -> serde_json::Value {
     json!({
         "metadata": {"labels": {"app": app}},
         "spec": {
@@ -312,7 +445,7 @@ fn gpu_pod_template(app: &str, node_selector: serde_json::Value) -> serde_json::
             "nodeSelector": node_selector,
             "containers": [{
                 "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "resources": {"limits": {resource: "1"}},
             }],
         },
     })
@@ -327,7 +460,7 @@ pub async fn gpu_daemon_set(client: &Client, ns: &str, name: &str, pool: &str) -
         "metadata": {"name": name},
         "spec": {
             "selector": {"matchLabels": {"app": name}},
-            "template": gpu_pod_template(name, json!({"pool": pool})),
+            "template": gpu_pod_template(name, json!({"pool": pool}), "nvidia.com/gpu"),
         },
     }))?;
     api.create(&PostParams::default(), &ds).await?;
@@ -491,9 +624,9 @@ pub async fn release_nodes(client: &Client, names: &[String], labels: &[&str]) -
 
 /// Runs a scenario that installs the packaged operator, with the cluster to itself (the operator
 /// manages every GpuPoolMigration of the cluster, so no other scenario may run beside it), on the
-/// real nodes, under a fresh id that starts with `prefix`. `cleanup` runs whatever the outcome, a
-/// failed assertion (a panic) included, so the operator never outlives the scenario on the shared
-/// cluster; `diagnostics` is printed first when the scenario failed.
+/// real nodes, under a fresh id that starts with `prefix`. `cleanup`, then [`recover_gpus`], runs
+/// whatever the outcome, a failed assertion (a panic) included, so the operator never outlives the
+/// scenario on the shared cluster; `diagnostics` is printed first when the scenario failed.
 pub async fn alone_on_real_nodes(
     prefix: &str,
     scenario: impl AsyncFnOnce(&Client, &str, &[String]) -> anyhow::Result<()>,
@@ -510,11 +643,47 @@ pub async fn alone_on_real_nodes(
         eprintln!("{}", diagnostics(&id));
     }
     let cleaned = cleanup(&client, &id, &names).await;
+    let cleaned = cleaned.and(recover_gpus(&names));
     match outcome {
         Err(panic) => std::panic::resume_unwind(panic),
         Ok(result) => result.and(cleaned),
     }
 }
+
+/// What a failed scenario on the real nodes prints: the migration `id`, every pod, the
+/// ResourceSlices, the operator's log, then `more`, each a kubectl command line whose output (or
+/// error) is added.
+pub fn diagnostics(id: &str, more: &[&[&str]]) -> String {
+    let run = |args: &[&str]| kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
+    let operator_logs = [
+        "-n",
+        SYSTEM_NS,
+        "logs",
+        "-l",
+        "app.kubernetes.io/name=switchyard-operator",
+        "--tail=60",
+        "--prefix",
+    ];
+    let mut out = vec![
+        run(&["get", "gpm", id, "-o", "yaml"]),
+        run(&["get", "pods", "-A", "-o", "wide"]),
+        run(&["get", "resourceslices", "-o", "wide"]),
+        run(&operator_logs),
+    ];
+    out.extend(more.iter().map(|args| run(args)));
+    out.join("\n")
+}
+
+/// The last lines of the Switchyard agents' logs, for [`diagnostics`].
+pub const AGENT_LOGS: &[&str] = &[
+    "-n",
+    SYSTEM_NS,
+    "logs",
+    "-l",
+    "app.kubernetes.io/name=switchyard-driver-agent",
+    "--tail=30",
+    "--prefix",
+];
 
 /// `kubectl apply --server-side` of one object (or a `List`) given as JSON.
 pub fn kubectl_apply_json(object: &serde_json::Value) -> anyhow::Result<()> {
@@ -528,32 +697,12 @@ pub fn kubectl_apply_json(object: &serde_json::Value) -> anyhow::Result<()> {
 /// The namespace Kueue is installed in, as its docs install it.
 pub const KUEUE_NS: &str = "kueue-system";
 
-/// Where [`install_kueue`] keeps the rendered chart, for [`uninstall_kueue`].
-fn kueue_manifest() -> PathBuf {
-    cluster::repo_root().join("e2e/.cluster/kueue.yaml")
-}
-
 /// Installs Kueue as `helm install` of its chart would (e2e/hack/render-kueue.sh, applied
 /// unchanged), then waits until its manager is Ready and the API server gets answers from its
 /// webhooks: a server-side dry run of a ResourceFlavor passes Kueue's validating webhook.
 pub async fn install_kueue(client: &Client) -> anyhow::Result<()> {
-    let out = Command::new("bash")
-        .arg(cluster::repo_root().join("e2e/hack/render-kueue.sh"))
-        .current_dir(cluster::repo_root())
-        .output()?;
-    anyhow::ensure!(out.status.success(), "render-kueue.sh: {}", String::from_utf8_lossy(&out.stderr));
-    std::fs::write(kueue_manifest(), &out.stdout)?;
-    kubectl_apply_json(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NS}}))?;
-    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &kueue_manifest().to_string_lossy()])?;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), KUEUE_NS);
-    wait::until("Kueue's manager to be Ready", Duration::from_secs(180), || {
-        let deployments = deployments.clone();
-        async move {
-            let d = deployments.get("kueue-controller-manager").await?;
-            Ok(d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1).then_some(()))
-        }
-    })
-    .await?;
+    install_rendered("kueue", KUEUE_NS, Ok)?;
+    wait_deployment_ready(client, KUEUE_NS, "kueue-controller-manager", Duration::from_secs(180)).await?;
     let probe = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                        "metadata": {"name": "switchyard-e2e-webhook-probe"}});
     let path = cluster::repo_root().join("e2e/.cluster/kueue-probe.json");
@@ -570,14 +719,12 @@ pub async fn install_kueue(client: &Client) -> anyhow::Result<()> {
 /// Removes what [`install_kueue`] applied, its aggregated APIs and webhooks first (an aggregated
 /// API left without its server would stall namespace deletion), then its namespace.
 pub fn uninstall_kueue() -> anyhow::Result<()> {
-    if kueue_manifest().exists() {
+    if rendered("kueue").exists() {
         for kind in ["apiservices", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"] {
             kubectl(&["delete", kind, "-l", "app.kubernetes.io/name=kueue", "--ignore-not-found"])?;
         }
-        delete_file(&kueue_manifest())?;
     }
-    kubectl(&["delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=120s", KUEUE_NS])
-        .map(|_| ())
+    uninstall_rendered("kueue", KUEUE_NS)
 }
 
 /// Whether the pod's Ready condition is True.

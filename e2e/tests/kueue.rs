@@ -266,23 +266,14 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 }
 
 fn diagnostics(id: &str) -> String {
-    let run = |args: &[&str]| real::kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
-    [
-        run(&["get", "gpm", id, "-o", "yaml"]),
-        run(&["get", "clusterqueues.kueue.x-k8s.io", id, "-o", "yaml"]),
-        run(&["-n", id, "get", "jobs,workloads.kueue.x-k8s.io,pods", "-o", "wide"]),
-        run(&["-n", "kueue-system", "logs", "deploy/kueue-controller-manager", "--tail=40"]),
-        run(&[
-            "-n",
-            real::SYSTEM_NS,
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=switchyard-operator",
-            "--tail=40",
-            "--prefix",
-        ]),
-    ]
-    .join("\n")
+    real::diagnostics(
+        id,
+        &[
+            &["get", "clusterqueues.kueue.x-k8s.io", id, "-o", "yaml"],
+            &["-n", id, "get", "jobs,workloads.kueue.x-k8s.io,pods", "-o", "wide"],
+            &["-n", "kueue-system", "logs", "deploy/kueue-controller-manager", "--tail=40"],
+        ],
+    )
 }
 
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {

@@ -40,7 +40,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{Sampler, allocatable};
 use switchyard_e2e::real::{
-    self, LABEL_DEPLOY_DEVICE_PLUGIN, LABEL_GPU_PRESENT, NVIDIA_DRA_KUBELET_PLUGIN, NVIDIA_DRA_NS, SYSTEM_NS,
+    self, LABEL_DEPLOY_DEVICE_PLUGIN, LABEL_GPU_PRESENT, NVIDIA_DRA_KUBELET_PLUGIN, NVIDIA_DRA_NS,
 };
 use switchyard_e2e::{cluster, wait};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
@@ -359,21 +359,9 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 }
 
 fn diagnostics(id: &str) -> String {
-    let run = |args: &[&str]| real::kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
-    [
-        run(&["get", "gpm", id, "-o", "yaml"]),
-        run(&["get", "pods", "-A", "-o", "wide"]),
-        run(&["get", "resourceslices", "-o", "wide"]),
-        run(&[
-            "-n",
-            SYSTEM_NS,
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=switchyard-operator",
-            "--tail=60",
-            "--prefix",
-        ]),
-        run(&[
+    real::diagnostics(
+        id,
+        &[&[
             "-n",
             NVIDIA_DRA_NS,
             "logs",
@@ -383,9 +371,8 @@ fn diagnostics(id: &str) -> String {
             "gpus",
             "--tail=30",
             "--prefix",
-        ]),
-    ]
-    .join("\n")
+        ]],
+    )
 }
 
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {

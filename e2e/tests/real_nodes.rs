@@ -257,30 +257,7 @@ async fn a_device_plugin_without_nvml_is_named_by_the_plan(
 
 /// What a failed run leaves to read: the migration, the pods and the operator's and agents' logs.
 fn diagnostics(id: &str) -> String {
-    let run = |args: &[&str]| real::kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
-    [
-        run(&["get", "gpm", id, "-o", "yaml"]),
-        run(&["get", "pods", "-A", "-o", "wide"]),
-        run(&[
-            "-n",
-            SYSTEM_NS,
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=switchyard-operator",
-            "--tail=60",
-            "--prefix",
-        ]),
-        run(&[
-            "-n",
-            SYSTEM_NS,
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=switchyard-driver-agent",
-            "--tail=30",
-            "--prefix",
-        ]),
-    ]
-    .join("\n")
+    real::diagnostics(id, &[real::AGENT_LOGS])
 }
 
 /// `kubectl cordon` of `node` by an admin who wants the cordon to outlive the migration, as the

@@ -46,8 +46,19 @@ sharing:
       replicas: 4
 `
 
+// The same with renameByDefault: the shared GPUs are advertised as nvidia.com/gpu.shared, and GFD
+// labels them under nvidia.com/gpu with a product that says nothing of the sharing.
+const timeSliced4Renamed = `version: v1
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+`
+
 // TestGpuFeatureDiscoveryLabelsTheMocksGpus runs NVIDIA's GPU Feature Discovery (k8s-device-plugin
-// v0.19.3, built from its module by e2e/hack/build-nvidia.sh) once against the mock, found as
+// v0.19.3, built from its module by e2e/hack/build-vendor.sh) once against the mock, found as
 // libnvidia-ml.so.1 on the library path as on a GPU node, and compares the labels it writes with
 // operator/tests/fixtures/gfd/, which the operator's unit tests read as the labels Switchyard
 // judges a node by (gpu.count, gpu.sharing-strategy, gpu.replicas, and each MIG profile's). The fixtures are GFD's output:
@@ -64,7 +75,8 @@ func TestGpuFeatureDiscoveryLabelsTheMocksGpus(t *testing.T) {
 	whole := filepath.Join(dir, "two-h100.json")
 	mig := filepath.Join(dir, "mig-h100.json")
 	config := filepath.Join(dir, "config.yaml")
-	for path, text := range map[string]string{whole: twoH100, mig: oneMigH100, config: timeSliced4} {
+	renamed := filepath.Join(dir, "renamed.yaml")
+	for path, text := range map[string]string{whole: twoH100, mig: oneMigH100, config: timeSliced4, renamed: timeSliced4Renamed} {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -75,6 +87,7 @@ func TestGpuFeatureDiscoveryLabelsTheMocksGpus(t *testing.T) {
 	}{
 		{"v0.19.3-two-h100.labels", whole, nil},
 		{"v0.19.3-two-h100-time-sliced-4.labels", whole, []string{"--config-file=" + config}},
+		{"v0.19.3-two-h100-time-sliced-4-renamed.labels", whole, []string{"--config-file=" + renamed}},
 		// The MIG labeler walks the GPU and compute instances to name each profile.
 		{"v0.19.3-h100-mig-mixed.labels", mig, []string{"--mig-strategy=mixed"}},
 	}

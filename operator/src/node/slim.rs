@@ -416,13 +416,16 @@ mod tests {
                 0,
                 vec![],
             ),
-            // A resource in capacity only, and one in allocatable only.
+            // A resource in capacity only beside one the plugin serves: an endpoint that stopped
+            // (a config that re-partitioned the GPUs), not GPUs, and nothing to map.
             (
                 json!({"capacity": {"nvidia.com/mig-1g.10gb": "7"}, "allocatable": {"nvidia.com/gpu": "1"}}),
-                [1, 7],
+                [1, 0],
                 1,
-                vec!["nvidia.com/mig-1g.10gb"],
+                vec![],
             ),
+            // In capacity only, with nothing served: the plugin restarting, so still its GPUs.
+            (json!({"capacity": {"nvidia.com/mig-1g.10gb": "7"}}), [0, 7], 0, vec!["nvidia.com/mig-1g.10gb"]),
             (json!({"allocatable": {"nvidia.com/gpu": "2"}}), [2, 0], 2, vec![]),
             (json!({"capacity": {"nvidia.com/gpu": "2"}}), [2, 0], 0, vec![]),
             // Not whole numbers: no GPUs, though the check still sees a resource it cannot map.

@@ -100,6 +100,10 @@ const SHARED_SUFFIX: &str = ".shared";
 /// time-sliced MIG profile): `<name>.sharing-strategy`, `<name>.replicas` and `<name>.count`, the
 /// physical GPUs or MIG devices. The `.shared` suffix says the resource is shared by itself. A
 /// resource advertised beyond its `.count` is shared, labels or not.
+///
+/// The same labels therefore stand for either name, and only one of them is advertised: GFD
+/// tells which by `<name>.product`, which ends in `-SHARED` when the shared devices keep their
+/// name and does not when `renameByDefault` renamed them.
 pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
     let base = resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource);
     let renamed = base != resource;
@@ -111,11 +115,16 @@ pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
     let count = number("count");
     // GFD's labels outlive a device-plugin restart, while the node advertises 0 for a moment
     // (Managed placement restarts every plugin pod once): judged by its labels, a shared node
-    // keeps the pool closed through that window.
+    // keeps the pool closed through that window. Only in that window (the other name is not
+    // advertised either), and only for the name the labels stand for: without a product label,
+    // the name they are written under.
     let labelled = matches!(strategy.as_deref(), Some(s) if !s.is_empty() && s != "none")
         || replicas.is_some_and(|r| r > 1);
+    let other = if renamed { base.to_string() } else { format!("{base}{SHARED_SUFFIX}") };
+    let restarting = now == 0 && advertised(node, &other) == 0;
+    let labels_name_it = label("product").map_or(!renamed, |p| p.ends_with("-SHARED") != renamed);
     let advertised = match (now, count, replicas) {
-        (0, Some(c), Some(r)) if labelled => c * r,
+        (0, Some(c), Some(r)) if labelled && restarting && labels_name_it => c * r,
         (n, _, _) => n,
     };
     let over_count = count.is_some_and(|c| now > c);
@@ -187,7 +196,11 @@ pub fn check<'a>(
             .filter(|(k, q)| is_gpu_resource(k, gpu_resources) && q.0.trim() != "0")
             .map(|(k, _)| k)
             .collect();
-        for key in advertised_keys.into_iter().filter(|k| !mapped.contains(k)) {
+        // A name the plugin no longer serves (its capacity a stopped endpoint's) needs no entry.
+        let extra: Vec<&str> = gpu_resources.iter().map(String::as_str).collect();
+        let advertised_keys =
+            advertised_keys.into_iter().filter(|k| !overlap::stopped_serving(node, k, &extra));
+        for key in advertised_keys.filter(|k| !mapped.contains(k)) {
             out.unmapped.entry(key.to_string()).or_default().push(name.clone());
         }
         for resource in mapped.iter().filter(|r| is_gpu_resource(r, gpu_resources)) {
@@ -388,6 +401,48 @@ mod tests {
                 ("nvidia.com/mig-3g.40gb".to_string(), 1)
             ])
         );
+    }
+
+    #[test]
+    fn gfds_labels_speak_for_the_name_the_plugin_advertises() {
+        // Time-sliced 4 ways on two nodes, advertised under its own name on one and renamed
+        // (renameByDefault) on the other: GFD labels both under nvidia.com/gpu, and only the
+        // product tells them apart. A pool mapping both names judges each node once.
+        let mapped = ["nvidia.com/gpu", "nvidia.com/gpu.shared"];
+        let same =
+            node("same", gfd_labels("v0.19.3-two-h100-time-sliced-4.labels"), json!({"nvidia.com/gpu": "8"}));
+        let renamed = node(
+            "renamed",
+            gfd_labels("v0.19.3-two-h100-time-sliced-4-renamed.labels"),
+            json!({"nvidia.com/gpu.shared": "8"}),
+        );
+        let c = check([&same, &renamed], &mapped, &[], None);
+        let judged: Vec<(&str, &str, u64, u64)> = c
+            .shared
+            .iter()
+            .map(|s| (s.node.as_str(), s.resource.as_str(), s.advertised, s.physical))
+            .collect();
+        assert_eq!(
+            judged,
+            vec![("same", "nvidia.com/gpu", 8, 2), ("renamed", "nvidia.com/gpu.shared", 8, 2)]
+        );
+        assert_eq!(sharing_of(&same, "nvidia.com/gpu.shared"), None);
+        assert_eq!(sharing_of(&renamed, "nvidia.com/gpu"), None);
+        // While a plugin restarts (nothing advertised under either name), each node's labels
+        // still keep it judged shared, under the name it advertises.
+        let restarting = |n: &SlimNode, labels: &str| {
+            node(
+                &n.name_any(),
+                gfd_labels(labels),
+                json!({"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "0"}),
+            )
+        };
+        let same0 = restarting(&same, "v0.19.3-two-h100-time-sliced-4.labels");
+        let renamed0 = restarting(&renamed, "v0.19.3-two-h100-time-sliced-4-renamed.labels");
+        assert_eq!(sharing_of(&same0, "nvidia.com/gpu").map(|s| s.advertised), Some(8));
+        assert_eq!(sharing_of(&same0, "nvidia.com/gpu.shared"), None);
+        assert_eq!(sharing_of(&renamed0, "nvidia.com/gpu.shared").map(|s| s.advertised), Some(8));
+        assert_eq!(sharing_of(&renamed0, "nvidia.com/gpu"), None);
     }
 
     #[test]

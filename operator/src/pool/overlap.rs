@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
 
-use crate::well_known::{TAINT_KEY_DEVICE_PLUGIN_ACTIVE, TAINT_KEY_DRIVER_UNAVAILABLE};
+use crate::well_known::{TAINT_KEY_DEVICE_PLUGIN_ACTIVE, TAINT_KEY_DRIVER_UNAVAILABLE, is_gpu_resource};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Pool resources in the node's `status.allocatable`, by name. Unparsable or fractional
@@ -23,12 +23,31 @@ pub fn allocatable(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64>
 /// Per pool resource, the larger of capacity and allocatable: the device plugin's GPUs on the
 /// node even while its pod restarts (allocatable drops within seconds, the kubelet keeps capacity
 /// for minutes after a plugin leaves).
+///
+/// Except a resource the plugin has stopped serving while it serves another GPU resource on the
+/// node: its capacity is the kubelet's memory of a stopped endpoint (kept 5 minutes), not GPUs.
+/// NVIDIA's config-manager leaves one on every node whose config renames or re-partitions its
+/// GPUs: it starts the plugin on the default config before it has read the node's label, then
+/// restarts it on the node's own (`nvidia.com/gpu` capacity stays beside
+/// `nvidia.com/gpu.shared`).
 pub fn device_plugin_gpus(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, u64> {
     let mut counts = allocatable(node, resources);
     for (r, n) in counts.iter_mut() {
-        *n = (*n).max(quantity(node.capacity(), r));
+        if !stopped_serving(node, r, resources) {
+            *n = (*n).max(quantity(node.capacity(), r));
+        }
     }
     counts
+}
+
+/// Whether the device plugin stopped serving `resource` on `node` while it serves another GPU
+/// resource there (one of the defaults or of `gpu_resources`): nothing allocatable under it, and
+/// something allocatable under another. See [`device_plugin_gpus`].
+pub fn stopped_serving(node: &SlimNode, resource: &str, gpu_resources: &[&str]) -> bool {
+    quantity(node.allocatable(), resource) == 0
+        && node.allocatable().any(|(k, _)| {
+            k != resource && is_gpu_resource(k, gpu_resources) && quantity(node.allocatable(), k) > 0
+        })
 }
 
 /// The whole-number quantity of `resource` in `list`; 0 when absent, unparsable or fractional.
@@ -308,6 +327,28 @@ mod tests {
         assert_eq!(counts["nvidia.com/gpu"], 8);
         assert_eq!(counts["nvidia.com/mig-1g.10gb"], 0);
         assert_eq!(device_plugin_gpus(&node("m", json!({"nvidia.com/gpu": "4"})), &res)["nvidia.com/gpu"], 4);
+    }
+
+    #[test]
+    fn a_resource_the_plugin_stopped_serving_beside_another_counts_nothing() {
+        // NVIDIA's config-manager started the plugin on the default config, then renamed its
+        // GPUs: the kubelet keeps the first name's capacity, at allocatable 0.
+        let relabelled: SlimNode = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
+            "capacity": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "4"},
+            "allocatable": {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "4"}}}))
+        .unwrap();
+        let res = ["nvidia.com/gpu", "nvidia.com/gpu.shared"];
+        let counts = device_plugin_gpus(&relabelled, &res);
+        assert_eq!((counts["nvidia.com/gpu"], counts["nvidia.com/gpu.shared"]), (0, 4));
+        // Asked about the stopped name alone, the same: the node's other GPU resource tells.
+        assert_eq!(device_plugin_gpus(&relabelled, &["nvidia.com/gpu"])["nvidia.com/gpu"], 0);
+        // The whole plugin restarting (nothing allocatable): capacity still counts, both names.
+        let restarting: SlimNode = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {
+            "capacity": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "4"},
+            "allocatable": {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "0"}}}))
+        .unwrap();
+        let counts = device_plugin_gpus(&restarting, &res);
+        assert_eq!((counts["nvidia.com/gpu"], counts["nvidia.com/gpu.shared"]), (4, 4));
     }
 
     #[test]

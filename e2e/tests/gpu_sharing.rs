@@ -1,0 +1,391 @@
+//! Time-sliced GPUs on the real nodes, set up and labelled by NVIDIA's own code, move to
+//! Switchyard's DRA driver with the packaged operator.
+//!
+//! NVIDIA's device plugin and GPU Feature Discovery (k8s-device-plugin v0.19.3) run from their own
+//! Helm chart (`e2e/hack/render-nvidia-device-plugin.sh`) with its config-manager and two configs:
+//! `default` time-slices each GPU 2 ways, `renamed` does the same with `renameByDefault`, picked
+//! for the second node by its `nvidia.com/device-plugin.config` label. GFD publishes its labels as
+//! NodeFeature objects, and Node Feature Discovery's nfd-master (v0.18.3, from its own chart,
+//! `e2e/hack/render-nfd.sh`) writes them onto the nodes, as in a GPU Operator install. Only the
+//! GPUs are fake: the NVML mock and device nodes in each node's driver root, which the plugin, GFD
+//! and Switchyard's agent (`--inventory nvml`) all load.
+//!
+//! What it shows:
+//! - the config-manager gives each node its config: the first advertises `nvidia.com/gpu: 4` on 2
+//!   GPUs, the second `nvidia.com/gpu.shared: 4`, and GFD's labels (sharing strategy, replicas,
+//!   count, product) land on the nodes through nfd-master;
+//! - Switchyard reads those labels as they are written: before anything moves, the migration says
+//!   what the sharing costs (`GpuSharingNotAcknowledged`, capacity 4 → 2 on each node, per
+//!   resource), `switchyard plan` blocks with the same, and no node is touched;
+//! - the chart's own DaemonSet, with its affinity of alternatives, is what `placement: Managed`
+//!   keeps off the moved nodes;
+//! - acknowledged, the pool moves; a GPU of the second node is lost (an NVML fault in the mock)
+//!   while that node is in the middle of its move: the switch completes on the GPUs it has and says
+//!   which device is unhealthy and why, the lost GPU is published tainted and not handed out, and
+//!   once it answers again the pod that waited for it runs: no pod is lost or left on a node no
+//!   backend serves, and no node is left cordoned;
+//! - each node's `gpus-before` record is its physical GPUs, not the time-sliced replicas.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use switchyard_e2e::pool::allocatable;
+use switchyard_e2e::real::{
+    self, LABEL_DEVICE_PLUGIN_CONFIG, LABEL_GPU_PRESENT, NVIDIA_DEVICE_PLUGIN_DS, NVIDIA_DEVICE_PLUGIN_NS,
+};
+use switchyard_e2e::{cluster, wait};
+use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
+use switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE;
+
+const DRIVER: &str = "gpu.switchyard.dev";
+/// Switchyard's DeviceClass for the renamed resource.
+const SHARED_CLASS: &str = "gpu-shared.switchyard.dev";
+const GPU: &str = "nvidia.com/gpu";
+const SHARED: &str = "nvidia.com/gpu.shared";
+const BACKEND: &str = "switchyard.dev/gpu-backend";
+
+#[tokio::test]
+async fn time_sliced_gpus_labelled_by_nvidias_gfd_move_once_acknowledged() -> anyhow::Result<()> {
+    real::alone_on_real_nodes("shared", scenario, diagnostics, cleanup).await
+}
+
+/// Two real nodes, `nvidia.com/gpu` and `nvidia.com/gpu.shared` each through a DeviceClass of
+/// Switchyard's driver, from the chart's device-plugin DaemonSet.
+fn migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
+    let mut m =
+        real::pool_migration(id, DRIVER, DRIVER, (real::SYSTEM_NS, "switchyard-driver-agent"), "Managed");
+    m["spec"]["resources"].as_array_mut().expect("resources").push(json!({
+        "extendedResourceName": SHARED, "deviceClassName": SHARED_CLASS,
+        "selector": format!("device.attributes['{DRIVER}'].type == 'gpu'"),
+    }));
+    m["spec"]["devicePlugin"] =
+        json!({"daemonSet": {"namespace": NVIDIA_DEVICE_PLUGIN_NS, "name": NVIDIA_DEVICE_PLUGIN_DS}});
+    Ok(serde_json::from_value(m)?)
+}
+
+fn prerequisites(g: &GpuPoolMigration) -> Option<(String, String, String)> {
+    let c = g.status.as_ref()?.conditions.iter().find(|c| c.type_ == "PrerequisitesMet")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// The GFD labels Switchyard judges a node by, as nfd-master wrote them.
+fn gfd_labels(node: &Node) -> BTreeMap<String, String> {
+    let keys = ["gpu.sharing-strategy", "gpu.replicas", "gpu.count", "gpu.product"];
+    keys.iter()
+        .filter_map(|k| {
+            let key = format!("nvidia.com/{k}");
+            node.labels().get(&key).map(|v| (key, v.clone()))
+        })
+        .collect()
+}
+
+/// `switchyard plan <id> -o json`: exit code and report.
+fn plan(id: &str) -> anyhow::Result<(i32, serde_json::Value)> {
+    let out = std::process::Command::new(cluster::cli_bin())
+        .args(["plan", id, "-o", "json"])
+        .env("KUBECONFIG", cluster::kubeconfig())
+        .output()?;
+    let report = serde_json::from_slice(&out.stdout)
+        .map_err(|e| anyhow::anyhow!("plan -o json: {e}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok((out.status.code().unwrap_or(-1), report))
+}
+
+/// The GPU pods of `app` in `ns` that are not terminating: (Ready, waiting to be scheduled).
+async fn pods_of(client: &Client, ns: &str, app: &str) -> anyhow::Result<(Vec<Pod>, Vec<Pod>)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
+    let live = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none());
+    let (ready, rest): (Vec<Pod>, Vec<Pod>) = live.partition(real::ready);
+    let unscheduled =
+        rest.into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()).collect();
+    Ok((ready, unscheduled))
+}
+
+async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    anyhow::ensure!(names.len() >= 2, "two real nodes needed, found {names:?}");
+    let (sliced, renamed) = (names[0].clone(), names[1].clone());
+    let pool = [sliced.clone(), renamed.clone()];
+    let gpus = real::node_gpus();
+    let physical = gpus.len() as i64;
+    let node_api: Api<Node> = Api::all(client.clone());
+
+    for n in &pool {
+        real::label(client, n, json!({"pool": id, LABEL_GPU_PRESENT: "true"})).await?;
+    }
+    real::label(client, &renamed, json!({LABEL_DEVICE_PLUGIN_CONFIG: "renamed"})).await?;
+    real::install_nfd(client).await?;
+    real::install_nvidia_device_plugin_chart()?;
+    real::install_switchyard(client).await?;
+
+    // 1. NVIDIA's config-manager gave each node its config; the plugin advertises the replicas.
+    real::wait_allocatable(
+        client,
+        std::slice::from_ref(&sliced),
+        GPU,
+        2 * physical,
+        Duration::from_secs(180),
+    )
+    .await?;
+    real::wait_allocatable(
+        client,
+        std::slice::from_ref(&renamed),
+        SHARED,
+        2 * physical,
+        Duration::from_secs(180),
+    )
+    .await?;
+    assert_eq!(allocatable(&node_api.get(&renamed).await?, GPU), 0, "renameByDefault advertises no {GPU}");
+
+    // 2. GFD's labels, through NodeFeature objects and nfd-master. The product of a time-sliced
+    //    GPU advertised under its own name says so; a renamed one does not need to.
+    let product = gpus[0].name.replace(' ', "-");
+    let want = |suffix: &str| {
+        BTreeMap::from([
+            ("nvidia.com/gpu.sharing-strategy".to_owned(), "time-slicing".to_owned()),
+            ("nvidia.com/gpu.replicas".to_owned(), "2".to_owned()),
+            ("nvidia.com/gpu.count".to_owned(), physical.to_string()),
+            ("nvidia.com/gpu.product".to_owned(), format!("{product}{suffix}")),
+        ])
+    };
+    for (n, want) in [(&sliced, want("-SHARED")), (&renamed, want(""))] {
+        let node_api = node_api.clone();
+        let labelled = wait::until(&format!("GFD's labels on {n}"), Duration::from_secs(180), || {
+            let (node_api, want) = (node_api.clone(), want.clone());
+            async move { Ok((gfd_labels(&node_api.get(n).await?) == want).then_some(())) }
+        })
+        .await;
+        if labelled.is_err() {
+            panic!("{n}: GFD's labels are {:?}, not {want:?}", gfd_labels(&node_api.get(n).await?));
+        }
+    }
+    let features = real::kubectl(&["-n", NVIDIA_DEVICE_PLUGIN_NS, "get", "nodefeatures", "-o", "name"])?;
+    assert_eq!(features.lines().count(), pool.len(), "one NodeFeature per node from GFD: {features}");
+
+    cluster::create_namespace(client, id).await?;
+    real::gpu_workload_of(client, id, "sliced", physical as i32, Some(&sliced), GPU).await?;
+    real::gpu_workload_of(client, id, "renamed", physical as i32, Some(&renamed), SHARED).await?;
+    real::wait_workload(client, id, "sliced", physical as usize, Duration::from_secs(120)).await?;
+    real::wait_workload(client, id, "renamed", physical as usize, Duration::from_secs(120)).await?;
+
+    // 3. Before anything moves: the cost of the sharing, per resource, from GFD's labels.
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    migrations.create(&PostParams::default(), &migration(id)?).await?;
+    let blocked =
+        wait::until("PrerequisitesMet False: GpuSharingNotAcknowledged", Duration::from_secs(120), || {
+            let migrations = migrations.clone();
+            async move {
+                let g = migrations.get(id).await?;
+                Ok(prerequisites(&g).filter(|(_, reason, _)| reason == "GpuSharingNotAcknowledged"))
+            }
+        })
+        .await?;
+    let (status, _, message) = blocked;
+    assert_eq!(status, "False");
+    for want in [
+        format!("{GPU} capacity drops from {} to {physical} on 1 node(s)", 2 * physical),
+        format!("{SHARED} capacity drops from {} to {physical} on 1 node(s)", 2 * physical),
+        format!("{sliced}: {} on {physical} GPU(s), time-slicing, 2 replicas per GPU", 2 * physical),
+        format!("{renamed}: {} on {physical} device(s), renamed {SHARED} (renameByDefault)", 2 * physical),
+        "spec.acknowledge.gpuSharingLoss: true".to_owned(),
+    ] {
+        assert!(message.contains(&want), "no {want:?} in {message}");
+    }
+    let (code, report) = plan(id)?;
+    assert_eq!(code, 2, "the plan blocks: {report}");
+    assert!(
+        report["blockers"].to_string().contains(&format!("{SHARED} capacity drops")),
+        "{}",
+        report["blockers"]
+    );
+    for n in &pool {
+        let node = node_api.get(n).await?;
+        assert!(!node.annotations().contains_key(ANNOTATION_MIGRATION_STATE), "{n} was touched");
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is cordoned");
+    }
+
+    // 4. Acknowledged: the pool moves. A GPU of the second node is lost while that node is mid-move.
+    migrations
+        .patch(
+            id,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"acknowledge": {"gpuSharingLoss": true}}})),
+        )
+        .await?;
+    let lost = gpus[1].uuid.clone();
+    // Switching: drained, its backend label flipped, the device plugin leaving and the agent
+    // coming up (a few seconds; the state is polled every 250 ms).
+    wait::until(&format!("{renamed} to be Switching"), Duration::from_secs(300), || {
+        let node_api = node_api.clone();
+        let renamed = renamed.clone();
+        async move {
+            let node = node_api.get(&renamed).await?;
+            let state = node.annotations().get(ANNOTATION_MIGRATION_STATE).cloned().unwrap_or_default();
+            anyhow::ensure!(
+                !["Verifying", "Migrated"].contains(&state.as_str()),
+                "{renamed} went past Switching unseen"
+            );
+            Ok((state == "Switching").then_some(()))
+        }
+    })
+    .await?;
+    real::raise_gpu_fault(&renamed, &lost, "lost", 0)?;
+
+    let done = wait::until("the migration to complete", Duration::from_secs(480), || {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(id).await?;
+            let phase = g.status.as_ref().and_then(|s| s.phase);
+            anyhow::ensure!(phase != Some(Phase::Failed), "migration failed: {:?}", g.status);
+            Ok((phase == Some(Phase::Completed)).then_some(g))
+        }
+    })
+    .await?;
+    assert_eq!(done.status.as_ref().map(|s| s.nodes.migrated), Some(pool.len() as i32));
+
+    // The switch said which device and why.
+    let events: Api<Event> = Api::all(client.clone());
+    let unhealthy: Vec<String> = events
+        .list(&ListParams::default().fields("reason=UnhealthyDevices"))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.note)
+        .filter(|n| n.contains(&renamed))
+        .collect();
+    assert!(
+        unhealthy.iter().any(|n| n.contains("1 unhealthy device(s)") && n.contains("gpu-lost")),
+        "no UnhealthyDevices event naming the lost GPU of {renamed}: {unhealthy:?}"
+    );
+    // The lost GPU is published, tainted: counted as the node's, not handed out.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let on_renamed =
+        slices.list(&ListParams::default().fields(&format!("spec.nodeName={renamed}"))).await?.items;
+    let tainted: Vec<String> = on_renamed
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| d.taints.iter().flatten().any(|t| t.key.ends_with("gpu-lost")))
+        .map(|d| d.name.clone())
+        .collect();
+    assert_eq!(tainted.len(), 1, "{renamed}: one device tainted lost: {tainted:?}");
+
+    for n in &pool {
+        let node = node_api.get(n).await?;
+        assert_eq!(node.labels().get(BACKEND).map(String::as_str), Some("dra"), "{n}");
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
+        assert_eq!(allocatable(&node, GPU) + allocatable(&node, SHARED), 0, "{n}: the device plugin left");
+        let before: BTreeMap<String, i64> =
+            serde_json::from_str(&node.annotations()["switchyard.dev/gpus-before"])?;
+        // Each pool resource, counted under the name the node advertised it: the physical GPUs.
+        let (gpu, shared) = if n == &sliced { (physical, 0) } else { (0, physical) };
+        assert_eq!(
+            before,
+            BTreeMap::from([(GPU.to_owned(), gpu), (SHARED.to_owned(), shared)]),
+            "{n}: the physical GPUs"
+        );
+    }
+    // The chart's DaemonSet, with its alternatives of node terms, keeps off every moved node.
+    let ds: Api<DaemonSet> = Api::namespaced(client.clone(), NVIDIA_DEVICE_PLUGIN_NS);
+    let plugin = ds.get(NVIDIA_DEVICE_PLUGIN_DS).await?;
+    let terms = plugin
+        .spec
+        .template
+        .spec
+        .and_then(|s| s.affinity)
+        .and_then(|a| a.node_affinity)
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    assert!(terms.len() >= 3, "the chart's alternatives stay: {terms:?}");
+    for t in &terms {
+        assert!(
+            t.match_expressions.iter().flatten().any(|e| e.key == BACKEND && e.operator == "NotIn"),
+            "a term that would still place the plugin on a moved node: {t:?}"
+        );
+    }
+
+    // 5. Every pod of the time-sliced node runs through DRA; on the other, one waits for the lost
+    //    GPU and none is lost.
+    let sliced_pods =
+        real::wait_workload(client, id, "sliced", physical as usize, Duration::from_secs(180)).await?;
+    let (ready, waiting) =
+        wait::until("the renamed pods: 1 Ready, 1 waiting", Duration::from_secs(180), || async {
+            let (ready, waiting) = pods_of(client, id, "renamed").await?;
+            Ok((ready.len() + waiting.len() == physical as usize && !ready.is_empty())
+                .then_some((ready, waiting)))
+        })
+        .await?;
+    assert_eq!(ready.len(), physical as usize - 1, "one GPU lost: one pod fewer runs");
+    assert_eq!(waiting.len(), 1);
+    // The GPU answers again; the agent's next discovery (every 60 s) recovers it, and the pod
+    // that waited runs on it.
+    real::raise_gpu_fault(&renamed, &lost, "recover", 0)?;
+    let renamed_pods =
+        real::wait_workload(client, id, "renamed", physical as usize, Duration::from_secs(240)).await?;
+    for p in sliced_pods.iter().chain(&renamed_pods) {
+        assert!(
+            p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some(),
+            "{}: served through a generated claim",
+            p.name_any()
+        );
+    }
+    Ok(())
+}
+
+fn diagnostics(id: &str) -> String {
+    real::diagnostics(
+        id,
+        &[
+            real::AGENT_LOGS,
+            &["get", "nodes", "--show-labels"],
+            &["-n", NVIDIA_DEVICE_PLUGIN_NS, "get", "nodefeatures", "-o", "yaml"],
+            &[
+                "-n",
+                NVIDIA_DEVICE_PLUGIN_NS,
+                "logs",
+                "-l",
+                "app.kubernetes.io/name=nvidia-device-plugin",
+                "--all-containers",
+                "--tail=20",
+                "--prefix",
+            ],
+            &["-n", real::NFD_NS, "logs", "deploy/node-feature-discovery-master", "--tail=30"],
+        ],
+    )
+}
+
+async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    real::delete_migration(client, id).await?;
+    real::delete_namespace(client, id).await?;
+    real::uninstall_switchyard()?;
+    // GFD's NodeFeature objects go with the chart's namespace; nfd-master, still running, then
+    // takes their labels off the nodes.
+    real::uninstall_nvidia_device_plugin_chart()?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let unlabelled = wait::until("nfd-master to take GFD's labels off", Duration::from_secs(60), || {
+        let node_api = node_api.clone();
+        async move {
+            for n in names {
+                if !gfd_labels(&node_api.get(n).await?).is_empty() {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        }
+    })
+    .await;
+    real::uninstall_nfd()?;
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    for class in [DRIVER, SHARED_CLASS] {
+        let _ = classes.delete(class, &DeleteParams::default()).await;
+    }
+    real::release_nodes(client, names, &["pool", LABEL_GPU_PRESENT, LABEL_DEVICE_PLUGIN_CONFIG, BACKEND])
+        .await?;
+    unlabelled
+}
