@@ -26,8 +26,8 @@
 #
 # Reproducible: every file has mtime 0 and uid/gid 0 in the layer, the config and history carry the
 # epoch as their date, the Rust binaries are built with their build paths remapped, and the Go ones
-# with -trimpath and no VCS stamp. The same commit gives the same manifest digest twice; the e2e
-# suite checks it (e2e/tests/images.rs).
+# with -trimpath and no VCS stamp. The same commit gives the same manifest digest twice;
+# e2e/hack/check-images.sh checks it before each e2e run.
 #
 #   SWITCHYARD_IMAGE_DIR   where the archives go (default: target/images)
 #   IMAGE_REGISTRY         registry/owner of the product images (default: ghcr.io/switchyard-dev)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make check-packaging`: every check of what users install that needs no cluster. The
-# server-side dry-run of each manifest against a real API server is in e2e/tests/manifests.rs.
+# server-side dry-run of each manifest against a real API server is in e2e/tests/e2e/manifests.rs.
 #
 #   derived files   e2e/hack/sync-packaging.sh --check (chart CRDs, PrometheusRule, chart files)
 #   Argo CD health  lua5.4 config/argocd/run-health-tests.lua (health.lua over its fixtures)

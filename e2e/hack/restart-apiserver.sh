@@ -2,7 +2,7 @@
 # Restarts the shared cluster's kube-apiserver: stops it (SIGTERM, as a rolling control-plane
 # upgrade does), keeps it down for DOWN seconds (default 10), then starts the command cluster-up.sh
 # recorded in apiserver.cmd again. Returns once /readyz answers and prints that instant in Unix
-# milliseconds. The API-server restart scenario of e2e/tests/migration.rs runs it.
+# milliseconds. The API-server restart scenario of e2e/tests/e2e/migration/faults.rs runs it.
 #
 #   restart-apiserver.sh [DOWN]      SWITCHYARD_CLUSTER_STATE (default e2e/.cluster)
 set -euo pipefail

@@ -41,32 +41,49 @@ export SWITCHYARD_CLI_BIN="$target_dir/debug/switchyard"
 # The kubelet-plugin scenario drives the agent with the kubelet's own plugin code (Go, cached).
 SWITCHYARD_KUBELETPLUGIN_BIN=$(bash "$root/e2e/hack/build-kubeletplugin.sh")
 export SWITCHYARD_KUBELETPLUGIN_BIN
-# The test files run in two phases, each with every scenario file reporting (--no-fail-fast):
-# 1. The migration scenarios mostly wait on controllers, so that file runs several at once
-#    (SWITCHYARD_E2E_MIGRATION_THREADS), and the other simulator-based files run beside it in a
-#    second process. Scenarios that must not overlap take the locks of e2e/src/locks.rs, which
-#    hold across processes.
-# 2. The files that install the packaged operator (it manages every GpuPoolMigration of the
-#    cluster) run after, with the cluster to themselves: they also take locks::cluster_alone.
+# The scenarios are the modules of one test binary, e2e/tests/e2e/main.rs, run in two phases, each
+# process with every scenario reporting (--no-fail-fast):
+# 1. The migration scenarios mostly wait on controllers, so the migration:: module runs several at
+#    once (SWITCHYARD_E2E_MIGRATION_THREADS), and the other simulator-based modules, with the
+#    library's and binaries' unit tests, run beside it in a second process. Scenarios that must not
+#    overlap take the locks of e2e/src/locks.rs, which hold across processes.
+# 2. The modules that install the packaged operator (it manages every GpuPoolMigration of the
+#    cluster) run after, with the cluster to themselves, one at a time (--test-threads=1, as when
+#    each was a test binary of its own): they also take locks::cluster_alone.
+# Each process picks its modules by skipping the others' (libtest's --skip, like its filters,
+# matches a substring of a test's path, such as migration::faults::<scenario>), so the arguments
+# given to this script (a filter or nothing) narrow every phase, and a module that is neither
+# migration nor alone runs beside the migration scenarios.
 alone=(real_nodes nvidia_dra kueue gpu_sharing demo)
-beside=(--lib --bins)
-for t in "$root"/e2e/tests/*.rs; do
-  name=$(basename "$t" .rs)
-  case " migration ${alone[*]} " in *" $name "*) ;; *) beside+=(--test "$name") ;; esac
+modules=()
+for m in "$root"/e2e/tests/e2e/*.rs "$root"/e2e/tests/e2e/*/mod.rs; do
+  case "$m" in
+    */main.rs) ;;
+    */mod.rs) modules+=("$(basename "$(dirname "$m")")") ;;
+    *) modules+=("$(basename "$m" .rs)") ;;
+  esac
 done
-# Build every test binary once, so the two processes below only run them.
+beside=() migration_skip=() beside_skip=() alone_skip=()
+for name in "${modules[@]}"; do
+  [ "$name" = migration ] || migration_skip+=(--skip "$name::")
+  case " migration ${alone[*]} " in
+    *" $name "*) beside_skip+=(--skip "$name::") ;;
+    *) beside+=("$name") ;;
+  esac
+  case " ${alone[*]} " in *" $name "*) ;; *) alone_skip+=(--skip "$name::") ;; esac
+done
+# Build the test binary and the unit tests once, so the processes below only run them.
 cargo test --no-run -p switchyard-e2e --lib --bins --tests
 rc=0
 beside_log=$(mktemp)
-cargo test --no-fail-fast -p switchyard-e2e "${beside[@]}" -- "$@" >"$beside_log" 2>&1 &
+cargo test --no-fail-fast -p switchyard-e2e --lib --bins --test e2e -- "${beside_skip[@]}" "$@" \
+  >"$beside_log" 2>&1 &
 beside_pid=$!
-cargo test --no-fail-fast -p switchyard-e2e --test migration -- \
-  --test-threads="${SWITCHYARD_E2E_MIGRATION_THREADS:-4}" "$@" || rc=$?
+cargo test --no-fail-fast -p switchyard-e2e --test e2e -- \
+  --test-threads="${SWITCHYARD_E2E_MIGRATION_THREADS:-4}" "${migration_skip[@]}" "$@" || rc=$?
 wait "$beside_pid" || rc=$?
-echo "--- the test files that ran beside the migration scenarios (${beside[*]}):"
+echo "--- the unit tests and the modules that ran beside the migration scenarios (${beside[*]}):"
 cat "$beside_log"
 rm -f "$beside_log"
-alone_args=()
-for name in "${alone[@]}"; do alone_args+=(--test "$name"); done
-cargo test --no-fail-fast -p switchyard-e2e "${alone_args[@]}" -- "$@" || rc=$?
+cargo test --no-fail-fast -p switchyard-e2e --test e2e -- --test-threads=1 "${alone_skip[@]}" "$@" || rc=$?
 exit "$rc"

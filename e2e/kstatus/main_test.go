@@ -31,7 +31,7 @@ var want = map[string]status.Status{
 	"failed.yaml":      status.FailedStatus,
 	"refused.yaml":     status.FailedStatus, // Stalled=True: selected nodes are refused
 	"overlap.yaml":     status.FailedStatus,
-	// Recorded from real migrations by e2e/tests/migration.rs.
+	// Recorded from real migrations by e2e/tests/e2e/migration/ (record_state).
 	"recorded-progressing.yaml": status.InProgressStatus,
 	"recorded-rollingback.yaml": status.InProgressStatus,
 	"recorded-completed.yaml":   status.CurrentStatus,

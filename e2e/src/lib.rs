@@ -2,7 +2,7 @@
 //! ([`cluster`]), its real nodes and Switchyard installed on them as packaged ([`real`]), the GPU
 //! node simulator for pools larger than the real nodes ([`sim`]), the locks between scenarios that
 //! share the cluster ([`locks`]), and polling helpers ([`wait`]).
-//! The scenarios live in `e2e/tests/`.
+//! The scenarios are the modules of one test binary, `e2e/tests/e2e/main.rs`.
 
 pub mod cluster;
 pub mod locks;

@@ -1,0 +1,588 @@
+//! `strategy.type: Replace`: a pool drained onto a target pool of DRA nodes, what holds it (room,
+//! pinned pods, bare pods, NotReady targets), and its rollback with the target standing.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceClaim};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use switchyard_e2e::pool::{self, Pool, backend, patch_spec};
+use switchyard_operator::api::v1alpha1::Phase;
+
+use super::{MIGRATION, bare_notebook, condition, event_reasons, object_events, plan_json, with_pool};
+
+/// A Replace migration's old pool (the pool's nodes, on the device plugin) and its target: nodes
+/// labelled `tier: dra` that only the DRA driver serves, as a provider's new node pool is. The
+/// device plugin's DaemonSet keeps off them as the provider keeps its plugin off a DRA pool.
+struct ReplacePools {
+    /// The GpuPoolMigration overrides that select the old pool and name the target.
+    overrides: serde_json::Value,
+    targets: Vec<String>,
+}
+
+impl ReplacePools {
+    async fn new(pool: &Pool, extra: serde_json::Value) -> anyhow::Result<Self> {
+        let plugins: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
+        let off_dra = json!({"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "switchyard.dev/gpu-backend", "operator": "NotIn", "values": ["dra"]}]}]}}}}}}});
+        plugins.patch(pool::DEVICE_PLUGIN_DS, &PatchParams::default(), &Patch::Merge(&off_dra)).await?;
+        let mut overrides = json!({
+            "nodeSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
+            "strategy": {"type": "Replace", "maxUnavailable": 1,
+                "replace": {"targetNodeSelector": {"matchLabels": {"pool": pool.id, "tier": "dra"}}}}
+        });
+        switchyard_operator::testing::merge_patch(&mut overrides, &extra);
+        Ok(Self { overrides, targets: Vec::new() })
+    }
+
+    /// Adds a target node of `gpus` GPUs and waits until the driver publishes them.
+    async fn add_target(&mut self, pool: &Pool, gpus: u32) -> anyhow::Result<String> {
+        use switchyard_e2e::sim::{GpuLayout, SimNode};
+        let name = format!("{}-t{}", pool.id, self.targets.len());
+        let labels = [("pool", pool.id.as_str()), ("tier", "dra"), ("switchyard.dev/gpu-backend", "dra")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let layout = GpuLayout { gpu_resource: Some(pool.resource.clone()), ..GpuLayout::gpus(gpus) };
+        pool.sim().add_node(SimNode { name: name.clone(), labels, layout }).await?;
+        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(pool.client.clone());
+        let fields = format!("spec.nodeName={name},spec.driver={}", pool.driver);
+        switchyard_e2e::wait::until(&format!("the driver to publish {name}'s GPUs"), MIGRATION, || {
+            let (slices, fields) = (slices.clone(), fields.clone());
+            async move {
+                let devices: usize = slices
+                    .list(&ListParams::default().fields(&fields))
+                    .await?
+                    .items
+                    .iter()
+                    .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                    .sum();
+                Ok((devices == gpus as usize).then_some(()))
+            }
+        })
+        .await?;
+        self.targets.push(name.clone());
+        Ok(name)
+    }
+}
+
+/// Every GPU pod runs on a target node through a generated claim the driver allocated there.
+async fn assert_gpu_pods_on_targets(pool: &Pool, targets: &[String], count: usize) -> anyhow::Result<()> {
+    let pods = pool.wait_running(count).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+    for p in &pods {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        assert!(targets.contains(&node), "GPU pod {} runs on {node}, not on the target pool", p.name_any());
+        let status = p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref());
+        let claim =
+            status.unwrap_or_else(|| panic!("GPU pod {} on {node} has no generated claim", p.name_any()));
+        let claim = claims.get(&claim.resource_claim_name).await?;
+        let results = claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap_or_default();
+        assert_eq!(results.len(), 1, "{}", p.name_any());
+        assert_eq!(
+            (results[0].driver.as_str(), results[0].pool.as_str()),
+            (pool.driver.as_str(), node.as_str())
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_rolls_back()
+-> anyhow::Result<()> {
+    with_pool("replace", 2, 2, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({})).await?;
+        pools.add_target(pool, 2).await?;
+        // Four GPU pods fill the two old nodes; the budget lets one go at a time.
+        pool.deployment("trainer", 4, 1).await?;
+        pool.pdb("trainer", "trainer", 3).await?;
+        let before = pool.wait_running(4).await?;
+        assert!(
+            before.iter().all(|p| pool.nodes.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap()))
+        );
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+
+        // The plan, before anything moves: the first node fits, the second waits for room.
+        let (_, plan) = plan_json(&name).await?;
+        let replace = &plan["replace"];
+        assert_eq!(replace["targetNodes"], 1, "{replace}");
+        assert_eq!(replace["capacity"][0]["free"], 2, "{replace}");
+        assert_eq!(replace["needed"][&pool.resource], 4, "{replace}");
+        let fits: Vec<(String, bool)> = replace["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["name"].as_str().unwrap().to_owned(), n["fits"].as_bool().unwrap()))
+            .collect();
+        assert_eq!(fits, [(pool.nodes[0].clone(), true), (pool.nodes[1].clone(), false)], "{replace}");
+        assert!(
+            replace["nodes"][1]["short"].as_str().unwrap().contains(&format!("2 {} missing", pool.resource))
+        );
+
+        let sampler = pool.sample();
+        pool.start_operator()?;
+        let short = format!("2 {} missing (the node's pods need 2, 0 free)", pool.resource);
+        let waiting = pool
+            .wait_status(&name, "the first node replaced, the second waiting for room", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.nodes.migrated == 1
+                        && s.in_progress.iter().any(|p| {
+                            p.name == pool.nodes[1]
+                                && p.message.starts_with("TargetCapacityShort:")
+                                && p.message.contains(&short)
+                        })
+                })
+            })
+            .await?;
+        let ready = condition(&waiting, "Ready").expect("Ready");
+        assert_eq!(
+            ready.reason, "TargetCapacityShort",
+            "kubectl get gpm says what it waits for: {}",
+            ready.message
+        );
+        assert!(
+            ready.message.contains(&pool.nodes[1]) && ready.message.contains(&short),
+            "{}",
+            ready.message
+        );
+        let status = waiting.status.unwrap();
+        let room = status.replace.as_ref().expect("status.replace");
+        assert_eq!(room.replaced_nodes, [pool.nodes[0].clone()]);
+        assert_eq!(
+            (room.target_nodes, room.capacity[0].devices, room.capacity[0].free),
+            (1, 2, 0),
+            "{room:?}"
+        );
+        assert_eq!(status.phase, Some(Phase::Progressing));
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let waiting_node = nodes.get(&pool.nodes[1]).await?;
+        assert_eq!(
+            waiting_node.spec.as_ref().unwrap().unschedulable,
+            Some(true),
+            "the waiting node is cordoned"
+        );
+        assert_eq!(pool::node_state(&pool.client, &pool.nodes[1]).await?, "Cordoned");
+        // Nothing was evicted that had nowhere to go: the waiting node keeps its two pods.
+        let on_waiting = pool
+            .wait_running(4)
+            .await?
+            .iter()
+            .filter(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(pool.nodes[1].as_str()))
+            .count();
+        assert_eq!(on_waiting, 2);
+
+        // A node joins the target pool: the second node drains onto it.
+        pools.add_target(pool, 2).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_gpu_pods_on_targets(pool, &pools.targets, 4).await?;
+        let samples = sampler.stop();
+        assert!(samples.events > 20, "the sampler saw too few events to mean anything: {}", samples.events);
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(
+            samples.min_ready.get("trainer").is_some_and(|m| *m >= 3),
+            "the PDB: {:?}",
+            samples.min_ready
+        );
+        assert!(samples.max_in_flight.0 <= 1, "maxUnavailable 1: {:?}", samples.max_in_flight);
+        for n in &pool.nodes {
+            assert_eq!(
+                samples.backend_history.get(n).map(Vec::as_slice),
+                Some(&["device-plugin".to_owned()][..]),
+                "{n}"
+            );
+        }
+        let replaced = done.status.as_ref().unwrap().replace.as_ref().unwrap().replaced_nodes.clone();
+        assert_eq!(replaced, pool.nodes);
+        for n in &pool.nodes {
+            let node = nodes.get(n).await?;
+            assert_eq!(
+                node.spec.as_ref().unwrap().unschedulable,
+                Some(true),
+                "{n} is left cordoned for removal"
+            );
+            assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name), "{n}");
+            assert_eq!(backend(&node), "device-plugin", "{n} never switched");
+            assert_eq!(pool::node_state(&pool.client, n).await?, "Replaced");
+        }
+        let verified = pool
+            .wait_status(&name, "the moved pods verified on the target", MIGRATION, |g| {
+                g.status
+                    .as_ref()
+                    .and_then(|s| s.pods.as_ref())
+                    .is_some_and(|p| p.verified == 4 && p.unverified == 0)
+            })
+            .await?;
+        assert_eq!(condition(&verified, "Ready").map(|c| c.status.as_str()), Some("True"));
+        let events = object_events(pool, "Node", &pool.nodes[0]).await?;
+        assert!(events.iter().any(|(r, _)| r == "NodeReplaced"), "{events:?}");
+
+        // Rolling back while the target pool stands: each old node is schedulable again, the
+        // target's devices are fenced, and the pods that left come back through the eviction API,
+        // within their budget, onto the device plugin.
+        let sampler = pool.sample();
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        // RolledBack once every pod that left is bound to an old node again: they start there.
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        switchyard_e2e::wait::until(
+            "the pods running on the old nodes, on the device plugin",
+            MIGRATION,
+            || {
+                let pods = pods.clone();
+                let old = pool.nodes.clone();
+                async move {
+                    let running = pool::running(pods.list(&ListParams::default()).await?.items);
+                    let back = running.len() == 4
+                        && running.iter().all(|p| {
+                            old.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap())
+                                && p.status.as_ref().unwrap().extended_resource_claim_status.is_none()
+                        });
+                    Ok(back.then_some(()))
+                }
+            },
+        )
+        .await?;
+        let samples = sampler.stop();
+        assert!(
+            samples.min_ready.get("trainer").is_some_and(|m| *m >= 3),
+            "the PDB held while the pods came back: {:?}",
+            samples.min_ready
+        );
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        for n in &pool.nodes {
+            let node = nodes.get(n).await?;
+            assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "{n} is uncordoned");
+            assert!(!node.labels().contains_key("switchyard.dev/replaced"), "{n}");
+            assert!(!node.annotations().contains_key("switchyard.dev/moved"), "{n}: the record goes");
+            assert_eq!(pool::node_state(&pool.client, n).await?, "RolledBack");
+        }
+        let fenced = fence_notes(pool).await?;
+        assert!(
+            pools.targets.iter().all(|t| fenced.iter().any(|note| note.contains(t.as_str()))),
+            "each target node was fenced while pods came back from it: {fenced:?}"
+        );
+        // The fences go once nothing is left to come back; the target pool stands, untouched.
+        let rules: Api<DeviceTaintRule> = Api::all(pool.client.clone());
+        switchyard_e2e::wait::until("the target fences to go", MIGRATION, || {
+            let (rules, selector) = (rules.clone(), format!("switchyard.dev/migration={name}"));
+            async move {
+                Ok(rules.list(&ListParams::default().labels(&selector)).await?.items.is_empty().then_some(()))
+            }
+        })
+        .await?;
+        for t in &pools.targets {
+            let target = nodes.get(t).await?;
+            assert_ne!(target.spec.as_ref().unwrap().unschedulable, Some(true), "{t}: never cordoned");
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// The notes of the `TargetFenced` events of the pool's nodes.
+async fn fence_notes(pool: &Pool) -> anyhow::Result<Vec<String>> {
+    let mut notes = Vec::new();
+    for n in &pool.nodes {
+        let events = object_events(pool, "Node", n).await?;
+        notes.extend(events.into_iter().filter(|(reason, _)| reason == "TargetFenced").map(|(_, note)| note));
+    }
+    Ok(notes)
+}
+
+#[tokio::test]
+async fn replace_counts_only_ready_target_nodes_and_an_old_node_deleted_while_it_waits_leaves_the_pool()
+-> anyhow::Result<()> {
+    with_pool("replsick", 2, 1, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({"strategy": {"maxUnavailable": 2}})).await?;
+        let target = pools.add_target(pool, 2).await?;
+        pool.deployment("trainer", 2, 1).await?;
+        let before = pool.wait_running(2).await?;
+        assert!(
+            before.iter().all(|p| pool.nodes.contains(p.spec.as_ref().unwrap().node_name.as_ref().unwrap()))
+        );
+        // The target's kubelet is down: its devices are published, but nothing can land there.
+        pool.sim().set_ready(&target, false).await?;
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let waiting = pool
+            .wait_status(&name, "both old nodes waiting for a Ready target", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.len() == 2
+                        && s.in_progress.iter().all(|p| {
+                            p.message.starts_with(
+                                "TargetCapacityShort: the target pool (0 Ready, schedulable node(s))",
+                            )
+                        })
+                })
+            })
+            .await?;
+        let room = waiting.status.as_ref().unwrap().replace.clone().expect("status.replace");
+        assert_eq!((room.target_nodes, room.capacity[0].devices), (0, 0), "{room:?}");
+        for n in &pool.nodes {
+            assert_eq!(pool::node_state(&pool.client, n).await?, "Cordoned", "{n} waits, nothing evicted");
+        }
+
+        // An old node goes away while it waits: it leaves the pool, and its pod, re-created by
+        // its ReplicaSet, waits Pending for the target like the rest.
+        let doomed = pool.nodes[1].clone();
+        pool.sim().delete_node(&doomed).await?;
+        pool.wait_status(&name, "the deleted node out of the pool", MIGRATION, |g| {
+            g.status
+                .as_ref()
+                .is_some_and(|s| s.nodes.total == 1 && s.in_progress.iter().all(|p| p.name != doomed))
+        })
+        .await?;
+        let events = event_reasons(pool, &name).await?;
+        assert!(events.iter().any(|(r, n)| r == "NodeRemoved" && n.contains(&doomed)), "{events:?}");
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        switchyard_e2e::wait::until("the deleted node's pod re-created, Pending", MIGRATION, || {
+            let (pods, doomed) = (pods.clone(), doomed.clone());
+            async move {
+                let all = pods.list(&ListParams::default()).await?.items;
+                let on_doomed = all
+                    .iter()
+                    .any(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(doomed.as_str()));
+                let pending =
+                    all.iter().any(|p| p.status.as_ref().unwrap().phase.as_deref() == Some("Pending"));
+                Ok((!on_doomed && pending).then_some(()))
+            }
+        })
+        .await?;
+        assert_eq!(pool::node_state(&pool.client, &pool.nodes[0]).await?, "Cordoned", "still waiting");
+
+        // The target's kubelet is back: the pending pod takes one device, the last old node's
+        // pod the other, and the pool completes.
+        pool.sim().set_ready(&target, true).await?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let nodes = done.status.as_ref().unwrap().nodes;
+        assert_eq!((nodes.total, nodes.migrated, nodes.failed), (1, 1, 0));
+        assert_gpu_pods_on_targets(pool, &pools.targets, 2).await?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_a_removed_target_gives_its_pod_back()
+-> anyhow::Result<()> {
+    with_pool("replpin", 1, 1, async |pool| {
+        let name = pool.id.clone();
+        let old = pool.nodes[0].clone();
+        let mut pools = ReplacePools::new(pool, json!({})).await?;
+        let target = pools.add_target(pool, 1).await?;
+        // A Deployment whose pod may run only on the old node: the target has a free GPU, but
+        // evicted, the pod would stay Pending.
+        let deployments: Api<Deployment> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        let pinned: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "pinned"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "pinned"}},
+                "template": {
+                    "metadata": {"labels": {"app": "pinned"}},
+                    "spec": {
+                        "nodeSelector": {"pool": pool.id, "kubernetes.io/hostname": old},
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {&pool.resource: "1"}}}]
+                    }
+                }
+            }
+        }))?;
+        deployments.create(&PostParams::default(), &pinned).await?;
+        let before = pool.wait_running(1).await?;
+        let (pod, uid) = (before[0].name_any(), before[0].uid());
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let why = format!("nodeSelector kubernetes.io/hostname={old}, the node has kubernetes.io/hostname={target}");
+
+        // The plan says so before anything moves, and blocks: the only node cannot move.
+        let (code, plan) = plan_json(&name).await?;
+        let node = &plan["replace"]["nodes"][0];
+        assert_eq!(node["fits"], false, "{plan}");
+        let short = node["short"].as_str().unwrap_or_default();
+        assert!(short.contains(&pod) && short.contains(&why), "{short}");
+        assert_eq!(code, 2, "a blocker: {}", plan["blockers"]);
+        let text = tokio::process::Command::new(switchyard_e2e::cluster::cli_bin())
+            .args(["plan", &name])
+            .env("KUBECONFIG", switchyard_e2e::cluster::kubeconfig())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains(&format!("{old}  needs 1 {}: waits: no Ready, schedulable target node accepts 1", pool.resource)), "{text}");
+        assert!(text.contains("nothing to place (strategy Replace)"), "{text}");
+
+        pool.start_operator()?;
+        let waiting = pool
+            .wait_status(&name, "the node waiting for a target node that accepts its pod", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| {
+                        p.message.starts_with(
+                            "TargetCapacityShort: no Ready, schedulable target node accepts 1 of this node's GPU pods",
+                        ) && p.message.contains(&pod)
+                    })
+                })
+            })
+            .await?;
+        let message = &waiting.status.as_ref().unwrap().in_progress[0].message;
+        assert!(message.contains(&why) && message.contains("evictWithoutCapacity"), "{message}");
+        assert_eq!(condition(&waiting, "Ready").map(|c| c.reason.as_str()), Some("TargetCapacityShort"));
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let cordoned = nodes.get(&old).await?.spec.and_then(|s| s.unschedulable);
+        assert_eq!(cordoned, Some(true), "cordoned while it waits: nothing new lands there");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+        let still = pods.get(&pod).await?;
+        assert!(
+            still.uid() == uid && still.metadata.deletion_timestamp.is_none(),
+            "the pinned pod was evicted with nowhere to go"
+        );
+
+        // The pin goes: the Deployment rolls its pod onto the target, and the node is replaced.
+        let unpin = json!({"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": null}}}}});
+        deployments.patch("pinned", &PatchParams::default(), &Patch::Merge(&unpin)).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert_gpu_pods_on_targets(pool, &pools.targets, 1).await?;
+        assert_eq!(pool::node_state(&pool.client, &old).await?, "Replaced");
+
+        // The target pool is removed, and the migration rolls back: the pod the target took with
+        // it comes back to the old node, on the device plugin.
+        pool.sim().delete_node(&target).await?;
+        patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
+        pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
+        switchyard_e2e::wait::until("the pod back on the old node", MIGRATION, || {
+            let (pods, old) = (pods.clone(), old.clone());
+            async move {
+                let running = pool::running(pods.list(&ListParams::default()).await?.items);
+                let back = running.len() == 1
+                    && running.iter().all(|p| {
+                        p.spec.as_ref().unwrap().node_name.as_deref() == Some(old.as_str())
+                            && p.status.as_ref().unwrap().extended_resource_claim_status.is_none()
+                    });
+                Ok(back.then_some(()))
+            }
+        })
+        .await?;
+        let node = nodes.get(&old).await?;
+        assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "uncordoned");
+        assert!(!node.labels().contains_key("switchyard.dev/replaced"));
+        assert!(!node.annotations().contains_key("switchyard.dev/moved"));
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_is_refused()
+-> anyhow::Result<()> {
+    with_pool("replbare", 1, 1, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({})).await?;
+        pools.add_target(pool, 1).await?;
+        // The old node is one an admin kept cluster-autoscaler from removing.
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let keep = json!({"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}});
+        nodes.patch(&pool.nodes[0], &PatchParams::default(), &Patch::Merge(&keep)).await?;
+        // A bare GPU pod, as `kubectl run` makes: the drain keeps it until the spec forces it.
+        let pods = bare_notebook(pool).await?;
+        pool.wait_running(1).await?;
+
+        // First a target selector that also selects the old node: nothing starts, and the
+        // condition says which node and what to change.
+        let mut overrides = pools.overrides.clone();
+        overrides["strategy"]["replace"]["targetNodeSelector"] = json!({"matchLabels": {"pool": pool.id}});
+        let gpm = pool.migration(&name, overrides)?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        pool.start_operator()?;
+        let refused = pool
+            .wait_status(&name, "PrerequisitesMet False: TargetOverlapsPool", MIGRATION, |g| {
+                condition(g, "PrerequisitesMet").is_some_and(|c| c.reason == "TargetOverlapsPool")
+            })
+            .await?;
+        let message = &condition(&refused, "PrerequisitesMet").unwrap().message;
+        assert!(
+            message.contains(&pool.nodes[0]) && message.contains("make the two selectors disjoint"),
+            "{message}"
+        );
+        assert_eq!(pool::node_state(&pool.client, &pool.nodes[0]).await?, "", "the node never started");
+        // The type cannot change, but the target can: a new migration with the right one.
+        pool.migrations().delete(&name, &DeleteParams::default()).await?;
+        switchyard_e2e::wait::until("the refused migration to go", MIGRATION, || async {
+            Ok(pool.migrations().get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await?;
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let waiting = pool
+            .wait_status(&name, "the bare pod named", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.in_progress.iter().any(|p| {
+                        p.message.starts_with("UnmanagedPodsBlockDrain:") && p.message.contains("notebook")
+                    })
+                })
+            })
+            .await?;
+        assert!(waiting.status.unwrap().in_progress[0].message.contains("spec.strategy.drain.force"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            pods.get("notebook").await?.metadata.deletion_timestamp.is_none(),
+            "the bare pod was evicted"
+        );
+        patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+        // Left for removal, and the migration says what keeps the autoscaler from removing it.
+        let events = object_events(pool, "Node", &pool.nodes[0]).await?;
+        let blocked = events.iter().find(|(r, _)| r == "RemovalBlocked").map(|(_, n)| n.as_str());
+        assert!(
+            blocked.is_some_and(|n| n.contains("cluster-autoscaler.kubernetes.io/scale-down-disabled=true")),
+            "{events:?}"
+        );
+
+        // Someone uncordons the replaced node and a GPU pod lands there, on the device plugin:
+        // the migration reports it rather than counting it as moved.
+        let uncordon = |to: bool| Patch::Merge(json!({"spec": {"unschedulable": to}}));
+        nodes.patch(&pool.nodes[0], &PatchParams::default(), &uncordon(false)).await?;
+        let stray: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "stray"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": pool.nodes[0]}, "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {&pool.resource: "1"}}}]}
+        }))?;
+        pods.create(&PostParams::default(), &stray).await?;
+        let reported = pool
+            .wait_status(&name, "the pod on the replaced node reported", MIGRATION, |g| {
+                g.status.as_ref().and_then(|s| s.pods.as_ref()).is_some_and(|p| {
+                    p.unverified_pods.iter().any(|u| u.name == "stray" && u.reason == "OnReplacedNode")
+                })
+            })
+            .await?;
+        let stray = reported.status.unwrap().pods.unwrap().unverified_pods.into_iter().find(|u| u.name == "stray");
+        let stray = stray.expect("the stray pod named");
+        assert_eq!(stray.node, pool.nodes[0]);
+        assert!(stray.message.contains("left for removal"), "{}", stray.message);
+        pods.delete("stray", &DeleteParams::default()).await?;
+        nodes.patch(&pool.nodes[0], &PatchParams::default(), &uncordon(true)).await?;
+
+        // Deleting the finished migration leaves the replaced node cordoned for removal.
+        pool.migrations().delete(&name, &DeleteParams::default()).await?;
+        switchyard_e2e::wait::until("the migration to be deleted", MIGRATION, || async {
+            Ok(pool.migrations().get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await?;
+        let node = nodes.get(&pool.nodes[0]).await?;
+        assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+        assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name));
+        Ok(())
+    })
+    .await
+}
