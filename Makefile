@@ -81,7 +81,7 @@ helm: ## Build (or reuse) the cached helm CLI and print its path
 test: deps lint check-generated check-packaging unit e2e ## Everything CI runs
 
 .PHONY: demo
-demo: deps ## A live migration on a local control plane with simulated GPU nodes (KEEP=1 leaves it running)
+demo: deps ## A live migration on a local real control plane with three real nodes (KEEP=1 leaves it running)
 	@DEMO_KEEP=$${DEMO_KEEP:-$(KEEP)} bash e2e/hack/demo.sh
 
 .PHONY: bench

@@ -406,9 +406,12 @@ pub struct DrainSpec {
     /// API, as the forward drain does: PodDisruptionBudgets are honoured, and a DeviceTaintRule
     /// with effect NoSchedule keeps new claims off the node's devices meanwhile. When pods are
     /// still left after `timeoutSeconds` (a budget that allows no eviction), the node fails with
-    /// `RollbackTimeout` and keeps them, unless this is true: then the rule's effect becomes
-    /// NoExecute, and the device-taint-eviction controller evicts them without consulting their
-    /// PodDisruptionBudgets. Default false.
+    /// `RollbackTimeout` and keeps them, unless this is true: then they go without consulting
+    /// their PodDisruptionBudgets. Where the controller manager shows v1.37.2 or later, the rule's
+    /// effect becomes NoExecute and the device-taint-eviction controller evicts them; before
+    /// v1.37.2 that controller misses pods whose claim the scheduler generated
+    /// (kubernetes/kubernetes#141290), and a managed control plane hides its version, so there
+    /// the operator deletes them itself, as that controller would. Default false.
     #[serde(default)]
     pub rollback_evicts_past_budgets: bool,
 

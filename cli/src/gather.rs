@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -80,7 +80,7 @@ pub async fn plan_inputs(
 ) -> anyhow::Result<Inputs> {
     let name = gpm.name_any();
     let spec = &gpm.spec;
-    let nodes = switchyard_operator::reads::nodes::list_pool_nodes(client, spec).await?;
+    let nodes = switchyard_operator::reads::nodes::list_pool_nodes(client, spec, &name).await?;
     let versions = nodes.iter().map(switchyard_operator::pool::gate::node_versions).collect::<Vec<_>>();
     let facts = switchyard_operator::reads::server::discover_server(client, &versions).await?;
     let (dn, dp) = (&spec.driver.daemon_set, &spec.device_plugin.daemon_set);
@@ -189,14 +189,14 @@ pub async fn plan_inputs(
     })
 }
 
-/// A Replace migration's target pool: its nodes, the driver's devices claims hold, and what
-/// pending pods not yet bound ask for (the operator's capacity check reads the same).
+/// A Replace migration's target pool: its nodes, and what the operator's judgement reads of it
+/// (`reads::target_pool`: the devices claims hold, the pending pods, the pods bound to each
+/// usable target node).
 async fn target_inputs(
     client: &Client,
     spec: &switchyard_operator::api::v1alpha1::GpuPoolMigrationSpec,
     r: &switchyard_operator::api::v1alpha1::ReplaceSpec,
 ) -> anyhow::Result<preview::TargetInputs> {
-    use switchyard_operator::pool::replace;
     let selector = kube::core::Selector::try_from(r.target_node_selector.clone())
         .context("spec.strategy.replace.targetNodeSelector")?;
     let nodes = Api::<SlimNode>::all(client.clone())
@@ -204,21 +204,9 @@ async fn target_inputs(
         .await
         .context("listing the target pool's nodes")?
         .items;
-    let claims = reader_objects::list_all(Api::<ResourceClaim>::all(client.clone()), ListParams::default())
+    switchyard_operator::reads::target_pool::target_inputs(client, &spec.driver.name, nodes)
         .await
-        .context("listing ResourceClaims")?;
-    let pending = reader_objects::list_all(
-        Api::<Pod>::all(client.clone()),
-        ListParams::default().fields("spec.nodeName=,status.phase=Pending"),
-    )
-    .await
-    .context("listing pending pods")?;
-    let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
-    Ok(preview::TargetInputs {
-        nodes,
-        held: replace::allocated(&claims, &spec.driver.name),
-        pending: replace::pending_demand(&pending, &res),
-    })
+        .context("reading the target pool")
 }
 
 /// The inventory's subject: one migration, the resources named on the command line, or every
@@ -246,7 +234,7 @@ pub async fn inventory_observed(
                 targets.push(t);
             }
         }
-        for n in switchyard_operator::reads::nodes::list_pool_nodes(client, &m.spec).await? {
+        for n in switchyard_operator::reads::nodes::list_pool_nodes(client, &m.spec, &m.name_any()).await? {
             nodes.insert(n.name_any(), n);
         }
     }

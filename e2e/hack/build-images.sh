@@ -30,6 +30,8 @@
 # e2e/hack/check-images.sh checks it before each e2e run.
 #
 #   SWITCHYARD_IMAGE_DIR   where the archives go (default: target/images)
+#   SWITCHYARD_IMAGE_CLI   1: also build the switchyard CLI with the images' profile and flags
+#                          (target/image/switchyard), as make demo does
 #   IMAGE_REGISTRY         registry/owner of the product images (default: ghcr.io/switchyard-dev)
 #
 # To push: `skopeo copy oci-archive:target/images/switchyard-operator.tar docker://REGISTRY/...`.
@@ -53,9 +55,13 @@ trap 'rm -rf "$work"' EXIT
 # --- binaries -------------------------------------------------------------------------------
 rust_bins() { # the workspace binaries, release profile "image", build paths remapped
   local flags="--remap-path-prefix=$root=/src --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo"
+  # SWITCHYARD_IMAGE_CLI=1 (make demo) builds the switchyard CLI in the same build: the demo then
+  # needs no debug build of the workspace besides the images' (same profile, same flags).
+  local cli=()
+  [ "${SWITCHYARD_IMAGE_CLI:-0}" = 1 ] && cli=(-p switchyard-cli --bin switchyard)
   CARGO_ENCODED_RUSTFLAGS=$(printf '%s' "$flags" | tr ' ' '\037') \
     cargo build --locked --profile image -p switchyard-operator --bin switchyard-operator \
-    -p switchyard-driver-agent --bin switchyard-driver-agent >&2
+    -p switchyard-driver-agent --bin switchyard-driver-agent "${cli[@]}" >&2
   echo "$root/target/image"
 }
 

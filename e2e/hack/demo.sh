@@ -40,6 +40,25 @@ cleanup() {
 }
 trap cleanup EXIT
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# wait_for SECONDS WHAT COMMAND...: polls COMMAND every second until it succeeds; after SECONDS it
+# says what it waited for and stops the demo.
+wait_for() {
+  local limit=$1 what=$2 waited=0
+  shift 2
+  until "$@"; do
+    if [ "$waited" -ge "$limit" ]; then
+      echo "demo: gave up after ${limit}s waiting for $what" >&2
+      exit 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+# The images the demo runs: Switchyard's two, NVIDIA's device plugin, the workload, the sandbox.
+demo_images=(switchyard-operator switchyard-driver-agent nvidia-device-plugin workload pause)
+# How many of the pool's nodes advertise N device-plugin GPUs, or have N running pods in ml.
+nodes_advertising() { k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' 2>/dev/null | grep -c "^$1\$"; }
+running_in_ml() { [ "$(k -n ml get pods "${@:2}" --field-selector status.phase=Running --no-headers 2>/dev/null | wc -l)" = "$1" ]; }
 trainer_logs() { # the first trainer pod's name and what it printed about its GPUs
   local pod claim
   pod=$(k -n ml get pods -l app=trainer --field-selector status.phase=Running -o jsonpath='{.items[0].metadata.name}')
@@ -65,10 +84,13 @@ if [ -n "${SWITCHYARD_DEMO_BIN_DIR:-}" ]; then
   # nested cargo would wait on the lock the test run holds).
   target=$SWITCHYARD_DEMO_BIN_DIR
 else
-  echo "   building the images (e2e/hack/build-images.sh: operator, agent, NVIDIA's device plugin and DRA driver, workload, pause)"
-  bash e2e/hack/build-images.sh 2>&1 | sed -n 's/^build-images: /     /p'
-  cargo build -q -p switchyard-cli --bin switchyard
-  target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/debug
+  # Only the images the demo runs, and the CLI in the same optimised build as the operator's and
+  # the agent's images (no second, debug build of the workspace).
+  echo "   building the images it runs (e2e/hack/build-images.sh ${demo_images[*]}) and the switchyard CLI"
+  SWITCHYARD_IMAGE_CLI=1 bash e2e/hack/build-images.sh "${demo_images[@]}" 2>&1 | sed -n 's/^build-images: /     /p'
+  target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/image
+  # The real nodes import these images only.
+  export SWITCHYARD_NODE_IMAGES="${demo_images[*]}"
 fi
 started_cluster=0
 if ! { [ -f "$state/kubeconfig" ] && "$bin/kubectl" --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev/null 2>&1; }; then
@@ -95,7 +117,8 @@ k get nodes -o wide | sed 's/^/   /'
 say "2. The GPU pool: NVIDIA's device plugin on each node, two GPUs each (NVML answered by the mock)"
 for n in "${nodes[@]}"; do k label node "$n" pool=a100 nvidia.com/gpu.present=true --overwrite >/dev/null; done
 k apply --server-side --force-conflicts -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null
-until [ "$(k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' 2>/dev/null | grep -c '^2$')" = 3 ]; do sleep 1; done
+wait_for 120 "NVIDIA's device plugin to advertise 2 GPUs on each of the 3 nodes" \
+  test "$(nodes_advertising 2)" = 3
 k get nodes -l pool=a100 -o custom-columns='NODE:.metadata.name,ALLOCATABLE_NVIDIA_GPU:.status.allocatable.nvidia\.com/gpu' | sed 's/^/   /'
 dp_pod=$(k -n kube-system get pods -l name=nvidia-device-plugin-ds -o jsonpath='{.items[0].metadata.name}')
 echo "   kubectl -n kube-system logs $dp_pod   (NVIDIA's device plugin)"
@@ -103,7 +126,8 @@ k -n kube-system logs "$dp_pod" | grep -E 'Starting NVIDIA|discovery strategy|St
 
 say "3. Switchyard as a cluster admin installs it: kubectl apply -k config/ (plus the GPU Operator's driver root)"
 k apply --server-side --force-conflicts -k e2e/overlays/real-nodes >/dev/null
-until k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null | grep -q .; do sleep 1; done
+holder() { k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null | grep -q .; }
+wait_for 180 "an operator replica to take the leader lease" holder
 k -n switchyard-system get pods -o wide | sed 's/^/   /'
 echo "   leader: $(k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}')"
 
@@ -150,7 +174,7 @@ spec:
     requests.nvidia.com/gpu: "6"
     gpu.switchyard.dev.deviceclass.resource.k8s.io/devices: "6"
 EOF
-until [ "$(k -n ml get pods --field-selector status.phase=Running --no-headers 2>/dev/null | wc -l)" = 5 ]; do sleep 1; done
+wait_for 180 "the 5 workload pods to run" running_in_ml 5
 k -n ml get pods -o wide --no-headers | awk '{printf "   %-28s %-10s %s\n", $1, $3, $7}'
 trainer_logs
 gpu_before=$(k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' | awk '{s+=$1} END {print s+0}')
@@ -175,7 +199,7 @@ if ! switchyard status a100-pool --timeout 600; then
   exit 1
 fi
 took=$(( $(date +%s) - start ))
-until [ "$(k -n ml get pods -l app=trainer --field-selector status.phase=Running --no-headers 2>/dev/null | wc -l)" = 3 ]; do sleep 1; done
+wait_for 180 "the 3 trainers to run again" running_in_ml 3 -l app=trainer
 trainer_logs
 
 say "7. Summary"
@@ -187,10 +211,14 @@ for uid in $gpu_pods_before; do k -n ml get pods -l app=trainer -o jsonpath='{.i
 claims=$(k -n ml get pods -l app=trainer -o jsonpath='{range .items[*]}{.status.extendedResourceClaimStatus.resourceClaimName}{"\n"}{end}' | grep -c . || true)
 k get gpm a100-pool | sed 's/^/   /'
 k get nodes -l pool=a100 -o custom-columns='NODE:.metadata.name,BACKEND:.metadata.labels.switchyard\.dev/gpu-backend,STATE:.metadata.annotations.switchyard\.dev/migration-state,UNSCHEDULABLE:.spec.unschedulable' | sed 's/^/   /'
-echo "   nodes moved:            3 of 3 real nodes in ${took}s (set-up before it: $(( start - t0 ))s)"
+moved=$(k get gpm a100-pool -o jsonpath='{.status.nodes.migrated}')
+total=$(k get gpm a100-pool -o jsonpath='{.status.nodes.total}')
+on_dra=$(k get nodes -l pool=a100,switchyard.dev/gpu-backend=dra --no-headers 2>/dev/null | wc -l)
+echo "   nodes moved:            ${moved:-0} of ${total:-0} real nodes in ${took}s, $on_dra on DRA (set-up before it: $(( start - t0 ))s)"
 echo "   GPU pods evicted:       $evicted (each came back with a generated ResourceClaim: $claims of 3)"
 echo "   non-GPU pods evicted:   $([ "$web_before" = "$web_after" ] && echo 0 || echo 'some (unexpected)')"
 echo "   GPUs before:            $gpu_before through the device plugin"
 echo "   GPUs after:             $gpu_after DRA devices in ResourceSlices, $dp_left through the device plugin"
 echo "   ResourceQuota ml/gpus:  $(k -n ml get resourcequota gpus -o jsonpath='requests.nvidia.com/gpu used {.status.used.requests\.nvidia\.com/gpu}, gpu.switchyard.dev.deviceclass.resource.k8s.io/devices used {.status.used.gpu\.switchyard\.dev\.deviceclass\.resource\.k8s\.io/devices}') (the same GPUs, charged under both keys, as the inventory warned)"
-[ "$claims" = 3 ] && [ "$dp_left" = 0 ] && [ "$gpu_after" = "$gpu_before" ] && [ "$web_before" = "$web_after" ]
+[ "$claims" = 3 ] && [ "$dp_left" = 0 ] && [ "$gpu_after" = "$gpu_before" ] && [ "$web_before" = "$web_after" ] \
+  && [ "$moved" = 3 ] && [ "$total" = 3 ] && [ "$on_dra" = 3 ]

@@ -37,7 +37,9 @@
 #   SWITCHYARD_CONTAINERD_CONFIG_EXTRA  appended to each node's containerd config
 #   SWITCHYARD_NODE_GPUS      the NVML mock inventory of every node (default
 #                             e2e/nvml-mock/nodes/h100x2.json: two H100s)
-# The last four exist for e2e/hack/test-node-faults.sh, which starts nodes on a broken machine.
+#   SWITCHYARD_NODE_IMAGES    the images imported into each node's containerd (default: every image
+#                             of build-images.sh; `make demo` names the five it runs)
+# The four before the last exist for e2e/hack/test-node-faults.sh, which starts nodes on a broken machine.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -88,8 +90,8 @@ node_ip=$(ip -4 -o addr show ${dev:+dev "$dev"} scope global 2>/dev/null | awk '
 bin=$(bash "$here/hack/build-controlplane.sh")
 node_bin=$(bash "$here/hack/build-node.sh")
 images="${SWITCHYARD_IMAGE_DIR:-$here/../target/images}"
-node_images=(pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue node-feature-discovery switchyard-operator
-  switchyard-driver-agent)
+read -r -a node_images <<< "${SWITCHYARD_NODE_IMAGES:-pause workload nvidia-device-plugin dra-driver-nvidia-gpu kueue \
+node-feature-discovery switchyard-operator switchyard-driver-agent}"
 for image in "${node_images[@]}"; do
   [ -f "$images/$image.tar" ] || fail "image archive $images/$image.tar is missing: run 'make images' first"
 done

@@ -112,7 +112,9 @@ fn clock_ticks_per_second() -> u64 {
 }
 
 /// One HTTP/1.1 request over plain TCP (`Connection: close`); returns the status code and body.
-/// A GET that fails (a reset connection) is tried twice more.
+/// A GET that fails (a reset connection) is tried twice more. Every transport failure (refused,
+/// reset, an answer that is not HTTP) is a [`std::io::Error`], which [`crate::wait::until`]
+/// retries as transient.
 pub async fn http(
     method: &str,
     url: &str,
@@ -152,7 +154,11 @@ async fn http_once(
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response);
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok());
-    let code = code.with_context(|| format!("not an HTTP response: {text:?}"))?;
+    // A server that closes the connection before answering (one shutting down) is a transport
+    // failure like a reset: an io::Error.
+    let code = code.ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not an HTTP response: {text:?}"))
+    })?;
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     Ok((code, body))
 }
@@ -414,6 +420,34 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `wait::until` retries: a refused connection and a server that closes without
+    /// answering both fail as an io::Error.
+    #[tokio::test]
+    async fn http_transport_failures_are_io_errors() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let refused = http("GET", &format!("http://{closed}/metrics"), None).await.unwrap_err();
+        assert!(refused.downcast_ref::<std::io::Error>().is_some(), "{refused:#}");
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            // Each of the GET's three tries: read the request, close without a word.
+            for _ in 0..3 {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+            }
+        });
+        let silent = http("GET", &format!("http://{addr}/metrics"), None).await.unwrap_err();
+        server.await.unwrap();
+        let io = silent.downcast_ref::<std::io::Error>();
+        assert_eq!(io.map(std::io::Error::kind), Some(std::io::ErrorKind::InvalidData), "{silent:#}");
+        assert!(silent.to_string().starts_with("not an HTTP response"), "{silent:#}");
+
+        let not_http = http("GET", "https://127.0.0.1:1/", None).await.unwrap_err();
+        assert!(not_http.downcast_ref::<std::io::Error>().is_none(), "a wrong URL is not transient");
+    }
 
     #[test]
     fn a_labelled_series_is_found_by_a_subset_of_its_labels() {

@@ -710,7 +710,10 @@ pub async fn install_kueue(client: &Client) -> anyhow::Result<()> {
     wait::until("the API server to reach Kueue's webhooks", Duration::from_secs(120), || {
         let path = path.clone();
         async move {
-            Ok(kubectl(&["create", "--dry-run=server", "-f", &path.to_string_lossy()]).ok().map(|_| ()))
+            // Refused while the webhooks' Service has no endpoint: not yet, and the last refusal
+            // is what the timeout reports.
+            kubectl(&["create", "--dry-run=server", "-f", &path.to_string_lossy()]).map_err(wait::not_yet)?;
+            Ok(Some(()))
         }
     })
     .await

@@ -13,6 +13,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("deleting pod {namespace}/{name} past its PodDisruptionBudget: {source}")]
+    DeletePod {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("reading ResourceClaim {namespace}/{name}: {source}")]
     GetResourceClaim {
         namespace: String,
@@ -150,6 +157,7 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::EvictPod { .. } => "EvictPod",
+            Error::DeletePod { .. } => "DeletePod",
             Error::GetResourceClaim { .. } => "GetResourceClaim",
             Error::ListResourceClaims { .. } => "ListResourceClaims",
             Error::ListPods { .. } => "ListPods",
@@ -202,6 +210,7 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         match self {
             Error::EvictPod { source, .. }
+            | Error::DeletePod { source, .. }
             | Error::ListPods { source, .. }
             | Error::ListPendingPods { source }
             | Error::GetNode { source, .. }
@@ -229,6 +238,7 @@ impl Error {
                 finalizer::Error::UnnamedObject | finalizer::Error::InvalidFinalizer => false,
             },
             Error::EvictPod { source, .. }
+            | Error::DeletePod { source, .. }
             | Error::GetResourceClaim { source, .. }
             | Error::ListResourceClaims { source }
             | Error::ListPods { source, .. }

@@ -1,5 +1,8 @@
 //! `switchyard-operator`: parses flags and runs the operator.
 
+// As in the library (lib.rs): no function over 100 lines without a reason; tests exempt.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use std::net::SocketAddr;
 
 use clap::Parser;

@@ -361,7 +361,8 @@ async fn operator(pool: &mut Pool) -> anyhow::Result<(u32, String)> {
     let metrics_url = format!("http://{metrics}/metrics");
     switchyard_e2e::wait::until("the operator's /metrics", Duration::from_secs(30), || {
         let url = metrics_url.clone();
-        async move { Ok(measure::http("GET", &url, None).await.ok().map(|_| ())) }
+        // Not listening yet: an io::Error, retried, and the last one reported at the timeout.
+        async move { measure::http("GET", &url, None).await.map(|_| Some(())) }
     })
     .await?;
     // The caches list every node and slice first: wait until the operator says they synced
@@ -369,7 +370,10 @@ async fn operator(pool: &mut Pool) -> anyhow::Result<(u32, String)> {
     let readyz = format!("http://{metrics}/readyz");
     switchyard_e2e::wait::until("the operator's caches synced (/readyz)", Duration::from_secs(300), || {
         let url = readyz.clone();
-        async move { Ok(measure::http("GET", &url, None).await.ok().filter(|(code, _)| *code == 200).map(|_| ())) }
+        async move {
+            let (code, _) = measure::http("GET", &url, None).await?;
+            Ok((code == 200).then_some(()))
+        }
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;

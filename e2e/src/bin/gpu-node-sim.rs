@@ -1,5 +1,7 @@
 //! Runs the GPU node simulator (see `switchyard_e2e::sim` for exactly what it fakes) against the
-//! cluster in KUBECONFIG, for `make demo` and manual experiments.
+//! cluster in KUBECONFIG, for manual experiments with pools larger than the real nodes. (`make
+//! demo` runs on the three real nodes, not on it; the e2e scenarios and `make bench` drive the
+//! simulator as a library.)
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -228,6 +228,7 @@ where
 /// Kept whole although it is over 100 lines: each watch stream's type is an unnameable chain of
 /// adapters, so the streams are built where the Controller consumes them. What can be named (the
 /// trimmed caches, the watch mappers, the readiness wait) is a function of its own.
+#[allow(clippy::too_many_lines)]
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,

@@ -176,6 +176,7 @@ pub fn node_patch(
         | Action::DeleteCanary
         | Action::CreateTaintRule
         | Action::EscalateTaintRule
+        | Action::DeletePastBudgets
         | Action::DeleteTaintRule
         | Action::CreateFences => return None,
         Action::RecordSince => p.annotate(ANNOTATION_STATE_SINCE, Some(now.to_string())),

@@ -7,7 +7,7 @@
 //!
 //! Kept, and nothing else: the metadata less `managedFields` and less the annotations of others
 //! (any label may be in a selector), `spec.unschedulable` and `spec.taints`, the extended resources
-//! of `status.capacity` and `status.allocatable`, the `Ready` condition's status, and the kubelet's
+//! of `status.capacity` and `status.allocatable`, the allocatable CPU, memory and pod slots, the `Ready` condition's status, and the kubelet's
 //! and the runtime's versions. Even trimmed, a `Node` costs about 4 KiB: the struct is 1,552 bytes
 //! before anything is set (its status alone 920), and a map of one allocatable resource is a
 //! B-tree leaf of eleven. The cache holds every node of the cluster, so each KiB is 5 MiB at 5,000
@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer};
 
+use crate::node::resources::{self, Core};
 use crate::node::str_map::StrMap;
 use crate::well_known::SWITCHYARD_PREFIX;
 
@@ -47,6 +48,8 @@ pub struct SlimNode {
     /// The extended resources (a name with a domain: the pool's always are) of
     /// `status.allocatable`, without `cpu`, `memory`, `pods` and the like.
     allocatable: Resources,
+    /// `cpu`, `memory` and `pods` of `status.allocatable`, as NodeResourcesFit reads them.
+    core: Core,
     /// The same of `status.capacity`, only where it differs from allocatable: its readers take the
     /// larger of the two per resource, or the names of both, so a capacity equal to allocatable
     /// says nothing more. Most nodes keep one list instead of two.
@@ -88,6 +91,12 @@ impl SlimNode {
     /// The extended resources of `status.allocatable`, by name.
     pub fn allocatable(&self) -> impl Iterator<Item = (&str, &Quantity)> {
         self.allocatable.iter().map(|(k, v)| (&**k, v))
+    }
+
+    /// The CPU, memory and pod slots of `status.allocatable` (zero where a name is missing, as
+    /// the scheduler counts it).
+    pub fn core_allocatable(&self) -> Core {
+        self.core
     }
 
     /// The extended resources of `status.capacity`, by name.
@@ -260,6 +269,7 @@ fn assemble(
     spec: Spec,
     status: Status,
 ) -> SlimNode {
+    let core = resources::allocatable(status.allocatable.iter().flatten().map(|(k, v)| (k.as_str(), v)));
     let allocatable = extended(status.allocatable);
     let capacity = Some(extended(status.capacity)).filter(|c| *c != allocatable);
     let ready = status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "Ready");
@@ -271,6 +281,7 @@ fn assemble(
         unschedulable: spec.unschedulable.unwrap_or(false),
         taints: spec.taints.unwrap_or_default().into(),
         allocatable,
+        core,
         capacity,
         ready: ready.map(|c| c.status.into()),
         kubelet_version: info.kubelet_version.into(),

@@ -314,6 +314,10 @@ pub struct Observed {
     pub taint_rule_exists: bool,
     /// The rollback's DeviceTaintRule has effect NoExecute: it evicts the holders itself.
     pub taint_rule_evicts: bool,
+    /// The controller manager's device-taint-eviction controller evicts pods whose claim is in
+    /// `status.extendedResourceClaimStatus`: its version is known and at least v1.37.2
+    /// (`prerequisites::taint_eviction_reaches_extended_claims`, kubernetes/kubernetes#141290).
+    pub taint_eviction_reliable: bool,
     /// `spec.strategy.drain.rollbackEvictsPastBudgets`.
     pub evict_past_budgets: bool,
     /// `spec.strategy.drain.evictDaemonSetGpuPods`.
@@ -375,6 +379,10 @@ pub enum Action {
     /// Turn the rule's effect to NoExecute, so the device-taint-eviction controller evicts the
     /// holders that PodDisruptionBudgets kept (`rollbackEvictsPastBudgets`).
     EscalateTaintRule,
+    /// Delete the holders that PodDisruptionBudgets kept, as the device-taint-eviction controller
+    /// would (`rollbackEvictsPastBudgets`), where that controller cannot be relied on to
+    /// (`Observed::taint_eviction_reliable` is false).
+    DeletePastBudgets,
     /// Set `switchyard.dev/gpu-backend=device-plugin`.
     SwitchToDevicePlugin,
     /// Delete the DeviceTaintRule.
@@ -739,8 +747,15 @@ fn rolling_back(o: &Observed) -> Action {
     } else if o.backend == Backend::Dra && !o.taint_rule_exists {
         Action::CreateTaintRule
     } else if o.claim_holders > 0 && drain_over && !o.taint_rule_evicts {
-        if o.evict_past_budgets {
+        if o.evict_past_budgets && o.taint_eviction_reliable {
             Action::EscalateTaintRule
+        } else if o.evict_past_budgets {
+            // The controller would miss the pods with a generated claim: delete them as it would.
+            if o.claim_holders > o.drain.terminating {
+                Action::DeletePastBudgets
+            } else {
+                wait(WaitReason::PodsTerminating, format!("{} pod(s) still terminating", o.drain.terminating))
+            }
         } else {
             let daemon_set = match o.drain.daemon_set_holders {
                 0 => String::new(),
@@ -948,6 +963,7 @@ mod tests {
             claim_holders: 0,
             taint_rule_exists: false,
             taint_rule_evicts: false,
+            taint_eviction_reliable: true,
             evict_past_budgets: false,
             evict_daemon_set_gpu_pods: false,
             canary: Canary::NotConfigured,
@@ -1731,9 +1747,38 @@ mod tests {
                     o.claim_holders = 2;
                     o.drain.to_evict = 2;
                     o.evict_past_budgets = true;
+                    o.taint_eviction_reliable = true;
                     o.now = Timestamp::from_second(1_601).unwrap()
                 },
                 "EscalateTaintRule",
+            ),
+            (
+                "rolling back past the budgets where the rule may miss pods with a generated claim: deleted",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 2;
+                    o.drain.to_evict = 2;
+                    o.evict_past_budgets = true;
+                    o.taint_eviction_reliable = false;
+                    o.now = Timestamp::from_second(1_601).unwrap()
+                },
+                "DeletePastBudgets",
+            ),
+            (
+                "rolling back past the budgets, the deleted holders terminating: it waits, deletes nothing twice",
+                RollingBack,
+                |o| {
+                    o.backend = Backend::Dra;
+                    o.taint_rule_exists = true;
+                    o.claim_holders = 2;
+                    o.drain.terminating = 2;
+                    o.evict_past_budgets = true;
+                    o.taint_eviction_reliable = false;
+                    o.now = Timestamp::from_second(1_601).unwrap()
+                },
+                "Wait:PodsTerminating",
             ),
             (
                 "rolling back, the NoExecute rule evicts: no eviction API call on top",

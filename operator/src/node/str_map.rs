@@ -267,14 +267,35 @@ pub struct LabelQuery(Vec<Expression>);
 
 impl LabelQuery {
     pub fn matches(&self, labels: &impl Labels) -> bool {
-        self.0.iter().all(|e| match e {
-            Expression::In(k, values) => labels.label(k).is_some_and(|v| values.contains(v)),
-            Expression::NotIn(k, values) => labels.label(k).is_none_or(|v| !values.contains(v)),
-            Expression::Exists(k) => labels.label(k).is_some(),
-            Expression::DoesNotExist(k) => labels.label(k).is_none(),
-            Expression::Equal(k, value) => labels.label(k) == Some(value.as_str()),
-            Expression::NotEqual(k, value) => labels.label(k) != Some(value.as_str()),
-        })
+        self.0.iter().all(|e| holds(e, labels))
+    }
+
+    /// Whether every requirement holds, or names a key `lost` accepts that `labels` lacks
+    /// altogether: a label that went, never one whose value changed.
+    pub fn matches_but_lost(&self, labels: &impl Labels, lost: impl Fn(&str) -> bool) -> bool {
+        self.0.iter().all(|e| holds(e, labels) || (lost(key(e)) && labels.label(key(e)).is_none()))
+    }
+}
+
+fn holds(e: &Expression, labels: &impl Labels) -> bool {
+    match e {
+        Expression::In(k, values) => labels.label(k).is_some_and(|v| values.contains(v)),
+        Expression::NotIn(k, values) => labels.label(k).is_none_or(|v| !values.contains(v)),
+        Expression::Exists(k) => labels.label(k).is_some(),
+        Expression::DoesNotExist(k) => labels.label(k).is_none(),
+        Expression::Equal(k, value) => labels.label(k) == Some(value.as_str()),
+        Expression::NotEqual(k, value) => labels.label(k) != Some(value.as_str()),
+    }
+}
+
+fn key(e: &Expression) -> &str {
+    match e {
+        Expression::In(k, _)
+        | Expression::NotIn(k, _)
+        | Expression::Exists(k)
+        | Expression::DoesNotExist(k)
+        | Expression::Equal(k, _)
+        | Expression::NotEqual(k, _) => k,
     }
 }
 

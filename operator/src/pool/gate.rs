@@ -108,7 +108,21 @@ pub fn cluster_facts(
         driver_daemonset_exists,
         device_plugin_daemonset_exists: device_plugin.exists,
         device_plugin_daemonset_needed: device_plugin.needed,
+        rollback_evicts_past_budgets: spec.strategy.drain.rollback_evicts_past_budgets,
+        selector_gfd_labels: selector_keys(&spec.node_selector)
+            .into_iter()
+            .filter(|k| prerequisites::gfd_written(k))
+            .collect(),
     }
+}
+
+/// The label keys a label selector names, each once, in order.
+fn selector_keys(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> Vec<String> {
+    let mut keys: Vec<String> = s.match_labels.iter().flatten().map(|(k, _)| k.clone()).collect();
+    keys.extend(s.match_expressions.iter().flatten().map(|e| e.key.clone()));
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(k.clone()));
+    keys
 }
 
 /// The versions the prerequisites judge, from a node's status.

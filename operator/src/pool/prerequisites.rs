@@ -113,6 +113,10 @@ pub struct ClusterFacts {
     /// Whether the migration needs the device plugin's DaemonSet at all: a forward migration
     /// whose nodes the plugin no longer serves does not (see `pool::gate::device_plugin_needed`).
     pub device_plugin_daemonset_needed: bool,
+    /// `spec.strategy.drain.rollbackEvictsPastBudgets`.
+    pub rollback_evicts_past_budgets: bool,
+    /// The label keys `spec.nodeSelector` uses that GPU Feature Discovery writes ([`gfd_written`]).
+    pub selector_gfd_labels: Vec<String>,
 }
 
 /// The verdict: `met` drives the PrerequisitesMet condition, `reason` and `message` are its
@@ -142,6 +146,93 @@ pub fn parse_major_minor(v: &str) -> Option<(u32, u32)> {
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
     Some((major, minor))
+}
+
+/// `v1.37.2-gke.100` → `(1, 37, 2)`; a version without a patch number reads as patch 0.
+pub fn parse_version(v: &str) -> Option<(u32, u32, u32)> {
+    let (major, minor) = parse_major_minor(v)?;
+    let patch = v.trim().trim_start_matches('v').split(['.', '-', '+']).nth(2).and_then(|p| p.parse().ok());
+    Some((major, minor, patch.unwrap_or(0)))
+}
+
+/// The first kube-controller-manager whose device-taint-eviction controller evicts a pod whose
+/// claim is recorded in `status.extendedResourceClaimStatus` (kubernetes/kubernetes#141290: on
+/// 1.37.0 and 1.37.1 it looks only at `spec.resourceClaims`).
+pub const TAINT_EVICTION_FIXED: (u32, u32, u32) = (1, 37, 2);
+
+/// Whether a NoExecute DeviceTaintRule can be relied on to evict the pods that got their device
+/// through a generated claim (a plain `nvidia.com/gpu` limit): only where the controller
+/// manager's version is known and at least [`TAINT_EVICTION_FIXED`]. `Err` says which version
+/// it is (or that none shows), for the message.
+pub fn taint_eviction_reaches_extended_claims(control_plane: &[ComponentVersion]) -> Result<(), String> {
+    let kcm = control_plane.iter().find(|c| c.component == "kube-controller-manager");
+    match kcm.and_then(|c| c.version.as_deref()).and_then(|v| parse_version(v).map(|p| (v, p))) {
+        Some((_, version)) if version >= TAINT_EVICTION_FIXED => Ok(()),
+        Some((v, _)) => Err(format!("kube-controller-manager {v}")),
+        None => Err("kube-controller-manager (version unknown)".to_string()),
+    }
+}
+
+/// `rollbackEvictsPastBudgets` on a controller manager whose device-taint-eviction controller
+/// misses pods with a generated claim ([`taint_eviction_reaches_extended_claims`]): the rollback
+/// deletes those pods itself past the drain timeout (`node::state`), and the warning says so.
+fn rollback_eviction(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
+    if !(f.rollback_possible && f.rollback_evicts_past_budgets) {
+        return Ok(());
+    }
+    if let Err(which) = taint_eviction_reaches_extended_claims(&f.control_plane) {
+        warnings.push(format!(
+            "{which}: before v1.37.2 the device-taint-eviction controller does not evict pods whose claim is in status.extendedResourceClaimStatus (kubernetes/kubernetes#141290), so spec.strategy.drain.rollbackEvictsPastBudgets does not rely on a NoExecute DeviceTaintRule here: past spec.strategy.drain.timeoutSeconds a rolling-back node deletes the pods that still hold the driver's devices itself, as that controller would; upgrade the control plane to v1.37.2 or later to have the rule evict them"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether GPU Feature Discovery writes the node label `key`: the `nvidia.com/` labels it derives
+/// from NVML (the GPU's product, count, memory, family, architecture, compute capability, its
+/// sharing, MIG and MPS, vGPU and CUDA versions, and its own timestamp). Not the GPU Operator's
+/// (`nvidia.com/gpu.present`, `nvidia.com/gpu.deploy.*`, `nvidia.com/gpu.workload.config`), nor
+/// those a person or the MIG manager set (`nvidia.com/mig.config`, `nvidia.com/device-plugin.config`).
+pub fn gfd_written(key: &str) -> bool {
+    let Some(name) = key.strip_prefix("nvidia.com/") else {
+        return false;
+    };
+    const GPU: [&str; 12] = [
+        "product",
+        "count",
+        "memory",
+        "family",
+        "machine",
+        "mode",
+        "replicas",
+        "sharing-strategy",
+        "compute.major",
+        "compute.minor",
+        "clique",
+        "imex-domain",
+    ];
+    match name.split_once('.') {
+        Some(("gpu", rest)) => GPU.contains(&rest),
+        Some(("cuda" | "gfd" | "vgpu", _)) => true,
+        Some(("mig", rest)) => matches!(rest, "capable" | "strategy"),
+        Some(("mps", rest)) => rest == "capable",
+        // A MIG profile's own labels: nvidia.com/mig-1g.10gb.count and the like.
+        Some((profile, _)) => profile.starts_with("mig-"),
+        None => false,
+    }
+}
+
+/// A pool selected by labels GPU Feature Discovery writes: NVIDIA plans to stop running GFD where
+/// its DRA driver serves the node (dra-driver-nvidia-gpu #1244; the GPU Operator's GPUCluster
+/// already leaves it out), and a migrated node that lost them would leave the pool.
+fn selector_labels(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
+    if !f.selector_gfd_labels.is_empty() {
+        warnings.push(format!(
+            "spec.nodeSelector uses {}, written by GPU Feature Discovery, which NVIDIA plans to stop running on nodes its DRA driver serves (dra-driver-nvidia-gpu #1244): a migrated node that loses only such labels stays in the pool, but a node that never had them is not selected; select the pool by a node-pool label (the provider's, or one you set)",
+            f.selector_gfd_labels.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// How a container runtime stands with CDI, which DRA needs to hand devices to containers.
@@ -194,7 +285,15 @@ type Check = fn(&ClusterFacts, &mut Vec<String>) -> Result<(), Blocked>;
 /// Runs every check; the first blocking one decides reason and message.
 pub fn check(f: &ClusterFacts) -> Verdict {
     let mut warnings = Vec::new();
-    let checks: [Check; 5] = [server_version, control_plane, resource_apis, nodes, daemon_sets];
+    let checks: [Check; 7] = [
+        server_version,
+        control_plane,
+        resource_apis,
+        nodes,
+        daemon_sets,
+        rollback_eviction,
+        selector_labels,
+    ];
     for check in checks {
         if let Err((reason, message)) = check(f, &mut warnings) {
             return block(reason, message, warnings);
@@ -468,7 +567,84 @@ mod tests {
             device_plugin_daemonset_exists: true,
             device_plugin_daemonset_needed: true,
             control_plane: Vec::new(),
+            rollback_evicts_past_budgets: false,
+            selector_gfd_labels: Vec::new(),
         }
+    }
+
+    fn kcm(version: Option<&str>) -> Vec<ComponentVersion> {
+        vec![ComponentVersion {
+            component: "kube-controller-manager",
+            version: version.map(str::to_owned),
+            source: version.map(|_| VersionSource::PodImage),
+        }]
+    }
+
+    #[test]
+    fn rollback_past_budgets_does_not_rely_on_no_execute_before_v1_37_2_or_where_unknown() {
+        let past = |version: Option<&str>| ClusterFacts {
+            rollback_possible: true,
+            rollback_evicts_past_budgets: true,
+            control_plane: kcm(version),
+            ..good()
+        };
+        for (version, warned) in [
+            (Some("v1.37.0"), true),
+            (Some("v1.37.1-eks-abc"), true),
+            (Some("v1.36.4"), true),
+            (None, true),
+            (Some("v1.37.2"), false),
+            (Some("v1.37.3-gke.100"), false),
+            (Some("v1.38.0"), false),
+        ] {
+            let v = check(&past(version));
+            assert!(v.met, "{version:?}: a warning, never a block");
+            let w = v.warnings.iter().find(|w| w.contains("kubernetes/kubernetes#141290"));
+            assert_eq!(w.is_some(), warned, "{version:?}: {:?}", v.warnings);
+            if let Some(w) = w {
+                assert!(w.contains("deletes the pods that still hold the driver's devices itself"), "{w}");
+            }
+        }
+        assert!(
+            check(&ClusterFacts { rollback_evicts_past_budgets: false, ..past(Some("v1.37.1")) })
+                .warnings
+                .is_empty()
+        );
+        assert!(
+            check(&ClusterFacts { rollback_possible: false, ..past(Some("v1.37.1")) }).warnings.is_empty()
+        );
+        assert_eq!(parse_version("v1.37.1-eks-abc"), Some((1, 37, 1)));
+        assert_eq!(parse_version("v1.37"), Some((1, 37, 0)));
+    }
+
+    #[test]
+    fn a_selector_on_labels_gfd_writes_is_warned_of() {
+        for (key, gfd) in [
+            ("nvidia.com/gpu.product", true),
+            ("nvidia.com/gpu.count", true),
+            ("nvidia.com/mig.capable", true),
+            ("nvidia.com/mig-1g.10gb.count", true),
+            ("nvidia.com/cuda.driver.major", true),
+            ("nvidia.com/gfd.timestamp", true),
+            ("nvidia.com/mps.capable", true),
+            ("nvidia.com/gpu.present", false),
+            ("nvidia.com/gpu.deploy.device-plugin", false),
+            ("nvidia.com/mig.config", false),
+            ("nvidia.com/device-plugin.config", false),
+            ("cloud.google.com/gke-nodepool", false),
+            ("gpu.product", false),
+        ] {
+            assert_eq!(gfd_written(key), gfd, "{key}");
+        }
+        let v = check(&ClusterFacts { selector_gfd_labels: vec!["nvidia.com/gpu.product".into()], ..good() });
+        assert!(v.met);
+        assert!(
+            v.warnings.iter().any(|w| w.starts_with("spec.nodeSelector uses nvidia.com/gpu.product")
+                && w.contains("dra-driver-nvidia-gpu #1244")
+                && w.contains("select the pool by a node-pool label")),
+            "{:?}",
+            v.warnings
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! candidates with the fewest GPU pods first. Waves assume each wave finishes before the next one
 //! starts; pods that move in the meantime can reorder later waves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -68,16 +68,7 @@ pub struct Inputs {
     pub target: Option<TargetInputs>,
 }
 
-/// What the plan of a Replace migration reads of its target pool besides `slices`.
-#[derive(Clone, Debug, Default)]
-pub struct TargetInputs {
-    /// The nodes `spec.strategy.replace.targetNodeSelector` selects.
-    pub nodes: Vec<SlimNode>,
-    /// The driver's devices allocated claims hold ([`replace::allocated`]).
-    pub held: std::collections::HashSet<replace::DeviceKey>,
-    /// What pending pods not yet bound ask for ([`replace::pending_demand`]).
-    pub pending: replace::Demand,
-}
+pub use replace::TargetInputs;
 
 /// A Replace migration's plan on its target pool: the room before anything moves, and whether
 /// each node's GPU pods fit when its turn comes (judged in the move order, each on what the nodes
@@ -576,11 +567,7 @@ fn judge(inputs: &Inputs) -> Result<gate::Gate, String> {
     let res: Vec<&str> = spec.resources.iter().map(|r| r.extended_resource_name.as_str()).collect();
     let consuming = |node: &str| {
         let pods = inputs.pods.get(node).map(Vec::as_slice).unwrap_or_default();
-        let n = match spec.direction {
-            Direction::Forward => pods.iter().filter(|p| drain::consumes_any(p, &res)).count(),
-            Direction::Rollback => pods.iter().filter(|p| drain::holds_dra_claim(p)).count(),
-        };
-        Some(n as u32)
+        Some(crate::pool::rollout::consuming_pods(spec.direction, pods, &res))
     };
     let schedulable =
         |n: &SlimNode| overlap::schedulable_dra_devices(&inputs.slices, &spec.driver.name, &n.name_any());
@@ -627,80 +614,21 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
     let mut nodes = Vec::new();
     let mut summary = Summary { nodes_selected: inputs.nodes.len() as u32, ..Default::default() };
     let mut named = Named::default();
-    let max = p.max_unavailable.max(1);
-    // Wave 0: in flight. Wave 1: what may start now, next to the nodes in flight. Then the queue
-    // in groups of maxUnavailable.
-    let first_queued_wave = if p.to_start.is_empty() { 1 } else { 2 };
-    let moving = p
-        .in_flight
-        .iter()
-        .map(|n| (n, true, 0))
-        .chain(p.to_start.iter().map(|n| (n, false, 1)))
-        .chain(p.queued.iter().enumerate().map(|(i, n)| (n, false, first_queued_wave + i as u32 / max)));
-    for (order, (name, in_flight, wave)) in moving.enumerate() {
+    for (order, (name, in_flight, wave)) in moving_order(p).enumerate() {
         let Some(node) = by_name.get(name.as_str()) else { continue };
         let pn = PoolNode::from_node(node);
         let (evict, stay) = evictions(inputs, name);
-        if inputs.spec.direction == Direction::Forward {
-            let res = crate::pool::gate::resources(&inputs.spec);
-            let pods = inputs.pods.get(name.as_str()).map(Vec::as_slice).unwrap_or_default();
-            let (daemon_set, mirror) = drain::gpu_holders_left(pods, &res);
-            named.gpu_held_by_daemon_sets.extend(daemon_set.iter().map(|p| format!("{p} on {name}")));
-            named.gpu_held_by_static_pods.extend(mirror.iter().map(|p| format!("{p} on {name}")));
-        }
-        let advertises_nothing = inputs.spec.direction == Direction::Forward
-            && !in_flight
-            && pn.backend() == Backend::DevicePlugin
-            && capacity::gpus_to_publish(
-                node,
-                &crate::pool::gate::resources(&inputs.spec),
-                inputs.device_plugin_config.as_ref(),
-            )
-            .values()
-            .all(|&n| n == 0);
+        name_gpu_holders(inputs, name, &mut named);
+        let advertises_nothing = advertises_nothing(inputs, node, &pn, in_flight);
         if advertises_nothing {
             named.advertise_nothing.push(name.clone());
         }
-        let res = crate::pool::gate::resources(&inputs.spec);
-        let serves_nothing = inputs.spec.direction == Direction::Forward
-            && !in_flight
-            && !advertises_nothing
-            && pn.backend() == Backend::DevicePlugin
-            && overlap::allocatable_total(node, &res) == 0
-            && overlap::device_plugin_gpus(node, &res).values().any(|&n| n > 0);
+        let serves_nothing = !advertises_nothing && serves_nothing(inputs, node, &pn, in_flight);
         if serves_nothing {
             named.serve_nothing.push(name.clone());
         }
         let g = gpus(inputs, node);
-        summary.nodes_to_move += 1;
-        summary.waves = summary.waves.max(wave);
-        summary.gpus_to_move += g;
-        summary.pods_to_evict += evict.len() as u32;
-        summary.gpu_pods_to_evict += evict.iter().filter(|e| e.uses_gpu).count() as u32;
-        for e in &evict {
-            for f in &e.flags {
-                match f {
-                    PodFlag::PdbBlocks { .. } => summary.pods_blocked_by_pdb += 1,
-                    PodFlag::NoController => {
-                        summary.bare_pods += 1;
-                        named.bare.push(format!("{}/{}", e.namespace, e.name));
-                    }
-                    PodFlag::EmptyDir { .. } => summary.empty_dir_pods += 1,
-                    PodFlag::Terminating => {}
-                }
-            }
-        }
-        let note = if !pn.ready {
-            "NotReady: waits until its kubelet reports Ready".to_string()
-        } else if in_flight {
-            format!("in flight ({}); the operator continues it first", record::state_str(pn.state()))
-        } else if advertises_nothing {
-            "the device plugin advertises nothing here: it would wait cordoned (GpuCountUnknown)".to_string()
-        } else if serves_nothing {
-            "the device plugin advertises nothing allocatable here: its switch would wait for GPUs the agent may not find (SwitchTimeout)".to_string()
-        } else {
-            String::new()
-        };
+        count_moving(&mut summary, &mut named, wave, g, &evict);
         nodes.push(NodePlan {
             order: Some(order as u32 + 1),
             wave: Some(wave),
@@ -713,43 +641,147 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
             gpus: g,
             evict,
             stay,
-            note,
+            note: moving_note(&pn, in_flight, advertises_nothing, serves_nothing),
         });
     }
-    let still = |name: &str, action: NodeAction, note: String| -> Option<NodePlan> {
-        let node = by_name.get(name)?;
-        let pn = PoolNode::from_node(node);
-        Some(NodePlan {
-            order: None,
-            wave: None,
-            name: name.to_string(),
-            action,
-            state: pn.state(),
-            backend: pn.backend().as_str().into(),
-            ready: pn.ready,
-            cordoned: pn.unschedulable,
-            gpus: gpus(inputs, node),
-            evict: Vec::new(),
-            stay: 0,
-            note,
-        })
-    };
+    add_staying(inputs, p, &by_name, &mut nodes);
+    (nodes, summary, named)
+}
+
+/// The nodes that move, in the order the operator starts them, each with whether it is in flight
+/// and its wave. Wave 0: in flight. Wave 1: what may start now, next to the nodes in flight. Then
+/// the queue in groups of maxUnavailable.
+fn moving_order(p: &Plan) -> impl Iterator<Item = (&String, bool, u32)> {
+    let max = p.max_unavailable.max(1);
+    let first_queued_wave = if p.to_start.is_empty() { 1 } else { 2 };
+    p.in_flight
+        .iter()
+        .map(|n| (n, true, 0))
+        .chain(p.to_start.iter().map(|n| (n, false, 1)))
+        .chain(p.queued.iter().enumerate().map(move |(i, n)| (n, false, first_queued_wave + i as u32 / max)))
+}
+
+/// Going forward, names the DaemonSet and static pods on the node that hold device-plugin GPUs
+/// the switch would publish again.
+fn name_gpu_holders(inputs: &Inputs, name: &str, named: &mut Named) {
+    if inputs.spec.direction != Direction::Forward {
+        return;
+    }
+    let res = crate::pool::gate::resources(&inputs.spec);
+    let pods = inputs.pods.get(name).map(Vec::as_slice).unwrap_or_default();
+    let (daemon_set, mirror) = drain::gpu_holders_left(pods, &res);
+    named.gpu_held_by_daemon_sets.extend(daemon_set.iter().map(|p| format!("{p} on {name}")));
+    named.gpu_held_by_static_pods.extend(mirror.iter().map(|p| format!("{p} on {name}")));
+}
+
+/// Whether a node still to start going forward has a device plugin that advertises none of the
+/// pool's resources, with no GFD count either: the switch would have nothing to verify against.
+fn advertises_nothing(inputs: &Inputs, node: &SlimNode, pn: &PoolNode, in_flight: bool) -> bool {
+    inputs.spec.direction == Direction::Forward
+        && !in_flight
+        && pn.backend() == Backend::DevicePlugin
+        && capacity::gpus_to_publish(
+            node,
+            &crate::pool::gate::resources(&inputs.spec),
+            inputs.device_plugin_config.as_ref(),
+        )
+        .values()
+        .all(|&n| n == 0)
+}
+
+/// Whether a node still to start going forward has a device plugin that advertised GPUs once
+/// (capacity, which the kubelet keeps) but has none allocatable now: its pod serves nothing.
+fn serves_nothing(inputs: &Inputs, node: &SlimNode, pn: &PoolNode, in_flight: bool) -> bool {
+    let res = crate::pool::gate::resources(&inputs.spec);
+    inputs.spec.direction == Direction::Forward
+        && !in_flight
+        && pn.backend() == Backend::DevicePlugin
+        && overlap::allocatable_total(node, &res) == 0
+        && overlap::device_plugin_gpus(node, &res).values().any(|&n| n > 0)
+}
+
+/// Adds one moving node to the summary (its wave, GPUs and the pods it evicts, by flag), and
+/// names the pods without a controller that its drain would lose.
+fn count_moving(summary: &mut Summary, named: &mut Named, wave: u32, gpus: u64, evict: &[PodPlan]) {
+    summary.nodes_to_move += 1;
+    summary.waves = summary.waves.max(wave);
+    summary.gpus_to_move += gpus;
+    summary.pods_to_evict += evict.len() as u32;
+    summary.gpu_pods_to_evict += evict.iter().filter(|e| e.uses_gpu).count() as u32;
+    for e in evict {
+        for f in &e.flags {
+            match f {
+                PodFlag::PdbBlocks { .. } => summary.pods_blocked_by_pdb += 1,
+                PodFlag::NoController => {
+                    summary.bare_pods += 1;
+                    named.bare.push(format!("{}/{}", e.namespace, e.name));
+                }
+                PodFlag::EmptyDir { .. } => summary.empty_dir_pods += 1,
+                PodFlag::Terminating => {}
+            }
+        }
+    }
+}
+
+/// The note on a moving node: what it waits for, that it is in flight, or what its device plugin
+/// lacks; empty when it simply moves.
+fn moving_note(pn: &PoolNode, in_flight: bool, advertises_nothing: bool, serves_nothing: bool) -> String {
+    if !pn.ready {
+        "NotReady: waits until its kubelet reports Ready".to_string()
+    } else if in_flight {
+        format!("in flight ({}); the operator continues it first", record::state_str(pn.state()))
+    } else if advertises_nothing {
+        "the device plugin advertises nothing here: it would wait cordoned (GpuCountUnknown)".to_string()
+    } else if serves_nothing {
+        "the device plugin advertises nothing allocatable here: its switch would wait for GPUs the agent may not find (SwitchTimeout)".to_string()
+    } else {
+        String::new()
+    }
+}
+
+/// Adds the nodes that stay after those that move: the failed with their failure, the refused
+/// with why, then the other nodes the migration owns and no line lists yet (done).
+fn add_staying(inputs: &Inputs, p: &Plan, by_name: &BTreeMap<&str, &SlimNode>, nodes: &mut Vec<NodePlan>) {
     for f in &p.failed {
         let note = PoolNode::from_node(by_name[f.as_str()])
             .failure()
             .map(|x| format!("{}: {}", x.reason, x.message))
             .unwrap_or_default();
-        nodes.extend(still(f, NodeAction::Failed, note));
+        nodes.extend(staying_plan(inputs, by_name, f, NodeAction::Failed, note));
     }
     for r in &p.refused {
-        nodes.extend(still(&r.node, NodeAction::Refused, r.message.clone()));
+        nodes.extend(staying_plan(inputs, by_name, &r.node, NodeAction::Refused, r.message.clone()));
     }
     let listed: std::collections::HashSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
     for name in p.owned.iter().filter(|n| !listed.contains(*n)) {
-        nodes.extend(still(name, NodeAction::Done, String::new()));
+        nodes.extend(staying_plan(inputs, by_name, name, NodeAction::Done, String::new()));
     }
+}
 
-    (nodes, summary, named)
+/// The plan of a node that stays: no order, wave or evictions. `None` for a node not selected.
+fn staying_plan(
+    inputs: &Inputs,
+    by_name: &BTreeMap<&str, &SlimNode>,
+    name: &str,
+    action: NodeAction,
+    note: String,
+) -> Option<NodePlan> {
+    let node = by_name.get(name)?;
+    let pn = PoolNode::from_node(node);
+    Some(NodePlan {
+        order: None,
+        wave: None,
+        name: name.to_string(),
+        action,
+        state: pn.state(),
+        backend: pn.backend().as_str().into(),
+        ready: pn.ready,
+        cordoned: pn.unschedulable,
+        gpus: gpus(inputs, node),
+        evict: Vec::new(),
+        stay: 0,
+        note,
+    })
 }
 
 /// What keeps the pool from moving, each said as what to change: the gate's blocks, the class
@@ -761,7 +793,6 @@ fn blockers(
     placement: &[PlacementPlan],
     named: &Named,
 ) -> Vec<String> {
-    let bare = &named.bare;
     let spec = &inputs.spec;
     let (p, verdict) = (&judged.plan, &judged.verdict);
     let mut blockers = Vec::new();
@@ -809,6 +840,25 @@ fn blockers(
     if spec.paused {
         blockers.push("spec.paused is true".into());
     }
+    blockers.extend(named_blockers(spec, named));
+    if p.owned.is_empty() {
+        blockers.push("spec.nodeSelector selects no node this migration may move".into());
+    }
+    let critical = inputs.findings.iter().filter(|f| f.severity == Severity::Critical).count();
+    if critical > 0 {
+        blockers.push(format!(
+            "{critical} critical inventory finding(s): fix them first (the operator does not wait for them)"
+        ));
+    }
+    blockers
+}
+
+/// The blockers the plan's named pods and nodes make ([`Named`]): pods an eviction would lose,
+/// and, switching in place, GPUs held by static or DaemonSet pods and device plugins that
+/// advertise or serve nothing.
+fn named_blockers(spec: &GpuPoolMigrationSpec, named: &Named) -> Vec<String> {
+    let bare = &named.bare;
+    let mut blockers = Vec::new();
     // The operator's drain keeps these (drain::select): their nodes would wait for a person.
     if !bare.is_empty() && spec.direction == Direction::Forward && !spec.strategy.drain.force {
         let shown = bare.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
@@ -853,15 +903,6 @@ fn blockers(
             "the device plugin on {} advertises nothing allocatable ({} is 0 in allocatable; the capacity the kubelet kept is from an earlier registration): its pod serves no GPU now (see its log: the NVML library, the driver root), or every GPU is unhealthy. The agent loads the same NVML library, so such a node would wait in its switch until SwitchTimeout: fix the driver or the device plugin first, or leave the node out of spec.nodeSelector",
             list(&named.serve_nothing),
             crate::pool::gate::resources(spec).join(", ")
-        ));
-    }
-    if p.owned.is_empty() {
-        blockers.push("spec.nodeSelector selects no node this migration may move".into());
-    }
-    let critical = inputs.findings.iter().filter(|f| f.severity == Severity::Critical).count();
-    if critical > 0 {
-        blockers.push(format!(
-            "{critical} critical inventory finding(s): fix them first (the operator does not wait for them)"
         ));
     }
     blockers
@@ -916,54 +957,45 @@ pub fn build(inputs: &Inputs) -> Result<Report, String> {
     })
 }
 
-/// The target pool's part in a Replace plan: nodes in flight draining take their devices first,
-/// then each node that moves, in order, as the operator's capacity check takes them.
+/// The target pool's part in a Replace plan: the operator's judgement ([`replace::judge`]) of the
+/// nodes in flight that drain or wait cordoned, and of each node that moves, in order.
 fn replace_plan(inputs: &Inputs, nodes: &[NodePlan]) -> Option<ReplacePlan> {
     let spec = &inputs.spec;
-    spec.strategy.replace()?;
+    let r = spec.strategy.replace()?;
     let t = inputs.target.as_ref()?;
     let res = crate::pool::gate::resources(spec);
-    let demand = |n: &str| {
-        inputs
-            .pods
-            .get(n)
-            .map(|pods| replace::moving_demand(pods, &res, &spec.strategy.drain))
-            .unwrap_or_default()
-    };
-    let mut on_the_way = t.pending.clone();
-    for n in nodes.iter().filter(|n| n.action == NodeAction::InFlight && n.state == NodeState::Draining) {
-        replace::add(&mut on_the_way, &demand(&n.name));
-    }
     let selectors = selectors::Selectors::new(spec);
-    let mut target =
-        replace::target(&res, &selectors, &spec.driver.name, &t.nodes, &inputs.slices, &t.held, &on_the_way);
-    let capacity = target.room();
+    let target = replace::target(&res, &selectors, &spec.driver.name, t, &inputs.slices);
+    let (capacity, target_nodes) = (target.room(), target.target_nodes());
+    let judged_now = |n: &&NodePlan| {
+        n.action == NodeAction::Moves
+            || (n.action == NodeAction::InFlight
+                && matches!(n.state, NodeState::Cordoned | NodeState::Draining))
+    };
+    let candidates: Vec<replace::Candidate<'_>> = nodes
+        .iter()
+        .filter(judged_now)
+        .map(|n| replace::Candidate {
+            name: &n.name,
+            pods: inputs.pods.get(&n.name).map(Vec::as_slice).unwrap_or_default(),
+            draining: n.state == NodeState::Draining,
+        })
+        .collect();
+    let judged = replace::judge(target, &candidates, &spec.strategy.drain, r.evict_without_capacity);
     let mut needed = replace::Demand::new();
     let mut out = Vec::new();
-    let moving = |n: &&NodePlan| {
-        n.action == NodeAction::Moves || (n.action == NodeAction::InFlight && n.state == NodeState::Cordoned)
-    };
-    let drain_anyway = spec.strategy.replace().is_some_and(|r| r.evict_without_capacity);
-    for n in nodes.iter().filter(moving) {
-        let needs = demand(&n.name);
-        replace::add(&mut needed, &needs);
-        let pods = inputs.pods.get(&n.name).map(Vec::as_slice).unwrap_or_default();
-        let homeless = replace::homeless(pods, &res, &spec.strategy.drain, &t.nodes);
-        let (fits, short) = if !homeless.is_empty() {
-            // As the operator judges it: the node waits and takes no room, unless it drains anyway.
-            if drain_anyway {
-                let _ = target.take(&needs);
-            }
-            (false, replace::homeless_message(&homeless))
-        } else {
-            match target.take(&needs) {
-                Ok(()) => (true, String::new()),
-                Err(s) => (false, s.to_string()),
-            }
-        };
-        out.push(ReplaceNode { name: n.name.clone(), needs, fits, short });
+    // A draining node is shown by its state; its pods only take their room first.
+    let draining: HashSet<&str> = candidates.iter().filter(|c| c.draining).map(|c| c.name).collect();
+    for j in judged.into_iter().filter(|j| !draining.contains(j.node.as_str())) {
+        replace::add(&mut needed, &j.needs);
+        out.push(ReplaceNode {
+            name: j.node,
+            needs: j.needs,
+            fits: j.short.is_none(),
+            short: j.short.unwrap_or_default(),
+        });
     }
-    Some(ReplacePlan { target_nodes: target.target_nodes(), capacity, needed, nodes: out })
+    Some(ReplacePlan { target_nodes, capacity, needed, nodes: out })
 }
 
 #[cfg(test)]
@@ -1074,7 +1106,8 @@ mod tests {
             let name = format!("dra-{k}");
             t.nodes.push(from(json!({
                 "metadata": {"name": name, "labels": {"pool": "dra"}},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+                "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                           "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"}}
             })));
             let devices: Vec<serde_json::Value> = (0..gpus)
                 .map(|g| json!({"name": format!("gpu-{g}"), "attributes": {"type": {"string": "gpu"}}}))
@@ -1175,6 +1208,20 @@ mod tests {
         assert_eq!(r.summary.gpus_to_move, 28);
         assert_eq!(r.summary.waves, 2);
         assert!(r.blockers.is_empty(), "{:?}", r.blockers);
+
+        // Finished GPU pods disturb nothing: the operator does not count them
+        // (`rollout::consuming_pods`, which its observe calls too), so neither does the plan. n3
+        // with two of them still moves before n1 with one running.
+        let mut i = inputs(spec(json!({})));
+        let mut done = vec![pod("ml", "job-0", true, true, false), pod("ml", "job-1", true, true, false)];
+        for p in &mut done {
+            p.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        }
+        assert_eq!(crate::pool::rollout::consuming_pods(Direction::Forward, &done, &["nvidia.com/gpu"]), 0);
+        i.pods.insert("n3".into(), done);
+        let r = build(&i).expect("report");
+        let order: Vec<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(order, ["n4", "n3", "n1", "n2"], "the operator's order");
     }
 
     #[test]

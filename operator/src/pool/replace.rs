@@ -1,17 +1,29 @@
-//! The Replace strategy's capacity check: whether the target pool has free DRA devices for the
-//! GPU pods of an old node before that node drains. Pure: the controller gathers the target's
-//! devices ([`TargetDevice`]), what ResourceClaims hold and what is already on its way
-//! ([`Target::new`]); [`Target::take`] says whether a node's pods fit, and takes their devices
-//! when they do, so that the next node of the same reconcile is judged on what is left.
+//! The Replace strategy's capacity check: whether each GPU pod an old node's drain would move has
+//! a target node with room for it, judged before the node drains. Pure: the operator and
+//! `switchyard plan` read the target pool alike (`reads::target_pool`: [`TargetInputs`]),
+//! [`target`] builds its room node by node, and [`judge`] (the one judgement both call) spends it
+//! on the nodes in the order their turns come, so that the next node of the same reconcile is
+//! judged on what is left.
 //!
-//! A device counts for a resource when the resource's DeviceClass selects it (the pool's
-//! selectors, as the switch uses them), it has no NoSchedule or NoExecute taint, its node is Ready
-//! and schedulable, and no allocated ResourceClaim holds it. A device several classes select (a
-//! GPU a broad class and a narrower one both match) serves one pod: the resources with the fewest
-//! candidate devices choose first, each taking the devices that serve the fewest other resources.
+//! A pod fits a target node only when that one node has, at once: the devices it asks for free,
+//! of its classes (a device counts for a resource when the resource's DeviceClass selects it, it
+//! has no NoSchedule or NoExecute taint, and no allocated ResourceClaim holds it); the CPU,
+//! memory and a pod slot NodeResourcesFit would find (allocatable less what the pods bound there
+//! request); and nothing that keeps the pod off it (nodeSelector, required affinity, taints:
+//! [`crate::pool::fits`]). Free devices in sum are not room: a pod asking for 4 GPUs does not fit
+//! two nodes with 2 free each. The pods of a node are placed largest first, each on the node it
+//! fills best; pending pods that ask for the pool's resources are placed before any node, since
+//! they are ahead in the scheduler's queue. A device several classes select (a GPU a broad class
+//! and a narrower one both match) serves one pod: the resources with the fewest candidate devices
+//! choose first, each taking the devices that serve the fewest other resources.
+//!
+//! What it does not model: the scheduler places evicted pods itself, spreading them by its
+//! scores, so a placement that fits here can still meet a node another pod filled first; the pod
+//! LISTs keep neither init containers' `restartPolicy` nor `overhead`, so a sidecar counts as an
+//! init container and a RuntimeClass's overhead is not counted.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -19,6 +31,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::v1alpha1::DrainSpec;
 use crate::node::drain;
+use crate::node::resources::{self, Core};
 use crate::node::slim::SlimNode;
 use crate::pool::overlap::keeps_out;
 use crate::pool::selectors::Selectors;
@@ -167,7 +180,7 @@ pub struct ReturnPlan {
     /// While pods are still to come back, every target node: their devices are fenced (a
     /// NoSchedule DeviceTaintRule each), so that a pod evicted from one lands on the old pool, not
     /// on another target node.
-    pub fence: std::collections::BTreeSet<String>,
+    pub fence: BTreeSet<String>,
     /// Pods to come back that the room on the returning nodes cannot take now, when some could
     /// have been evicted otherwise.
     pub room_short: Option<String>,
@@ -216,9 +229,7 @@ pub fn return_plan(i: &ReturnInputs<'_>) -> ReturnPlan {
         }
     }
     plan.evict.sort();
-    if plan.left > 0 {
-        plan.fence.extend(i.targets.iter().cloned());
-    }
+    plan.fence = fence(i.targets, plan.left, false);
     if !short.is_empty() {
         let parts: Vec<String> = short
             .iter()
@@ -230,6 +241,15 @@ pub fn return_plan(i: &ReturnInputs<'_>) -> ReturnPlan {
         ));
     }
     plan
+}
+
+/// The target nodes a Replace rollback fences (a NoSchedule DeviceTaintRule each): every one while
+/// pods of the returning nodes are `left` to come back, or while `still_to_return` (rolling
+/// back, a pool node that recorded pods leaving it has not finished its return). The second keeps
+/// the fences standing between one node's finish and the next one's start: without it they went
+/// for a moment, and a pending pod could be allocated a target device in that gap. Pure.
+pub fn fence(targets: &[String], left: usize, still_to_return: bool) -> BTreeSet<String> {
+    if left > 0 || still_to_return { targets.iter().cloned().collect() } else { BTreeSet::new() }
 }
 
 /// How many of `pods` each controller has.
@@ -277,28 +297,48 @@ pub fn pending_demand<'p>(pods: impl IntoIterator<Item = &'p Pod>, resources: &[
     out
 }
 
-/// The target pool as the scheduler can use it now: the devices of `driver` on `nodes` that are
-/// Ready and schedulable, without a NoSchedule or NoExecute taint, each with the resources the
-/// pool's classes serve through it; those in `held` are taken by claims.
+/// What the Replace judgement reads of the target pool besides its slices, read alike by the
+/// operator and `switchyard plan` (`reads::target_pool`).
+#[derive(Clone, Debug, Default)]
+pub struct TargetInputs {
+    /// The nodes `spec.strategy.replace.targetNodeSelector` selects.
+    pub nodes: Vec<SlimNode>,
+    /// The driver's devices allocated claims hold ([`allocated`]).
+    pub held: HashSet<DeviceKey>,
+    /// Pending pods not yet bound to a node: each takes a device wherever the scheduler places it.
+    pub pending: Vec<Pod>,
+    /// The unfinished pods bound to the target nodes that have a free device: what they request
+    /// of CPU, memory and pod slots is not free for another pod.
+    pub bound: Vec<Pod>,
+}
+
+/// The target pool as the scheduler can use it now, node by node: the devices of `driver` on the
+/// target nodes that are Ready and schedulable, without a NoSchedule or NoExecute taint, each with
+/// the resources the pool's classes serve through it (those `held` by claims are taken), and each
+/// node's CPU, memory and pod slots less what its bound pods request. The pending pods that ask
+/// for the pool's resources are then placed where they fit, as the scheduler would place them.
 pub fn target(
     resources: &[&str],
     selectors: &Selectors,
     driver: &str,
-    nodes: &[impl Borrow<SlimNode>],
+    inputs: &TargetInputs,
     slices: &[impl Borrow<ResourceSlice>],
-    held: &HashSet<DeviceKey>,
-    on_the_way: &Demand,
 ) -> Target {
-    let usable: HashSet<&str> = nodes
+    let mut nodes: BTreeMap<&str, TargetNode> = inputs
+        .nodes
         .iter()
-        .map(Borrow::borrow)
         .filter(|n| n.is_ready() && !n.unschedulable)
-        .filter_map(|n| n.metadata.name.as_deref())
+        .map(|n| {
+            let node = TargetNode { node: n.clone(), free: Vec::new(), core: n.core_allocatable() };
+            (n.name(), node)
+        })
         .collect();
-    let (mut free, mut taken) = (Vec::new(), Vec::new());
+    let mut devices = vec![0; resources.len()];
     for s in slices.iter().map(Borrow::borrow) {
-        let on_usable = s.spec.node_name.as_deref().is_some_and(|n| usable.contains(n));
-        if s.spec.driver != driver || !on_usable {
+        let Some(node) = s.spec.node_name.as_deref().and_then(|n| nodes.get_mut(n)) else {
+            continue;
+        };
+        if s.spec.driver != driver {
             continue;
         }
         for d in s.spec.devices.iter().flatten() {
@@ -306,20 +346,43 @@ pub fn target(
                 continue;
             }
             let device = TargetDevice { serves: selectors.serves(d) };
-            if held.contains(&(s.spec.pool.name.clone(), d.name.clone())) {
-                taken.push(device);
-            } else {
-                free.push(device);
+            for (i, serves) in device.serves.iter().enumerate() {
+                if *serves && let Some(n) = devices.get_mut(i) {
+                    *n += 1;
+                }
+            }
+            if !inputs.held.contains(&(s.spec.pool.name.clone(), d.name.clone())) {
+                node.free.push(device);
             }
         }
     }
-    Target::new(
-        resources.iter().map(|r| r.to_string()).collect(),
-        usable.len() as u64,
-        free,
-        &taken,
-        on_the_way,
-    )
+    for p in inputs.bound.iter().filter(|p| !drain::is_finished(p)) {
+        if let Some(node) =
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|n| nodes.get_mut(n))
+        {
+            node.core = node.core.less(&resources::pod_requests(p));
+        }
+    }
+    let mut t = Target {
+        resources: resources.iter().map(|r| r.to_string()).collect(),
+        nodes: nodes.into_values().collect(),
+        devices,
+    };
+    // What is on its way and finds no node takes nothing: the scheduler leaves it Pending too.
+    let unbound = |p: &&Pod| p.spec.as_ref().is_none_or(|s| s.node_name.as_deref().unwrap_or("").is_empty());
+    let mut pending: Vec<PodNeeds> = inputs
+        .pending
+        .iter()
+        .filter(unbound)
+        .filter(|p| !drain::is_finished(p) && p.metadata.deletion_timestamp.is_none())
+        .map(|p| PodNeeds::of(p, resources))
+        .filter(|n| !n.devices.is_empty())
+        .collect();
+    sort_largest_first(&mut pending);
+    for p in &pending {
+        let _ = t.place(p);
+    }
+    t
 }
 
 /// What a set of pods asks for, per extended resource name.
@@ -384,107 +447,109 @@ pub struct ResourceRoom {
     pub free: u64,
 }
 
+/// What one pod of a node that drains needs on a single target node: the devices of each
+/// resource, and the CPU, memory and pod slot NodeResourcesFit counts.
+#[derive(Clone, Debug)]
+pub struct PodNeeds {
+    pod: Pod,
+    /// `namespace/name`.
+    name: String,
+    devices: Demand,
+    core: Core,
+}
+
+impl PodNeeds {
+    fn of(pod: &Pod, resources: &[&str]) -> Self {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = format!("{ns}/{}", pod.metadata.name.as_deref().unwrap_or_default());
+        PodNeeds {
+            pod: pod.clone(),
+            name,
+            devices: pod_demand(pod, resources),
+            core: resources::pod_requests(pod),
+        }
+    }
+
+    fn device_count(&self) -> u64 {
+        self.devices.values().sum()
+    }
+}
+
+/// The largest pods first (devices, then CPU, then memory), by name among equals: a large pod
+/// placed after small ones may find every node's room split.
+fn sort_largest_first(pods: &mut [PodNeeds]) {
+    pods.sort_by(|a, b| {
+        (b.device_count(), b.core.cpu_milli, b.core.memory, &a.name).cmp(&(
+            a.device_count(),
+            a.core.cpu_milli,
+            a.core.memory,
+            &b.name,
+        ))
+    });
+}
+
+/// A pod of the node that no target node has room for, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unplaced {
+    /// `namespace/name`.
+    pub pod: String,
+    pub why: String,
+}
+
 /// What a node's pods need that the target pool lacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shortfall {
-    /// Per resource short: (resource, needed by the node's pods, free on the target).
+    /// Per resource short over the whole pool: (resource, needed by the node's pods, free on the
+    /// target).
     pub short: Vec<(String, u64, u64)>,
+    /// The pods no single target node has room for, when the pool's free devices would be enough
+    /// in sum.
+    pub unplaced: Vec<Unplaced>,
     /// Target nodes whose devices counted.
     pub target_nodes: u64,
 }
 
 impl std::fmt::Display for Shortfall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = self
+        let mut parts: Vec<String> = self
             .short
             .iter()
             .map(|(r, need, free)| {
                 format!("{} {r} missing (the node's pods need {need}, {free} free)", need - free)
             })
             .collect();
+        parts.extend(self.unplaced.iter().take(3).map(|u| format!("{} {}", u.pod, u.why)));
+        if self.unplaced.len() > 3 {
+            parts.push(format!("and {} more pod(s)", self.unplaced.len() - 3));
+        }
         write!(
             f,
             "the target pool ({} Ready, schedulable node(s)) lacks room for this node's GPU pods: {}; add target nodes, or set spec.strategy.replace.evictWithoutCapacity: true to drain anyway",
             self.target_nodes,
-            parts.join(", ")
+            parts.join("; ")
         )
     }
 }
 
-/// The target pool's free devices, as a reconcile spends them on the nodes it starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    resources: Vec<String>,
+/// One usable target node: its free devices and its CPU, memory and pod slots left.
+#[derive(Clone, Debug, PartialEq)]
+struct TargetNode {
+    /// The node (its labels and taints: where a pod may run at all, [`crate::pool::fits`]).
+    node: SlimNode,
     /// Devices no claim holds and nothing has taken yet.
     free: Vec<TargetDevice>,
-    /// Per resource, the devices its class selects, held or not.
-    devices: Vec<u64>,
-    target_nodes: u64,
+    /// Allocatable CPU, memory and pod slots less what its bound pods and the pods placed on it
+    /// request.
+    core: Core,
 }
 
-impl Target {
-    /// The target pool: `resources` in `spec.resources` order; `free` the usable devices no
-    /// allocated claim holds; `held` how many usable devices per resource claims hold (for the
-    /// totals); `on_the_way` what pending GPU pods and nodes already draining will take.
-    pub fn new(
-        resources: Vec<String>,
-        target_nodes: u64,
-        free: Vec<TargetDevice>,
-        held: &[TargetDevice],
-        on_the_way: &Demand,
-    ) -> Self {
-        let devices = (0..resources.len())
-            .map(|i| free.iter().chain(held).filter(|d| d.serves.get(i) == Some(&true)).count() as u64)
-            .collect();
-        let mut t = Target { resources, free, devices, target_nodes };
-        // What is on its way and finds no device leaves nothing of its resources for a node.
-        t.spend(on_the_way);
-        t
-    }
-
-    /// Whether `demand` fits what is free; when it does, its devices are taken. Demand already
-    /// on its way was served first ([`Target::new`]): a node never jumps the queue of pods
-    /// already pending.
-    pub fn take(&mut self, demand: &Demand) -> Result<(), Shortfall> {
-        let mut trial = self.clone();
-        let missing = trial.spend(demand);
-        let short: Vec<(String, u64, u64)> = demand
-            .iter()
-            .filter_map(|(r, need)| {
-                let m = missing.get(r).copied().unwrap_or(0);
-                (m > 0).then(|| (r.clone(), *need, need - m))
-            })
-            .collect();
-        if short.is_empty() {
-            *self = trial;
-            Ok(())
-        } else {
-            Err(Shortfall { short, target_nodes: self.target_nodes })
-        }
-    }
-
-    /// Per resource, its devices and what is free now (for the status).
-    pub fn room(&self) -> Vec<ResourceRoom> {
-        self.resources
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let free = self.free.iter().filter(|d| d.serves.get(i) == Some(&true)).count() as u64;
-                ResourceRoom { resource: r.clone(), devices: self.devices[i], free }
-            })
-            .collect()
-    }
-
-    pub fn target_nodes(&self) -> u64 {
-        self.target_nodes
-    }
-
+impl TargetNode {
     /// Takes devices for `demand`, most constrained resource first; returns what found none.
-    fn spend(&mut self, demand: &Demand) -> Demand {
+    fn spend(&mut self, demand: &Demand, resources: &[String]) -> Demand {
         let mut order: Vec<(usize, u64)> = demand
             .iter()
             .filter(|(_, n)| **n > 0)
-            .map(|(r, n)| (self.resources.iter().position(|x| x == r).unwrap_or(usize::MAX), *n))
+            .map(|(r, n)| (resources.iter().position(|x| x == r).unwrap_or(usize::MAX), *n))
             .collect();
         let candidates =
             |free: &[TargetDevice], i: usize| free.iter().filter(|d| d.serves.get(i) == Some(&true)).count();
@@ -505,7 +570,7 @@ impl Target {
                         self.free.swap_remove(k);
                     }
                     None => {
-                        let name = self.resources.get(i).cloned().unwrap_or_default();
+                        let name = resources.get(i).cloned().unwrap_or_default();
                         *missing.entry(name).or_default() += 1;
                     }
                 }
@@ -513,6 +578,213 @@ impl Target {
         }
         missing
     }
+
+    fn free_for(&self, i: usize) -> u64 {
+        self.free.iter().filter(|d| d.serves.get(i) == Some(&true)).count() as u64
+    }
+}
+
+/// The target pool's free room, node by node, as a reconcile spends it on the nodes it starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    resources: Vec<String>,
+    nodes: Vec<TargetNode>,
+    /// Per resource, the devices its class selects on usable nodes, held or not.
+    devices: Vec<u64>,
+}
+
+impl Target {
+    /// Whether every pod of `pods` (those a drain of one node moves) that asks for the pool's
+    /// resources finds one target node with room for it: its devices of their classes free, its
+    /// CPU, memory and a pod slot as NodeResourcesFit counts them, and a node it may run on at all
+    /// (nodeSelector, required affinity, taints). Several pods spend the room node by node, the
+    /// largest first, each on the node it fills best. When all fit, their room is taken, so the
+    /// next node is judged on what is left; otherwise nothing is taken. Pure.
+    pub fn take(&mut self, pods: &[Pod]) -> Result<(), Shortfall> {
+        let res: Vec<&str> = self.resources.iter().map(String::as_str).collect();
+        let mut needs: Vec<PodNeeds> =
+            pods.iter().map(|p| PodNeeds::of(p, &res)).filter(|n| !n.devices.is_empty()).collect();
+        sort_largest_first(&mut needs);
+        let mut trial = self.clone();
+        let unplaced: Vec<Unplaced> = needs
+            .iter()
+            .filter_map(|p| trial.place(p).err().map(|why| Unplaced { pod: p.name.clone(), why }))
+            .collect();
+        if unplaced.is_empty() {
+            *self = trial;
+            return Ok(());
+        }
+        // In sum, per resource: what the node's pods need against what is free.
+        let mut total = Demand::new();
+        for p in &needs {
+            add(&mut total, &p.devices);
+        }
+        let short: Vec<(String, u64, u64)> = total
+            .iter()
+            .filter_map(|(r, need)| {
+                let i = self.resources.iter().position(|x| x == r);
+                let free = i.map_or(0, |i| self.nodes.iter().map(|n| n.free_for(i)).sum());
+                (free < *need).then(|| (r.clone(), *need, free))
+            })
+            .collect();
+        // Where the sum already says it, each pod's own line would only repeat it.
+        let unplaced = if short.is_empty() { unplaced } else { Vec::new() };
+        Err(Shortfall { short, unplaced, target_nodes: self.nodes.len() as u64 })
+    }
+
+    /// Places one pod on the node it fills best (fewest free devices left, then least CPU), and
+    /// takes its room there; otherwise says why no node has room for it.
+    fn place(&mut self, p: &PodNeeds) -> Result<(), String> {
+        let mut best: Option<(usize, TargetNode)> = None;
+        for (k, n) in self.nodes.iter().enumerate() {
+            if crate::pool::fits::refusal(&p.pod, &n.node).is_some() || !n.core.holds(&p.core) {
+                continue;
+            }
+            let mut after = n.clone();
+            if !after.spend(&p.devices, &self.resources).is_empty() {
+                continue;
+            }
+            after.core = after.core.less(&p.core);
+            let tighter = |b: &TargetNode| (after.free.len(), after.core) < (b.free.len(), b.core);
+            if best.as_ref().is_none_or(|(_, b)| tighter(b)) {
+                best = Some((k, after));
+            }
+        }
+        match best {
+            Some((k, after)) => {
+                self.nodes[k] = after;
+                Ok(())
+            }
+            None => Err(self.why_not(p)),
+        }
+    }
+
+    /// Why no target node has room for `p`: the most of each resource free on one node, or the
+    /// CPU, memory or pod slot a node with its devices free lacks.
+    fn why_not(&self, p: &PodNeeds) -> String {
+        let accepting: Vec<&TargetNode> =
+            self.nodes.iter().filter(|n| crate::pool::fits::refusal(&p.pod, &n.node).is_none()).collect();
+        let with_devices = accepting.iter().find(|n| {
+            let mut trial: TargetNode = (**n).clone();
+            trial.spend(&p.devices, &self.resources).is_empty()
+        });
+        if let Some(n) = with_devices {
+            return format!(
+                "fits no single target node: {} has its devices free but not {}",
+                n.node.name(),
+                n.core.lacking(&p.core).join(", ")
+            );
+        }
+        let parts: Vec<String> = p
+            .devices
+            .iter()
+            .map(|(r, need)| {
+                let i = self.resources.iter().position(|x| x == r);
+                let most = accepting
+                    .iter()
+                    .map(|n| (i.map_or(0, |i| n.free_for(i)), n.node.name()))
+                    .max_by_key(|(free, name)| (*free, std::cmp::Reverse(*name)));
+                match most {
+                    Some((free, node)) if free > 0 => {
+                        format!("{need} {r} (the most free on one target node: {free}, on {node})")
+                    }
+                    _ => format!("{need} {r} (none free on a target node it may run on)"),
+                }
+            })
+            .collect();
+        format!("needs {} on one node", parts.join(" and "))
+    }
+
+    /// Per resource, its devices and what is free now (for the status).
+    pub fn room(&self) -> Vec<ResourceRoom> {
+        self.resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let free = self.nodes.iter().map(|n| n.free_for(i)).sum();
+                ResourceRoom { resource: r.clone(), devices: self.devices[i], free }
+            })
+            .collect()
+    }
+
+    pub fn target_nodes(&self) -> u64 {
+        self.nodes.len() as u64
+    }
+
+    /// A target pool of usable `nodes`, each with its free devices; its CPU, memory and pod slots
+    /// are the node's allocatable (tests build a pool this way).
+    pub fn from_nodes(resources: Vec<String>, nodes: Vec<(SlimNode, Vec<TargetDevice>)>) -> Target {
+        let devices = (0..resources.len())
+            .map(|i| {
+                nodes.iter().flat_map(|(_, d)| d).filter(|d| d.serves.get(i) == Some(&true)).count() as u64
+            })
+            .collect();
+        let nodes = nodes
+            .into_iter()
+            .map(|(node, free)| TargetNode { core: node.core_allocatable(), node, free })
+            .collect();
+        Target { resources, nodes, devices }
+    }
+}
+
+/// One node whose GPU pods a Replace migration judges against the target pool, in the order its
+/// turn comes.
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    /// The GPU pods bound to it (the drain's selection is made here).
+    pub pods: &'a [Pod],
+    /// It drains already: the pods it has left to move are on their way, so it takes its room
+    /// before the nodes that have not started.
+    pub draining: bool,
+}
+
+/// What a node's turn on the target pool comes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged {
+    pub node: String,
+    /// What the pods its drain moves ask for, per resource.
+    pub needs: Demand,
+    /// Why it waits: its pods do not fit, or some have no target node that accepts them at all
+    /// ([`homeless_message`]); `None` when they fit.
+    pub short: Option<String>,
+}
+
+/// The Replace judgement, the one the operator decides with and `switchyard plan` shows: the
+/// nodes that drain take their room first, then the others in the order given, each on what the
+/// nodes before it left, so that no two nodes count the same free device. A node with pods no
+/// usable target node accepts waits and takes no room, unless `drain_anyway`
+/// (`evictWithoutCapacity`): then its other pods take theirs. Pure.
+pub fn judge(
+    mut target: Target,
+    candidates: &[Candidate<'_>],
+    drain_spec: &DrainSpec,
+    drain_anyway: bool,
+) -> Vec<Judged> {
+    let resources: Vec<String> = target.resources.clone();
+    let resources: Vec<&str> = resources.iter().map(String::as_str).collect();
+    let resources = resources.as_slice();
+    let targets: Vec<SlimNode> = target.nodes.iter().map(|n| n.node.clone()).collect();
+    let order = candidates.iter().filter(|c| c.draining).chain(candidates.iter().filter(|c| !c.draining));
+    order
+        .map(|c| {
+            let moving: Vec<Pod> = moving(c.pods, resources, drain_spec).cloned().collect();
+            let needs = moving_demand(c.pods, resources, drain_spec);
+            let homeless = homeless(c.pods, resources, drain_spec, &targets);
+            let short = if homeless.is_empty() {
+                target.take(&moving).err().map(|s| s.to_string())
+            } else {
+                if drain_anyway {
+                    let accepted: Vec<Pod> = moving
+                        .into_iter()
+                        .filter(|p| targets.iter().any(|t| crate::pool::fits::refusal(p, t).is_none()))
+                        .collect();
+                    let _ = target.take(&accepted);
+                }
+                Some(homeless_message(&homeless))
+            };
+            Judged { node: c.name.to_string(), needs, short }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -763,132 +1035,246 @@ mod tests {
         );
     }
 
-    /// What a node lacks: (resource, needed, free).
-    type Short = Vec<(&'static str, u64, u64)>;
+    /// A Ready, schedulable target node with `cpu` allocatable and room for 110 pods.
+    fn tnode(name: &str, cpu: &str) -> SlimNode {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"pool": "dra"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "allocatable": {"cpu": cpu, "memory": "256Gi", "pods": "110"}}
+        }))
+        .unwrap()
+    }
+
+    /// A pod of a ReplicaSet bound to `old-0` asking for `gpus` whole GPUs, `migs` MIG devices
+    /// and `cpu`.
+    fn gpod(name: &str, gpus: u32, migs: u32, cpu: &str) -> Pod {
+        let mut limits = serde_json::Map::new();
+        if gpus > 0 {
+            limits.insert("nvidia.com/gpu".into(), json!(gpus.to_string()));
+        }
+        if migs > 0 {
+            limits.insert("nvidia.com/mig-1g.10gb".into(), json!(migs.to_string()));
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]},
+            "spec": {"nodeName": "old-0", "containers": [{"name": "c",
+                "resources": {"limits": limits, "requests": {"cpu": cpu}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    fn pool(nodes: &[(&str, &str, Vec<TargetDevice>)]) -> Target {
+        Target::from_nodes(res(), nodes.iter().map(|(n, cpu, d)| (tnode(n, cpu), d.clone())).collect())
+    }
+
+    fn gpus(n: usize) -> Vec<TargetDevice> {
+        (0..n).map(|_| gpu()).collect()
+    }
+
+    /// Free whole GPUs per target node, in name order.
+    fn free_gpus(t: &Target) -> Vec<u64> {
+        t.nodes.iter().map(|n| n.free_for(0)).collect()
+    }
 
     #[test]
     fn capacity_table() {
         struct Case {
             name: &'static str,
-            free: Vec<TargetDevice>,
-            held: Vec<TargetDevice>,
-            on_the_way: Demand,
-            nodes: Vec<Demand>,
-            /// Per node: Ok, or the (resource, need, free) that is short.
-            want: Vec<Result<(), Short>>,
-            /// Free per resource after the nodes.
-            free_after: [u64; 2],
+            target: Target,
+            /// Each drained node's pods, in turn.
+            nodes: Vec<Vec<Pod>>,
+            /// Per drained node: fits, or a piece of the shortfall's message.
+            want: Vec<Result<(), &'static str>>,
+            /// Free whole GPUs per target node after the nodes.
+            free_after: Vec<u64>,
         }
         let cases = vec![
             Case {
                 name: "a node that fits takes its devices; the next one is judged on what is left",
-                free: vec![gpu(), gpu(), gpu()],
-                held: vec![],
-                on_the_way: d(&[]),
-                nodes: vec![d(&[("nvidia.com/gpu", 2)]), d(&[("nvidia.com/gpu", 2)])],
-                want: vec![Ok(()), Err(vec![("nvidia.com/gpu", 2, 1)])],
-                free_after: [1, 0],
+                target: pool(&[("t-1", "32", gpus(3))]),
+                nodes: vec![vec![gpod("a", 2, 0, "1")], vec![gpod("b", 2, 0, "1")]],
+                want: vec![Ok(()), Err("1 nvidia.com/gpu missing (the node's pods need 2, 1 free)")],
+                free_after: vec![1],
             },
             Case {
-                name: "devices claims hold are not free, but count among the devices",
-                free: vec![gpu()],
-                held: vec![gpu(), gpu(), gpu()],
-                on_the_way: d(&[]),
-                nodes: vec![d(&[("nvidia.com/gpu", 2)])],
-                want: vec![Err(vec![("nvidia.com/gpu", 2, 1)])],
-                free_after: [1, 0],
+                name: "a 4-GPU pod does not fit two nodes with 2 free each",
+                target: pool(&[("t-1", "32", gpus(2)), ("t-2", "32", gpus(2))]),
+                nodes: vec![vec![gpod("big", 4, 0, "1")]],
+                want: vec![Err(
+                    "ml/big needs 4 nvidia.com/gpu (the most free on one target node: 2, on t-1) on one node",
+                )],
+                free_after: vec![2, 2],
             },
             Case {
-                name: "pending pods and draining nodes are served before a new node",
-                free: vec![gpu(), gpu(), gpu(), gpu()],
-                held: vec![],
-                on_the_way: d(&[("nvidia.com/gpu", 3)]),
-                nodes: vec![d(&[("nvidia.com/gpu", 2)])],
-                want: vec![Err(vec![("nvidia.com/gpu", 2, 1)])],
-                free_after: [1, 0],
+                name: "a 4-GPU target node joins: the pod goes there, the others keep their room",
+                target: pool(&[("t-1", "32", gpus(2)), ("t-2", "32", gpus(2)), ("t-3", "32", gpus(4))]),
+                nodes: vec![vec![gpod("big", 4, 0, "1")]],
+                want: vec![Ok(())],
+                free_after: vec![2, 2, 0],
             },
             Case {
-                name: "demand on its way beyond the pool leaves nothing for a node",
-                free: vec![gpu()],
-                held: vec![],
-                on_the_way: d(&[("nvidia.com/gpu", 3)]),
-                nodes: vec![d(&[("nvidia.com/gpu", 1)])],
-                want: vec![Err(vec![("nvidia.com/gpu", 1, 0)])],
-                free_after: [0, 0],
+                name: "the devices are free but the node's CPU is not",
+                target: pool(&[("t-1", "2", gpus(4))]),
+                nodes: vec![vec![gpod("cpu-heavy", 2, 0, "4")]],
+                want: vec![Err(
+                    "ml/cpu-heavy fits no single target node: t-1 has its devices free but not cpu 4 (2 free)",
+                )],
+                free_after: vec![4],
+            },
+            Case {
+                name: "several pods of one node spend the room node by node",
+                target: pool(&[("t-1", "32", gpus(3)), ("t-2", "32", gpus(1))]),
+                nodes: vec![vec![gpod("a", 2, 0, "1"), gpod("b", 2, 0, "1")]],
+                want: vec![Err(
+                    "ml/b needs 2 nvidia.com/gpu (the most free on one target node: 1, on t-1) on one node",
+                )],
+                free_after: vec![3, 1],
+            },
+            Case {
+                name: "the largest pod is placed first, the small ones fill what is left",
+                target: pool(&[("t-1", "32", gpus(3)), ("t-2", "32", gpus(1))]),
+                nodes: vec![vec![gpod("s1", 1, 0, "1"), gpod("s2", 1, 0, "1"), gpod("big", 2, 0, "1")]],
+                want: vec![Ok(())],
+                free_after: vec![0, 0],
+            },
+            Case {
+                name: "CPU spent by one pod is not there for the next on the same node",
+                target: pool(&[("t-1", "3", gpus(4))]),
+                nodes: vec![vec![gpod("a", 1, 0, "2")], vec![gpod("b", 1, 0, "2")]],
+                want: vec![Ok(()), Err("t-1 has its devices free but not cpu 2 (1 free)")],
+                free_after: vec![3],
             },
             Case {
                 name: "counted per resource: MIG devices do not serve whole-GPU pods",
-                free: vec![mig(), mig(), mig(), gpu()],
-                held: vec![],
-                on_the_way: d(&[]),
-                nodes: vec![d(&[("nvidia.com/gpu", 2), ("nvidia.com/mig-1g.10gb", 3)])],
-                want: vec![Err(vec![("nvidia.com/gpu", 2, 1)])],
-                free_after: [1, 3],
+                target: pool(&[("t-1", "32", vec![mig(), mig(), mig(), gpu()])]),
+                nodes: vec![vec![gpod("m", 2, 3, "1")]],
+                want: vec![Err("1 nvidia.com/gpu missing (the node's pods need 2, 1 free)")],
+                free_after: vec![1],
             },
             Case {
                 name: "a device two classes select serves one pod; the narrow resource chooses first",
-                free: vec![both(), gpu()],
-                held: vec![],
-                on_the_way: d(&[]),
-                nodes: vec![
-                    d(&[("nvidia.com/gpu", 1), ("nvidia.com/mig-1g.10gb", 1)]),
-                    d(&[("nvidia.com/gpu", 1)]),
-                ],
-                want: vec![Ok(()), Err(vec![("nvidia.com/gpu", 1, 0)])],
-                free_after: [0, 0],
+                target: pool(&[("t-1", "32", vec![both(), gpu()])]),
+                nodes: vec![vec![gpod("m", 1, 1, "1")], vec![gpod("g", 1, 0, "1")]],
+                want: vec![Ok(()), Err("1 nvidia.com/gpu missing (the node's pods need 1, 0 free)")],
+                free_after: vec![0],
             },
             Case {
                 name: "a node without GPU pods always fits",
-                free: vec![],
-                held: vec![],
-                on_the_way: d(&[]),
-                nodes: vec![d(&[])],
-                want: vec![Ok(())],
-                free_after: [0, 0],
+                target: pool(&[]),
+                nodes: vec![vec![], vec![gpod("cpu-only", 0, 0, "64")]],
+                want: vec![Ok(()), Ok(())],
+                free_after: vec![],
             },
             Case {
                 name: "a resource no class serves on the target is short by all of it",
-                free: vec![gpu()],
-                held: vec![],
-                on_the_way: d(&[]),
-                nodes: vec![d(&[("nvidia.com/mig-1g.10gb", 2)])],
-                want: vec![Err(vec![("nvidia.com/mig-1g.10gb", 2, 0)])],
-                free_after: [1, 0],
+                target: pool(&[("t-1", "32", gpus(1))]),
+                nodes: vec![vec![gpod("m", 0, 2, "1")]],
+                want: vec![Err("2 nvidia.com/mig-1g.10gb missing (the node's pods need 2, 0 free)")],
+                free_after: vec![1],
             },
         ];
-        for c in cases {
-            let held = c.held.clone();
-            let mut t = Target::new(res(), 2, c.free.clone(), &held, &c.on_the_way);
-            for (i, (node, want)) in c.nodes.iter().zip(&c.want).enumerate() {
-                let got = t.take(node).map_err(|s| s.short);
-                let want = want
-                    .clone()
-                    .map_err(|v| v.into_iter().map(|(r, n, f)| (r.to_string(), n, f)).collect::<Vec<_>>());
-                assert_eq!(got, want, "{}: node {i}", c.name);
+        for mut c in cases {
+            for (i, (pods, want)) in c.nodes.iter().zip(&c.want).enumerate() {
+                let got = c.target.take(pods).map_err(|s| s.to_string());
+                match (want, &got) {
+                    (Ok(()), Ok(())) => {}
+                    (Err(piece), Err(m)) => assert!(m.contains(piece), "{}: node {i}: {m}", c.name),
+                    _ => panic!("{}: node {i}: want {want:?}, got {got:?}", c.name),
+                }
             }
-            let free: Vec<u64> = t.room().iter().map(|r| r.free).collect();
-            assert_eq!(free, c.free_after.to_vec(), "{}: free after", c.name);
+            assert_eq!(free_gpus(&c.target), c.free_after, "{}: free after", c.name);
         }
     }
 
     #[test]
-    fn room_counts_held_devices_among_the_devices() {
-        let t = Target::new(res(), 1, vec![gpu(), mig()], &[gpu(), gpu()], &d(&[]));
-        assert_eq!(
-            t.room(),
-            vec![
-                ResourceRoom { resource: "nvidia.com/gpu".into(), devices: 3, free: 1 },
-                ResourceRoom { resource: "nvidia.com/mig-1g.10gb".into(), devices: 1, free: 1 },
-            ]
-        );
+    fn the_target_read_counts_held_devices_pending_pods_and_bound_pods_cpu_per_node() {
+        let spec: crate::api::v1alpha1::GpuPoolMigrationSpec = serde_json::from_value(json!({
+            "nodeSelector": {"matchLabels": {"pool": "old"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu.switchyard.dev"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+            "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "plugin"}}
+        }))
+        .unwrap();
+        let slice = |node: &str, n: usize| -> ResourceSlice {
+            let devices: Vec<serde_json::Value> = (0..n)
+                .map(|g| json!({"name": format!("gpu-{g}"), "attributes": {"type": {"string": "gpu"}}}))
+                .collect();
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("{node}-slice")},
+                "spec": {"driver": "gpu.switchyard.dev", "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+            }))
+            .unwrap()
+        };
+        let mut cordoned = tnode("t-3", "32");
+        cordoned.unschedulable = true;
+        let mut pending = gpod("pending", 2, 0, "1");
+        pending.spec.as_mut().unwrap().node_name = None;
+        pending.status.as_mut().unwrap().phase = Some("Pending".into());
+        let mut busy = gpod("cpu-hog", 0, 0, "30");
+        busy.spec.as_mut().unwrap().node_name = Some("t-2".into());
+        let inputs = TargetInputs {
+            nodes: vec![tnode("t-1", "32"), tnode("t-2", "32"), cordoned],
+            // One of t-1's 4 GPUs is held by a claim.
+            held: [("t-1".to_string(), "gpu-0".to_string())].into(),
+            pending: vec![pending],
+            bound: vec![busy],
+        };
+        let slices = [slice("t-1", 4), slice("t-2", 2), slice("t-3", 8)];
+        let mut t =
+            target(&["nvidia.com/gpu"], &Selectors::new(&spec), "gpu.switchyard.dev", &inputs, &slices);
+        // The cordoned node counts nothing; the held GPU counts among the devices, not the free;
+        // the pending 2-GPU pod takes t-2 (it fills it best).
+        assert_eq!(t.target_nodes(), 2);
+        assert_eq!(t.room(), vec![ResourceRoom { resource: "nvidia.com/gpu".into(), devices: 6, free: 3 }]);
+        // t-2's CPU is spent by its bound pod: a GPU pod needing 4 CPUs goes to t-1.
+        assert!(t.take(&[gpod("a", 1, 0, "4")]).is_ok());
+        assert_eq!(t.room()[0].free, 2);
+        // Two free GPUs left on t-1, none on t-2: a 3-GPU pod fits nowhere.
+        let short = t.take(&[gpod("b", 3, 0, "1")]).unwrap_err();
+        assert_eq!(short.short, vec![("nvidia.com/gpu".to_string(), 3, 2)]);
     }
 
     #[test]
     fn the_shortfall_says_how_many_of_which_resource_are_missing_and_what_to_do() {
-        let s = Shortfall { short: vec![("nvidia.com/gpu".into(), 4, 1)], target_nodes: 2 };
+        let s = Shortfall { short: vec![("nvidia.com/gpu".into(), 4, 1)], unplaced: vec![], target_nodes: 2 };
         let m = s.to_string();
         assert!(m.contains("3 nvidia.com/gpu missing (the node's pods need 4, 1 free)"), "{m}");
         assert!(m.contains("2 Ready, schedulable node(s)"), "{m}");
         assert!(m.contains("spec.strategy.replace.evictWithoutCapacity"), "{m}");
+    }
+
+    #[test]
+    fn the_judgement_takes_draining_nodes_first_and_holds_a_node_with_pods_nowhere_accepts() {
+        let target = pool(&[("t-1", "32", gpus(2))]);
+        let pods_n1 = [gpod("n1-a", 2, 0, "1")];
+        let pods_n2 = [gpod("n2-a", 2, 0, "1")];
+        let mut pinned = gpod("n3-pinned", 1, 0, "1");
+        pinned.spec.as_mut().unwrap().node_selector = Some([("pool".to_string(), "old".to_string())].into());
+        let pods_n3 = [pinned];
+        let drain = DrainSpec::default();
+        let c = |name, pods, draining| Candidate { name, pods, draining };
+        let judged = judge(
+            target.clone(),
+            &[c("n3", &pods_n3, false), c("n1", &pods_n1, false), c("n2", &pods_n2, true)],
+            &drain,
+            false,
+        );
+        let rows: Vec<(&str, bool)> = judged.iter().map(|j| (j.node.as_str(), j.short.is_none())).collect();
+        // n2 drains: its pods are on their way and take the room; n3 waits and takes none; n1 waits.
+        assert_eq!(rows, [("n2", true), ("n3", false), ("n1", false)]);
+        assert!(judged[1].short.as_deref().unwrap().contains("no Ready, schedulable target node accepts 1"));
+        assert_eq!(judged[0].needs, d(&[("nvidia.com/gpu", 2)]));
+    }
+
+    #[test]
+    fn fences_stand_while_any_node_is_still_to_return() {
+        let targets = ["t-1".to_string(), "t-2".into()];
+        assert_eq!(fence(&targets, 2, false).len(), 2, "pods left to come back");
+        assert_eq!(fence(&targets, 0, true).len(), 2, "between one node's finish and the next one's start");
+        assert!(fence(&targets, 0, false).is_empty(), "the last node is back");
+        assert!(fence(&[], 3, true).is_empty(), "no target pool left");
     }
 }

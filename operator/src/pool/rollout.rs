@@ -2,8 +2,11 @@
 //! flight, and which may start now without exceeding `maxUnavailable`. Pure: it reads node
 //! labels, annotations and conditions; the durable per-node record is on the nodes themselves.
 
+use crate::node::drain;
 use crate::node::record::{Failure, PoolNode};
+use crate::node::slim::SlimNode;
 use crate::node::str_map::LabelQuery;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::Selector;
@@ -166,6 +169,52 @@ fn owned_nodes<'a>(
         }
     }
     owned
+}
+
+/// Whether `node`, which `query` (the pool's `spec.nodeSelector`) does not select, is still a
+/// member of `migration`'s pool: the migration owns it (`switchyard.dev/migration`) and it only
+/// lost labels GPU Feature Discovery writes (`prerequisites::gfd_written`), which NVIDIA stops
+/// writing on nodes its DRA driver serves (dra-driver-nvidia-gpu #1244). A label whose value
+/// changed, or any other label, still takes the node out of the pool. Pure.
+pub fn kept_member(query: &LabelQuery, node: &SlimNode, migration: &str) -> bool {
+    node.labels().get(crate::well_known::LABEL_MIGRATION) == Some(migration)
+        && query.matches_but_lost(node.labels(), crate::pool::prerequisites::gfd_written)
+}
+
+/// The pool's nodes: those `selector` selects, and those of `owned` (the nodes labelled with the
+/// migration's name) that it still keeps ([`kept_member`]), by name. Pure.
+pub fn pool_members<N: std::borrow::Borrow<SlimNode> + Clone>(
+    selected: Vec<N>,
+    owned: &[N],
+    selector: &Selector,
+    migration: &str,
+) -> Vec<N> {
+    let query = LabelQuery::from(selector);
+    let mut out = selected;
+    for n in owned {
+        let node = n.borrow();
+        if !query.matches(node.labels()) && kept_member(&query, node, migration) {
+            out.push(n.clone());
+        }
+    }
+    out.sort_by(|a, b| a.borrow().name().cmp(b.borrow().name()));
+    out.dedup_by(|a, b| a.borrow().name() == b.borrow().name());
+    out
+}
+
+/// How many of a node's pods its move disturbs, which orders the nodes that start (fewest first):
+/// the unfinished pods that consume the pool's resources going forward, or that may hold a DRA
+/// claim rolling back. The operator and `switchyard plan` count with this one function, so the
+/// plan shows the order the operator takes.
+pub fn consuming_pods(direction: Direction, pods: &[Pod], resources: &[&str]) -> u32 {
+    let consumes = |pod: &&Pod| {
+        !drain::is_finished(pod)
+            && match direction {
+                Direction::Forward => drain::consumes_any(pod, resources),
+                Direction::Rollback => drain::holds_dra_claim(pod),
+            }
+    };
+    pods.iter().filter(consumes).count() as u32
 }
 
 /// Plans one reconcile of `migration`. `nodes` are the nodes its selector selects.

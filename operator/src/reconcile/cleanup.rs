@@ -62,6 +62,14 @@ pub(crate) async fn settle_node(
                     now,
                     // A deletion starts no node: what a node publishes was stamped when it did.
                     plugin_config: None,
+                    taint_eviction_reliable: ctx.facts.lock().ok().and_then(|f| f.clone()).is_some_and(
+                        |(_, f)| {
+                            crate::pool::prerequisites::taint_eviction_reaches_extended_claims(
+                                &f.control_plane,
+                            )
+                            .is_ok()
+                        },
+                    ),
                 };
                 let replace = gpm.spec.strategy.replace().map(|r| state::Replace {
                     short: None,
@@ -97,7 +105,7 @@ pub(crate) async fn departed(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Ve
     let selector = crate::reads::nodes::node_selector(&gpm.spec)?;
     let now = Timestamp::now();
     let mut progress = Vec::new();
-    for node in unselected(&held, &selector) {
+    for node in unselected(&held, &selector, &name) {
         let pn = PoolNode::from_node(node);
         let was = pn.state();
         // An error stays on its node, as a moving node's does: the pool goes on.
@@ -144,9 +152,12 @@ pub(crate) async fn departed(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Ve
 fn unselected<'a, N: std::ops::Deref<Target = SlimNode>>(
     held: &'a [N],
     selector: &kube::core::Selector,
+    migration: &'a str,
 ) -> impl Iterator<Item = &'a SlimNode> {
     let query = crate::node::str_map::LabelQuery::from(selector);
-    held.iter().map(|n| &**n).filter(move |n| !query.matches(n.labels()))
+    held.iter().map(|n| &**n).filter(move |n| {
+        !query.matches(n.labels()) && !crate::pool::rollout::kept_member(&query, n, migration)
+    })
 }
 
 /// Before a GpuPoolMigration goes away: nodes mid-switch finish their step (nothing new starts),
@@ -204,7 +215,46 @@ mod tests {
         }))
         .unwrap();
         let selector = crate::reads::nodes::node_selector(&spec).unwrap();
-        let gone: Vec<&str> = unselected(&nodes, &selector).map(SlimNode::name).collect();
+        let gone: Vec<&str> = unselected(&nodes, &selector, "m").map(SlimNode::name).collect();
         assert_eq!(gone, ["fixed-label"]);
+    }
+
+    #[test]
+    fn a_migrated_node_that_lost_only_gfd_labels_stays_in_the_pool() {
+        let node = |name: &str, labels: serde_json::Value| -> std::sync::Arc<SlimNode> {
+            std::sync::Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap(),
+            )
+        };
+        let spec: crate::api::v1alpha1::GpuPoolMigrationSpec = serde_json::from_value(json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": "gpu"}],
+            "driver": {"name": "gpu.switchyard.dev", "daemonSet": {"namespace": "s", "name": "d"}},
+            "devicePlugin": {"daemonSet": {"namespace": "g", "name": "p"}}
+        }))
+        .unwrap();
+        let selector = crate::reads::nodes::node_selector(&spec).unwrap();
+        let held = vec![
+            // GFD stopped on it once NVIDIA's DRA driver served it: the product label went.
+            node("gfd-gone", json!({"pool": "a100", LABEL_MIGRATION: "m"})),
+            // A product label with another value: not the pool's GPU any more.
+            node(
+                "other-gpu",
+                json!({"pool": "a100", "nvidia.com/gpu.product": "NVIDIA-A100", LABEL_MIGRATION: "m"}),
+            ),
+            // The pool label went: that is an admin's change, not GFD's.
+            node(
+                "pool-gone",
+                json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", LABEL_MIGRATION: "m"}),
+            ),
+        ];
+        let gone: Vec<&str> = unselected(&held, &selector, "m").map(SlimNode::name).collect();
+        assert_eq!(gone, ["other-gpu", "pool-gone"]);
+        // Another migration's node that lost the label is no member of this one.
+        let theirs = vec![node("theirs", json!({"pool": "a100", LABEL_MIGRATION: "other"}))];
+        let members = crate::pool::rollout::pool_members(Vec::new(), &theirs, &selector, "m");
+        assert!(members.is_empty());
+        let members = crate::pool::rollout::pool_members(Vec::new(), &held, &selector, "m");
+        assert_eq!(members.iter().map(|n| n.name()).collect::<Vec<_>>(), ["gfd-gone"]);
     }
 }

@@ -384,60 +384,126 @@ fn note_failure(status: &mut GpuPoolMigrationStatus, type_: ConditionType, e: &E
 /// Carries out one node's step: the action's own writes, then the node patch. Its events are in
 /// the outcome, for the caller to publish once they have all landed ([`publish_node_events`]).
 pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -> Result<NodeOutcome> {
-    let client = &ctx.client;
     let name = &step.node;
-    let canaries: Api<Pod> = Api::namespaced(client.clone(), &ctx.config.canary_namespace);
+    let canaries: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.canary_namespace);
     let canary_name = crate::node::canary::pod_name(name);
-    let rules: Api<DeviceTaintRule> = Api::all(client.clone());
-    let mut message = step.message.clone();
-    let mut events = step.events.clone();
-    let mut recheck_after = step.recheck_after;
+    let mut out = NodeOutcome {
+        state: step.state,
+        since: step.since,
+        message: step.message.clone(),
+        recheck_after: step.recheck_after,
+        events: step.events.clone(),
+    };
 
     if !step.evict.is_empty() {
-        // Every pod gets its eviction; the first error is returned after the rest were tried.
-        let grace = gpm.spec.strategy.drain.grace_period_seconds;
-        let (mut blocked, mut throttled, mut first_error) = (Vec::new(), 0, None);
-        for p in &step.evict {
-            let r = drain::evict(client.clone(), p, grace).await;
-            let result = match &r {
-                Ok(drain::Evicted::Yes) => "evicted",
-                Ok(drain::Evicted::Gone) => "gone",
-                Ok(drain::Evicted::Blocked(_)) => "blocked",
-                Ok(drain::Evicted::Throttled(_)) => "throttled",
-                Err(_) => "error",
-            };
-            ctx.metrics.evictions.get_or_create(&EvictionLabels { result }).inc();
-            match r {
-                Ok(drain::Evicted::Blocked(m)) => blocked.push(format!("{p}: {m}")),
-                Ok(drain::Evicted::Throttled(_)) => throttled += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
+        evict_pods(ctx, gpm, step, &mut out).await?;
+    }
+    delete_pods(ctx, gpm, step).await?;
+    canary_writes(&canaries, &canary_name, step).await?;
+    taint_rule_writes(ctx, step).await?;
+    if let Some(patch) = &step.patch {
+        patch_node(ctx, name, patch).await?;
+        info!(node = %name, migration = %gpm.name_any(), from = ?step.from, action = ?step.action, "node step");
+        if step.remove_finished_canary {
+            // Best effort: the canary is finished; a leftover one is harmless.
+            let _ = canaries.delete(&canary_name, &DeleteParams::default()).await;
         }
-        if let Some(e) = first_error {
-            return Err(e);
+        if let Some(seconds) = step.drain_seconds {
+            ctx.metrics
+                .drain_duration
+                .get_or_create(&MigrationLabels { migration: gpm.name_any() })
+                .observe(seconds);
         }
-        if throttled > 0 || !blocked.is_empty() {
-            recheck_after = None;
-        }
-        if throttled > 0 {
-            message = format!(
-                "{message}; the API server throttled {throttled} eviction(s) (429 without a disruption budget cause); retrying"
-            );
-        }
-        if !blocked.is_empty() {
-            message = format!("eviction blocked by a PodDisruptionBudget: {}", blocked.join("; "));
-            if step.last_message.as_deref() != Some(message.as_str()) {
-                events.push(NodeEvent {
-                    type_: EventType::Warning,
-                    reason: "EvictionBlocked",
-                    note: message.clone(),
+    }
+    Ok(out)
+}
+
+/// Deletes the step's pods past their budgets (`Action::DeletePastBudgets`), with the drain's
+/// grace period where the spec sets one, as the device-taint-eviction controller would delete
+/// them. A pod already gone is fine; the first error is returned after the rest were tried.
+async fn delete_pods(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -> Result<()> {
+    let grace = gpm.spec.strategy.drain.grace_period_seconds.and_then(|g| u32::try_from(g).ok());
+    let params = DeleteParams { grace_period_seconds: grace, ..DeleteParams::default() };
+    let mut first_error = None;
+    for p in &step.delete {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &p.namespace);
+        let result = match pods.delete(&p.name, &params).await {
+            Ok(_) => "deleted",
+            Err(kube::Error::Api(s)) if s.code == 404 => "gone",
+            Err(source) => {
+                first_error.get_or_insert(Error::DeletePod {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    source,
                 });
+                "error"
+            }
+        };
+        ctx.metrics.evictions.get_or_create(&EvictionLabels { result }).inc();
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Evicts the step's pods, each counted by result. Every pod gets its eviction; the first error is
+/// returned after the rest were tried. A refused eviction (a PodDisruptionBudget, throttling)
+/// drops the step's early recheck and says so in the outcome's message, a blocked one in an event
+/// too unless the message is the node's already.
+async fn evict_pods(
+    ctx: &Context,
+    gpm: &GpuPoolMigration,
+    step: &NodeStep,
+    out: &mut NodeOutcome,
+) -> Result<()> {
+    let grace = gpm.spec.strategy.drain.grace_period_seconds;
+    let (mut blocked, mut throttled, mut first_error) = (Vec::new(), 0, None);
+    for p in &step.evict {
+        let r = drain::evict(ctx.client.clone(), p, grace).await;
+        let result = match &r {
+            Ok(drain::Evicted::Yes) => "evicted",
+            Ok(drain::Evicted::Gone) => "gone",
+            Ok(drain::Evicted::Blocked(_)) => "blocked",
+            Ok(drain::Evicted::Throttled(_)) => "throttled",
+            Err(_) => "error",
+        };
+        ctx.metrics.evictions.get_or_create(&EvictionLabels { result }).inc();
+        match r {
+            Ok(drain::Evicted::Blocked(m)) => blocked.push(format!("{p}: {m}")),
+            Ok(drain::Evicted::Throttled(_)) => throttled += 1,
+            Ok(_) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
             }
         }
     }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    if throttled > 0 || !blocked.is_empty() {
+        out.recheck_after = None;
+    }
+    if throttled > 0 {
+        out.message = format!(
+            "{}; the API server throttled {throttled} eviction(s) (429 without a disruption budget cause); retrying",
+            out.message
+        );
+    }
+    if !blocked.is_empty() {
+        out.message = format!("eviction blocked by a PodDisruptionBudget: {}", blocked.join("; "));
+        if step.last_message.as_deref() != Some(out.message.as_str()) {
+            out.events.push(NodeEvent {
+                type_: EventType::Warning,
+                reason: "EvictionBlocked",
+                note: out.message.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Creates the step's canary pod, or deletes an earlier attempt's; one that already exists, or is
+/// already gone, is no error.
+async fn canary_writes(canaries: &Api<Pod>, canary_name: &str, step: &NodeStep) -> Result<()> {
+    let name = &step.node;
     if let Some(pod) = &step.create_canary {
         match canaries.create(&PostParams::default(), pod).await {
             Ok(_) => {}
@@ -446,12 +512,20 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
         }
     }
     if step.delete_canary {
-        match canaries.delete(&canary_name, &DeleteParams::default()).await {
+        match canaries.delete(canary_name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(source) => return Err(Error::CreateCanary { node: name.clone(), source }),
         }
     }
+    Ok(())
+}
+
+/// Writes the step's DeviceTaintRules: the fences of target nodes, then the node's rollback rule
+/// (created, turned to NoExecute, or deleted). One that already exists, or is already gone, is no
+/// error.
+async fn taint_rule_writes(ctx: &Context, step: &NodeStep) -> Result<()> {
+    let rules: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
     for rule in &step.create_fences {
         match rules.create(&PostParams::default(), rule).await {
             Ok(_) => {}
@@ -459,7 +533,7 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
             Err(source) => return Err(Error::CreateDeviceTaintRule { name: rule.name_any(), source }),
         }
     }
-    let rule_name = crate::node::patch::taint_rule_name(name);
+    let rule_name = crate::node::patch::taint_rule_name(&step.node);
     if let Some(rule) = &step.create_taint_rule {
         match rules.create(&PostParams::default(), rule).await {
             Ok(_) => {}
@@ -479,21 +553,7 @@ pub async fn node_step(ctx: &Context, gpm: &GpuPoolMigration, step: &NodeStep) -
             Err(source) => return Err(Error::DeleteDeviceTaintRule { name: rule_name, source }),
         }
     }
-    if let Some(patch) = &step.patch {
-        patch_node(ctx, name, patch).await?;
-        info!(node = %name, migration = %gpm.name_any(), from = ?step.from, action = ?step.action, "node step");
-        if step.remove_finished_canary {
-            // Best effort: the canary is finished; a leftover one is harmless.
-            let _ = canaries.delete(&canary_name, &DeleteParams::default()).await;
-        }
-        if let Some(seconds) = step.drain_seconds {
-            ctx.metrics
-                .drain_duration
-                .get_or_create(&MigrationLabels { migration: gpm.name_any() })
-                .observe(seconds);
-        }
-    }
-    Ok(NodeOutcome { state: step.state, since: step.since, message, recheck_after, events })
+    Ok(())
 }
 
 /// Publishes a step's events (see [`node_step`]).

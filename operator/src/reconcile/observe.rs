@@ -95,14 +95,11 @@ pub struct Snapshot<'a> {
 /// What a Replace migration's capacity check reads ([`crate::pool::replace`]).
 #[derive(Clone, Debug)]
 pub struct ReplaceRoom {
-    /// The target pool's free devices, less what pending pods and draining nodes will take.
+    /// The target pool's free room node by node, less what pending pods will take.
     pub target: replace::Target,
-    /// Per node that drains, may start or waits cordoned for room: what its drain would move
-    /// (has left to move).
-    pub demand: HashMap<String, replace::Demand>,
-    /// Of those nodes, the ones with GPU pods to move that no usable target node accepts
-    /// ([`replace::homeless`]): each such pod, with why.
-    pub homeless: HashMap<String, Vec<String>>,
+    /// Per node that drains, may start or waits cordoned for room: its GPU pods, of which
+    /// [`replace::judge`] takes those its drain would move (has left to move).
+    pub pods: HashMap<String, Vec<Pod>>,
     /// Of those nodes, what their drain would move, per controller ([`replace::moved`]): recorded
     /// on the node as its drain starts.
     pub moved: HashMap<String, replace::Moved>,
@@ -164,7 +161,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let name = gpm.name_any();
     let now = Timestamp::now();
 
-    let nodes = cached_pool_nodes(ctx, spec).await?;
+    let nodes = cached_pool_nodes(ctx, spec, &name).await?;
     let targets = target_nodes(ctx, spec).await?;
     // Replace: the old nodes never serve DRA; the target's kubelets and runtimes must.
     let judged = if spec.strategy.replace().is_some() { &targets } else { &nodes };
@@ -182,20 +179,8 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         _ => None,
     };
 
-    let device_classes = if facts.served.device_classes {
-        // The DeviceClass watch can only sync where the kind is served, so the wait is here.
-        cache::synced(&ctx.caches.device_classes, "DeviceClass").await?;
-        Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect())
-    } else {
-        None
-    };
-    let others: Vec<OtherMigration> = ctx
-        .migrations
-        .state()
-        .iter()
-        .filter(|o| o.name_any() != name)
-        .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
-        .collect();
+    let device_classes = device_classes(ctx, &facts).await?;
+    let others = other_migrations(ctx, &name);
 
     // Which nodes need more than the node: a first plan (pure) says which are moving and which
     // may start. An invalid spec fails here, with the message the decision would give.
@@ -203,15 +188,7 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     let first =
         rollout::plan(&name, spec, &pool, &others).map_err(|message| Error::InvalidSpec { message })?;
     let (slices, dra_counts) = if facts.served.resource_slices {
-        cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
-        // Only a switch compares devices with the selectors; every other step reads the counts.
-        let in_flight: HashSet<&str> = first.in_flight.iter().map(String::as_str).collect();
-        let switching: HashSet<&str> = pool
-            .iter()
-            .filter(|p| in_flight.contains(p.name.as_str()) && p.state() == NodeState::Switching)
-            .map(|p| p.name.as_str())
-            .collect();
-        slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &switching)
+        cached_slices(ctx, spec, &first, &pool).await?
     } else {
         Default::default()
     };
@@ -222,28 +199,8 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
     } else {
         HashMap::new()
     };
-    let by_name: HashMap<&str, (&PoolNode, &SlimNode)> =
-        pool.iter().zip(&nodes).map(|(p, n)| (p.name.as_str(), (p, n.as_ref()))).collect();
-    // Only moving nodes read more: a node that starts is Pending (or Migrated, rolling back),
-    // and those states read nothing. Nodes read side by side, a bounded number at a time.
-    let mut runs = Vec::new();
-    for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
-        let published = dra_counts.get(&pn.name).map_or(0, |c| c.present);
-        let gpu_pods = &gpu_pods;
-        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published, gpu_pods).await) });
-    }
-    let reads: Vec<(String, Result<NodeReads>)> = super::bounded_in_order(runs, NODE_READ_CONCURRENCY).await;
-    let (mut node_reads, mut read_errors) = (HashMap::new(), HashMap::new());
-    for (n, r) in reads {
-        match r {
-            Ok(r) => {
-                node_reads.insert(n, r);
-            }
-            Err(e) => {
-                read_errors.insert(n, e);
-            }
-        }
-    }
+    let (node_reads, read_errors) =
+        moving_reads(ctx, spec, &first, &pool, &nodes, &dra_counts, &gpu_pods).await;
 
     let replace = if facts.served.resource_slices {
         replace_room(ctx, spec, &first, &pool, &targets, &gpu_pods).await?
@@ -280,6 +237,79 @@ pub async fn pool<'a>(ctx: &Context, gpm: &'a GpuPoolMigration) -> Result<Snapsh
         targets,
         returns,
     })
+}
+
+/// The cluster's DeviceClasses, where the kind is served (`None` where it is not).
+async fn device_classes(ctx: &Context, facts: &ServerFacts) -> Result<Option<Vec<DeviceClass>>> {
+    if !facts.served.device_classes {
+        return Ok(None);
+    }
+    // The DeviceClass watch can only sync where the kind is served, so the wait is here.
+    cache::synced(&ctx.caches.device_classes, "DeviceClass").await?;
+    Ok(Some(ctx.caches.device_classes.state().iter().map(|c| (**c).clone()).collect()))
+}
+
+/// The migrations other than `name`, with their node selectors, to find nodes that two select.
+fn other_migrations(ctx: &Context, name: &str) -> Vec<OtherMigration> {
+    ctx.migrations
+        .state()
+        .iter()
+        .filter(|o| o.name_any() != name)
+        .map(|o| OtherMigration { name: o.name_any(), selector: o.spec.node_selector.clone() })
+        .collect()
+}
+
+/// The driver's slices from the cache, once it synced: whole only for the nodes in flight that
+/// are Switching (only a switch compares devices with the selectors); every other step reads the
+/// counts.
+async fn cached_slices(
+    ctx: &Context,
+    spec: &GpuPoolMigrationSpec,
+    first: &rollout::Plan,
+    pool: &[PoolNode],
+) -> Result<(WholeSlices, HashMap<String, DeviceCounts>)> {
+    cache::synced(&ctx.caches.resource_slices, "ResourceSlice").await?;
+    let in_flight: HashSet<&str> = first.in_flight.iter().map(String::as_str).collect();
+    let switching: HashSet<&str> = pool
+        .iter()
+        .filter(|p| in_flight.contains(p.name.as_str()) && p.state() == NodeState::Switching)
+        .map(|p| p.name.as_str())
+        .collect();
+    Ok(slices_by_node(&ctx.caches.resource_slices.state(), &spec.driver.name, &switching))
+}
+
+/// What each node in flight reads besides itself ([`node`]), and the errors of those whose reads
+/// failed. Only moving nodes read more: a node that starts is Pending (or Migrated, rolling back),
+/// and those states read nothing. Nodes read side by side, a bounded number at a time.
+async fn moving_reads(
+    ctx: &Context,
+    spec: &GpuPoolMigrationSpec,
+    first: &rollout::Plan,
+    pool: &[PoolNode],
+    nodes: &[Arc<SlimNode>],
+    dra_counts: &HashMap<String, DeviceCounts>,
+    gpu_pods: &PodsByNode,
+) -> (HashMap<String, NodeReads>, HashMap<String, Error>) {
+    let by_name: HashMap<&str, (&PoolNode, &SlimNode)> =
+        pool.iter().zip(nodes).map(|(p, n)| (p.name.as_str(), (p, n.as_ref()))).collect();
+    let mut runs = Vec::new();
+    for (pn, n) in first.in_flight.iter().filter_map(|n| by_name.get(n.as_str()).copied()) {
+        let published = dra_counts.get(&pn.name).map_or(0, |c| c.present);
+        runs.push(async move { (pn.name.clone(), node(ctx, spec, pn, n, published, gpu_pods).await) });
+    }
+    let reads: Vec<(String, Result<NodeReads>)> = super::bounded_in_order(runs, NODE_READ_CONCURRENCY).await;
+    let (mut node_reads, mut read_errors) = (HashMap::new(), HashMap::new());
+    for (n, r) in reads {
+        match r {
+            Ok(r) => {
+                node_reads.insert(n, r);
+            }
+            Err(e) => {
+                read_errors.insert(n, e);
+            }
+        }
+    }
+    (node_reads, read_errors)
 }
 
 /// Replace: the return of the pods that left the old nodes, while the migration rolls back or a
@@ -321,8 +351,24 @@ async fn returns(
         .iter()
         .filter_map(|r| Some((r.labels().get(LABEL_FENCED_NODE)?.clone(), r.name_any())))
         .collect();
+    // Rolling back, every node still to bring its pods back keeps the fences standing, so that
+    // they stand from the first node's return to the last one's ([`replace::fence`]).
+    let will_return = |p: &&PoolNode| {
+        recorded.contains(&p.name)
+            && matches!(
+                p.state(),
+                NodeState::Cordoned | NodeState::Draining | NodeState::Replaced | NodeState::RollingBack
+            )
+    };
+    let still_to_return = spec.direction == Direction::Rollback && pool.iter().any(|p| will_return(&p));
+    let target_names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
     if returning.is_empty() {
-        return Ok(Some(Returns { plan: Default::default(), recorded, fences }));
+        let fence = replace::fence(&target_names, 0, still_to_return);
+        return Ok(Some(Returns {
+            plan: replace::ReturnPlan { fence, ..Default::default() },
+            recorded,
+            fences,
+        }));
     }
     let res = resources(spec);
     let mut moved = replace::Moved::new();
@@ -364,8 +410,7 @@ async fn returns(
         let left = room.entry(r).or_default();
         *left = left.saturating_sub(q);
     }
-    let target_names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
-    let plan = replace::return_plan(&replace::ReturnInputs {
+    let mut plan = replace::return_plan(&replace::ReturnInputs {
         moved: &moved,
         back: &back,
         targets: &target_names,
@@ -374,6 +419,7 @@ async fn returns(
         room,
         resources: &res,
     });
+    plan.fence = replace::fence(&target_names, plan.left, still_to_return);
     Ok(Some(Returns { plan, recorded, fences }))
 }
 
@@ -423,8 +469,6 @@ async fn replace_room(
     }
     let res = resources(spec);
     let drain_spec = &spec.strategy.drain;
-    let demand = |n: &str| replace::moving_demand(&gpu_pods.on(n).collect::<Vec<_>>(), &res, drain_spec);
-
     let names: HashSet<&str> = targets.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
     let slices: Vec<ResourceSlice> = ctx
         .caches
@@ -434,36 +478,18 @@ async fn replace_room(
         .filter(|s| s.driver() == spec.driver.name && s.node_name().is_some_and(|n| names.contains(n)))
         .map(|s| s.with_devices())
         .collect();
-    let claims = reader_objects::list_all(Api::<ResourceClaim>::all(ctx.client.clone()), Default::default())
-        .await
-        .map_err(|source| Error::ListResourceClaims { source })?;
-    let held = replace::allocated(&claims, &spec.driver.name);
-    drop(claims);
-    let pending = reader_objects::list_all(
-        Api::<Pod>::all(ctx.client.clone()),
-        kube::api::ListParams::default().fields("spec.nodeName=,status.phase=Pending"),
-    )
-    .await
-    .map_err(|source| Error::ListPendingPods { source })?;
-    // The pods draining nodes have left are not on their way yet: those nodes take their room
-    // first when the steps are decided.
-    let on_the_way = replace::pending_demand(&pending, &res);
+    let nodes: Vec<SlimNode> = targets.iter().map(|n| n.as_ref().clone()).collect();
+    let inputs = crate::reads::target_pool::target_inputs(&ctx.client, &spec.driver.name, nodes).await?;
     let selectors = crate::pool::selectors::Selectors::new(spec);
-    let target = replace::target(&res, &selectors, &spec.driver.name, targets, &slices, &held, &on_the_way);
-    let demand = checked.iter().map(|n| (n.to_string(), demand(n))).collect();
-    let moved = checked
+    let target = replace::target(&res, &selectors, &spec.driver.name, &inputs, &slices);
+    let pods: HashMap<String, Vec<Pod>> =
+        checked.iter().map(|n| (n.to_string(), gpu_pods.on(n).collect())).collect();
+    let moved = pods
         .iter()
-        .map(|n| (n.to_string(), replace::moved(&gpu_pods.on(n).collect::<Vec<_>>(), &res, drain_spec)))
+        .map(|(n, p)| (n.clone(), replace::moved(p, &res, drain_spec)))
         .filter(|(_, m)| !m.is_empty())
         .collect();
-    let homeless = checked
-        .iter()
-        .map(|n| {
-            (n.to_string(), replace::homeless(&gpu_pods.on(n).collect::<Vec<_>>(), &res, drain_spec, targets))
-        })
-        .filter(|(_, h)| !h.is_empty())
-        .collect();
-    Ok(Some(ReplaceRoom { target, demand, homeless, moved }))
+    Ok(Some(ReplaceRoom { target, pods, moved }))
 }
 
 /// Checks the running GPU pods on the pool's migrated nodes ([`verify`]): the GPU-pod cache's, and
@@ -678,14 +704,11 @@ fn candidate_counts<'n>(
     candidates: impl Iterator<Item = &'n String>,
 ) -> HashMap<String, u32> {
     let res = resources(spec);
-    let consumes = |pod: &Pod| {
-        !drain::is_finished(pod)
-            && match spec.direction {
-                Direction::Forward => drain::consumes_any(pod, &res),
-                Direction::Rollback => drain::holds_dra_claim(pod),
-            }
-    };
-    candidates.map(|n| (n.clone(), gpu_pods.on(n).filter(|p| consumes(p)).count() as u32)).collect()
+    candidates
+        .map(|n| {
+            (n.clone(), rollout::consuming_pods(spec.direction, &gpu_pods.on(n).collect::<Vec<_>>(), &res))
+        })
+        .collect()
 }
 
 /// Whether the GPU-pod cache holds every pod a step of a node in `state` reads (see
@@ -841,8 +864,17 @@ async fn server_facts(
 /// after `cache::NODE_WRITE_VISIBLE_TIMEOUT` (the watch is reconnecting or relisting) is read
 /// from the API for this reconcile: a step must never be decided on a copy older than our own
 /// last write of that node. A reconcile with no such node makes no request here.
-async fn cached_pool_nodes(ctx: &Context, spec: &GpuPoolMigrationSpec) -> Result<Vec<Arc<SlimNode>>> {
-    cached_nodes(ctx, &crate::reads::nodes::node_selector(spec)?).await
+/// The nodes the migration owns that only lost labels GPU Feature Discovery writes stay in its
+/// pool too ([`rollout::pool_members`]).
+async fn cached_pool_nodes(
+    ctx: &Context,
+    spec: &GpuPoolMigrationSpec,
+    migration: &str,
+) -> Result<Vec<Arc<SlimNode>>> {
+    let selector = crate::reads::nodes::node_selector(spec)?;
+    let selected = cached_nodes(ctx, &selector).await?;
+    let owned = cached_nodes(ctx, &crate::reads::nodes::owned_by(migration)).await?;
+    Ok(rollout::pool_members(selected, &owned, &selector, migration))
 }
 
 /// The nodes `selector` selects, by name, from the node cache once it shows this operator's

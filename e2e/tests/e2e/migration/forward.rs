@@ -13,6 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::locks;
 use switchyard_e2e::pool::{self, GpuName, Pool, backend, node_states, patch_spec};
+use switchyard_e2e::wait::holds_for;
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
 
 use super::{
@@ -283,10 +284,20 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
         let events = object_events(pool, "Node", &bare_node).await?;
         assert!(events.iter().any(|(r, _)| r == "Recordoned"), "{events:?}");
         assert_eq!(pool::node_state(&pool.client, &bare_node).await?, "Draining");
-        tokio::time::sleep(Duration::from_secs(12)).await;
-        let still = pods.get("notebook").await?;
-        assert_eq!(still.uid().as_deref(), Some(bare_uid.as_str()), "the bare pod was evicted");
-        assert!(still.metadata.deletion_timestamp.is_none(), "the bare pod is terminating");
+        // The drain keeps the bare pod: the same pod, not terminating, checked throughout 12 s. A
+        // pod that is gone is read as `None` (a 404 from `get` would only be retried).
+        holds_for("the bare pod to be kept", Duration::from_secs(12), || async {
+            let still = pods.get_opt("notebook").await?;
+            let still_uid = still.as_ref().and_then(|p| p.uid());
+            anyhow::ensure!(
+                still_uid.as_deref() == Some(bare_uid.as_str()),
+                "the bare pod was evicted: notebook has uid {still_uid:?}, not {bare_uid}"
+            );
+            let terminating = still.and_then(|p| p.metadata.deletion_timestamp);
+            anyhow::ensure!(terminating.is_none(), "the bare pod is terminating since {terminating:?}");
+            Ok(())
+        })
+        .await?;
 
         // The user accepts the loss: the pod goes, the node moves.
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
@@ -499,22 +510,33 @@ async fn paused_migration_stops_at_a_safe_point_and_resumes() -> anyhow::Result<
         record_state("paused", &paused)?;
         assert_eq!(condition(&paused, "Ready").map(|c| c.status.as_str()), Some("False"));
 
-        // Paused means nothing moves: watch the nodes for a while.
+        // Paused means nothing moves: watch the nodes for a while. Each node keeps its state and
+        // its backend (DRA once Migrated, the device plugin before), checked throughout 5 s.
         let before = node_states(&pool.client, pool).await?;
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let after = node_states(&pool.client, pool).await?;
-        assert_eq!(before, after, "nodes moved while paused");
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        holds_for("nothing to move while paused", Duration::from_secs(5), || async {
+            let after = node_states(&pool.client, pool).await?;
+            anyhow::ensure!(before == after, "nodes moved while paused: {before:?}, then {after:?}");
+            for (node, state) in &after {
+                let served_by = backend(&nodes.get(node).await?);
+                let expected = if state == "Migrated" { "dra" } else { "device-plugin" };
+                anyhow::ensure!(
+                    served_by == expected,
+                    "{node} in {state:?}: served by {served_by}, not {expected}"
+                );
+            }
+            Ok(())
+        })
+        .await?;
+        // What the nodes were throughout the window, its end included.
+        let after = before;
         let migrated = after.values().filter(|s| *s == "Migrated").count();
         assert!((1..5).contains(&migrated), "pause should land mid-migration: {after:?}");
-        let nodes: Api<Node> = Api::all(pool.client.clone());
         for (node, state) in &after {
             assert!(
                 !["Switching", "Verifying", "RollingBack"].contains(&state.as_str()),
                 "{node} stopped mid-switch in {state}"
             );
-            let n = nodes.get(node).await?;
-            let expected = if state == "Migrated" { "dra" } else { "device-plugin" };
-            assert_eq!(backend(&n), expected, "{node} in {state:?}");
         }
 
         patch_spec(&pool.migrations(), &name, json!({"paused": false})).await?;

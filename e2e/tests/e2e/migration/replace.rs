@@ -1,6 +1,8 @@
-//! `strategy.type: Replace`: a pool drained onto a target pool of DRA nodes, what holds it (room,
-//! pinned pods, bare pods, NotReady targets), and its rollback with the target standing.
+//! `strategy.type: Replace`: a pool drained onto a target pool of DRA nodes, what holds it (room on
+//! one target node, CPU, pinned pods, bare pods, NotReady targets), and its rollback with the
+//! target standing and fenced from the first return to the last.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -10,7 +12,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{self, Pool, backend, patch_spec};
+use switchyard_e2e::wait::holds_for;
 use switchyard_operator::api::v1alpha1::Phase;
+use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_FENCED_NODE, LABEL_MIGRATION};
 
 use super::{MIGRATION, bare_notebook, condition, event_reasons, object_events, plan_json, with_pool};
 
@@ -226,6 +230,7 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
         // target's devices are fenced, and the pods that left come back through the eviction API,
         // within their budget, onto the device plugin.
         let sampler = pool.sample();
+        let timeline = FenceTimeline::watch(pool, &name, &pools.targets);
         patch_spec(&pool.migrations(), &name, json!({"direction": "Rollback"})).await?;
         pool.wait_phase(&name, Phase::RolledBack, MIGRATION).await?;
         // RolledBack once every pod that left is bound to an old node again: they start there.
@@ -280,6 +285,24 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
             let target = nodes.get(t).await?;
             assert_ne!(target.spec.as_ref().unwrap().unschedulable, Some(true), "{t}: never cordoned");
         }
+        // The fences stood from the first node's return to the last one's, in the API server's
+        // order: each target fenced once, none unfenced before every old node was back (the old
+        // nodes returned one at a time, so there was a moment between two returns), and no
+        // pod allocated a target device in between.
+        let seen = timeline.stop();
+        let first = seen.iter().position(|s| matches!(s, Seen::Fenced(_))).expect("a fence");
+        let back = seen.iter().position(|s| *s == Seen::AllBack).expect("every old node back");
+        let fences: Vec<&Seen> = seen.iter().filter(|s| matches!(s, Seen::Fenced(_))).collect();
+        assert_eq!(fences.len(), pools.targets.len(), "each target fenced once, never again: {seen:?}");
+        assert!(seen[..back].iter().all(|s| !matches!(s, Seen::Unfenced(_))), "a fence went early: {seen:?}");
+        assert!(
+            seen[first..back].iter().all(|s| !matches!(s, Seen::Allocated { .. })),
+            "a pod was allocated a fenced target's device: {seen:?}"
+        );
+        assert!(
+            seen[back..].iter().any(|s| matches!(s, Seen::Unfenced(_))),
+            "the fences went after: {seen:?}"
+        );
         Ok(())
     })
     .await
@@ -293,6 +316,122 @@ async fn fence_notes(pool: &Pool) -> anyhow::Result<Vec<String>> {
         notes.extend(events.into_iter().filter(|(reason, _)| reason == "TargetFenced").map(|(_, note)| note));
     }
     Ok(notes)
+}
+
+/// What a Replace rollback did to its fences, as the watches saw it: a fence created or deleted, a
+/// claim allocated a device on a target node, and every old node back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    Fenced(String),
+    Unfenced(String),
+    Allocated { claim: String, node: String },
+    AllBack,
+}
+
+/// Watches the migration's fences (DeviceTaintRules), the apps' ResourceClaims and the pool's
+/// nodes until stopped. Each [`Seen`] carries the resourceVersion (the etcd revision) of the
+/// change that showed it, so the timeline is in the API server's order, not in the order the
+/// three watches happened to deliver.
+struct FenceTimeline {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, Seen)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+enum Watched {
+    Rule(kube::runtime::watcher::Event<DeviceTaintRule>),
+    Claim(kube::runtime::watcher::Event<ResourceClaim>),
+    Node(Box<kube::runtime::watcher::Event<Node>>),
+}
+
+impl FenceTimeline {
+    fn watch(pool: &Pool, migration: &str, targets: &[String]) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let labels = |l: String| watcher::Config::default().labels(&l);
+        let rules = watcher::watcher(
+            Api::<DeviceTaintRule>::all(pool.client.clone()),
+            labels(format!("{LABEL_MIGRATION}={migration}")),
+        )
+        .map(|e| e.map(Watched::Rule));
+        let claims = watcher::watcher(
+            Api::<ResourceClaim>::namespaced(pool.client.clone(), &pool.apps_ns),
+            watcher::Config::default(),
+        )
+        .map(|e| e.map(Watched::Claim));
+        let nodes =
+            watcher::watcher(Api::<Node>::all(pool.client.clone()), labels(format!("pool={}", pool.id)))
+                .map(|e| e.map(|n| Watched::Node(Box::new(n))));
+        let mut events = futures::stream::select_all([rules.boxed(), claims.boxed(), nodes.boxed()]);
+        let (old, targets) = (pool.nodes.clone(), targets.to_vec());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let rv = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+                m.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            };
+            let fenced_node =
+                |r: &DeviceTaintRule| r.labels().get(LABEL_FENCED_NODE).cloned().unwrap_or_default();
+            let (mut standing, mut allocated) = (BTreeSet::new(), BTreeSet::new());
+            let mut states: BTreeMap<String, String> = BTreeMap::new();
+            let mut back = false;
+            while let Some(event) = events.next().await {
+                let Ok(event) = event else { continue };
+                let push = |at: u64, s: Seen| record.lock().unwrap().push((at, s));
+                match event {
+                    Watched::Rule(Event::Apply(r) | Event::InitApply(r)) if standing.insert(r.name_any()) => {
+                        push(rv(&r.metadata), Seen::Fenced(fenced_node(&r)));
+                    }
+                    Watched::Rule(Event::Delete(r)) => {
+                        standing.remove(&r.name_any());
+                        push(rv(&r.metadata), Seen::Unfenced(fenced_node(&r)));
+                    }
+                    // Claims allocated before the watch began are not news.
+                    Watched::Claim(Event::InitApply(c)) => {
+                        allocated.insert(c.name_any());
+                    }
+                    Watched::Claim(Event::Apply(c)) => {
+                        let results = c
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.allocation.as_ref())
+                            .and_then(|a| a.devices.as_ref())
+                            .and_then(|d| d.results.clone())
+                            .unwrap_or_default();
+                        if let Some(r) = results.iter().find(|r| targets.contains(&r.pool))
+                            && allocated.insert(c.name_any())
+                        {
+                            push(
+                                rv(&c.metadata),
+                                Seen::Allocated { claim: c.name_any(), node: r.pool.clone() },
+                            );
+                        }
+                    }
+                    Watched::Node(node) => {
+                        let (Event::Apply(n) | Event::InitApply(n)) = *node else { continue };
+                        let state =
+                            n.annotations().get(ANNOTATION_MIGRATION_STATE).cloned().unwrap_or_default();
+                        states.insert(n.name_any(), state);
+                        if !back
+                            && old.iter().all(|o| states.get(o).map(String::as_str) == Some("RolledBack"))
+                        {
+                            back = true;
+                            push(rv(&n.metadata), Seen::AllBack);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        FenceTimeline { seen, task }
+    }
+
+    /// Stops the watches; the timeline in the API server's order.
+    fn stop(self) -> Vec<Seen> {
+        self.task.abort();
+        let mut seen = self.seen.lock().unwrap().clone();
+        seen.sort_by_key(|(rv, _)| *rv);
+        seen.into_iter().map(|(_, s)| s).collect()
+    }
 }
 
 #[tokio::test]
@@ -439,13 +578,18 @@ async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_a_removed_target_
         let nodes: Api<Node> = Api::all(pool.client.clone());
         let cordoned = nodes.get(&old).await?.spec.and_then(|s| s.unschedulable);
         assert_eq!(cordoned, Some(true), "cordoned while it waits: nothing new lands there");
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // With nowhere to go, the pinned pod is not evicted: the same pod, not terminating,
+        // checked throughout 5 s. A pod that is gone is read as `None` (a 404 would be retried).
         let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
-        let still = pods.get(&pod).await?;
-        assert!(
-            still.uid() == uid && still.metadata.deletion_timestamp.is_none(),
-            "the pinned pod was evicted with nowhere to go"
-        );
+        holds_for("the pinned pod to stay", Duration::from_secs(5), || async {
+            let still = pods.get_opt(&pod).await?;
+            anyhow::ensure!(
+                still.is_some_and(|p| p.uid() == uid && p.metadata.deletion_timestamp.is_none()),
+                "the pinned pod was evicted with nowhere to go"
+            );
+            Ok(())
+        })
+        .await?;
 
         // The pin goes: the Deployment rolls its pod onto the target, and the node is replaced.
         let unpin = json!({"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": null}}}}});
@@ -532,11 +676,17 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
             })
             .await?;
         assert!(waiting.status.unwrap().in_progress[0].message.contains("spec.strategy.drain.force"));
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(
-            pods.get("notebook").await?.metadata.deletion_timestamp.is_none(),
-            "the bare pod was evicted"
-        );
+        // Until the spec forces it, the drain keeps the bare pod: there and not terminating,
+        // checked throughout 5 s. A pod that is gone is read as `None` (a 404 would be retried).
+        holds_for("the bare pod to be kept", Duration::from_secs(5), || async {
+            let notebook = pods.get_opt("notebook").await?;
+            anyhow::ensure!(
+                notebook.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+                "the bare pod was evicted"
+            );
+            Ok(())
+        })
+        .await?;
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
@@ -582,6 +732,144 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
         let node = nodes.get(&pool.nodes[0]).await?;
         assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
         assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name));
+        Ok(())
+    })
+    .await
+}
+
+/// A Deployment of one pod asking for `gpus` of the pool's GPUs and `cpu`.
+async fn gpu_and_cpu_deployment(pool: &Pool, name: &str, gpus: u32, cpu: &str) -> anyhow::Result<()> {
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {"pool": pool.id},
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {
+                        "limits": {&pool.resource: gpus.to_string()}, "requests": {"cpu": cpu}}}]
+                }
+            }
+        }
+    }))?;
+    Api::<Deployment>::namespaced(pool.client.clone(), &pool.apps_ns)
+        .create(&PostParams::default(), &d)
+        .await?;
+    Ok(())
+}
+
+/// A pod bound to `node` that requests `cpu` and no GPU: what a DaemonSet or a CPU workload
+/// already running on a target node leaves of its CPU.
+async fn cpu_hog(pool: &Pool, node: &str, cpu: &str) -> anyhow::Result<String> {
+    let name = format!("hog-{node}");
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": cpu}}}]}
+    }))?;
+    Api::<Pod>::namespaced(pool.client.clone(), &pool.system_ns).create(&PostParams::default(), &p).await?;
+    Ok(name)
+}
+
+/// The pod of the Deployment `app`: its uid and node.
+async fn app_pod(pool: &Pool, app: &str) -> anyhow::Result<(String, String)> {
+    let pods: Api<Pod> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
+    let list = pods.list(&ListParams::default().labels(&format!("app={app}"))).await?.items;
+    let [p] = list.as_slice() else { anyhow::bail!("want one pod of {app}, found {}", list.len()) };
+    let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    Ok((p.uid().unwrap_or_default(), node))
+}
+
+#[tokio::test]
+async fn replace_fits_each_pod_on_one_target_node_a_four_gpu_pod_and_a_cpu_bound_one_wait_until_one_has_room()
+-> anyhow::Result<()> {
+    with_pool("replfit", 2, 4, async |pool| {
+        let name = pool.id.clone();
+        let mut pools = ReplacePools::new(pool, json!({"strategy": {"maxUnavailable": 2}})).await?;
+        let t0 = pools.add_target(pool, 2).await?;
+        let t1 = pools.add_target(pool, 2).await?;
+        // The target has 4 free GPUs in sum, 2 on each node, and almost no CPU left on either.
+        let hogs = [cpu_hog(pool, &t0, "30").await?, cpu_hog(pool, &t1, "30").await?];
+        // One old node runs a 4-GPU pod, the other a 2-GPU pod that requests 4 CPUs.
+        pool.deployment("big", 1, 4).await?;
+        pool.wait_running(1).await?;
+        gpu_and_cpu_deployment(pool, "cpu", 2, "4").await?;
+        pool.wait_running(2).await?;
+        let (big_uid, big_node) = app_pod(pool, "big").await?;
+        let (cpu_uid, cpu_node) = app_pod(pool, "cpu").await?;
+        assert!(pool.nodes.contains(&big_node) && pool.nodes.contains(&cpu_node) && big_node != cpu_node);
+
+        let gpm = pool.migration(&name, pools.overrides.clone())?;
+        pool.migrations().create(&PostParams::default(), &gpm).await?;
+        let big_short = format!("{}/big-", pool.apps_ns);
+        let big_why =
+            format!("needs 4 {} (the most free on one target node: 2, on {t0}) on one node", pool.resource);
+        let cpu_why = format!("fits no single target node: {t0} has its devices free but not cpu 4 (2 free)");
+        // The plan says it before anything moves: neither node fits, each for its pod.
+        let (_, plan) = plan_json(&name).await?;
+        let rows = &plan["replace"]["nodes"];
+        let short_of = |node: &str| -> String {
+            rows.as_array()
+                .into_iter()
+                .flatten()
+                .find(|n| n["name"] == node)
+                .map(|n| n["short"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default()
+        };
+        assert!(short_of(&big_node).contains(&big_short) && short_of(&big_node).contains(&big_why), "{rows}");
+        assert!(short_of(&cpu_node).contains(&cpu_why), "{rows}");
+
+        let sampler = pool.sample();
+        pool.start_operator()?;
+        let waiting = pool
+            .wait_status(&name, "both old nodes waiting for a target node with room", MIGRATION, |g| {
+                g.status.as_ref().is_some_and(|s| {
+                    let waits = |node: &str, why: &str| {
+                        s.in_progress.iter().any(|p| {
+                            p.name == node
+                                && p.message.starts_with("TargetCapacityShort:")
+                                && p.message.contains(why)
+                        })
+                    };
+                    waits(&big_node, &big_why) && waits(&cpu_node, &cpu_why)
+                })
+            })
+            .await?;
+        assert_eq!(condition(&waiting, "Ready").map(|c| c.reason.as_str()), Some("TargetCapacityShort"));
+        // Nothing was evicted: each pod is the one that ran before, on its old node.
+        for (app, uid, node) in [("big", &big_uid, &big_node), ("cpu", &cpu_uid, &cpu_node)] {
+            assert_eq!(&app_pod(pool, app).await?, &(uid.clone(), node.clone()), "{app} was not evicted");
+            assert_eq!(pool::node_state(&pool.client, node).await?, "Cordoned", "{node} waits cordoned");
+        }
+
+        // CPU frees up on one target node: the CPU-bound pod moves there, the 4-GPU pod still waits.
+        Api::<Pod>::namespaced(pool.client.clone(), &pool.system_ns)
+            .delete(&hogs[0], &DeleteParams::default())
+            .await?;
+        pool.wait_status(&name, "the CPU-bound pod's node replaced", MIGRATION, |g| {
+            g.status
+                .as_ref()
+                .and_then(|s| s.replace.as_ref())
+                .is_some_and(|r| r.replaced_nodes.contains(&cpu_node))
+        })
+        .await?;
+        let (moved_uid, on) = app_pod(pool, "cpu").await?;
+        assert!(moved_uid != cpu_uid && on == t0, "the CPU-bound pod runs on {on}, want {t0}");
+        assert_eq!(app_pod(pool, "big").await?, (big_uid.clone(), big_node.clone()), "big still waits");
+
+        // A target node with 4 free GPUs joins: the 4-GPU pod moves there.
+        let t2 = pools.add_target(pool, 4).await?;
+        pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let (_, on) = app_pod(pool, "big").await?;
+        assert_eq!(on, t2);
+        assert_gpu_pods_on_targets(pool, &pools.targets, 2).await?;
+        let samples = sampler.stop();
+        assert!(samples.overlaps.is_empty(), "nodes served by both backends: {:?}", samples.overlaps);
+        assert!(samples.events > 10, "the sampler saw too few events to mean anything: {}", samples.events);
         Ok(())
     })
     .await

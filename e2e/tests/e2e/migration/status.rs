@@ -1,5 +1,6 @@
-//! Status and conflicts: a GPU pod on a migrated node served by another driver named, a shadowed
-//! DeviceClass naming the winner, and two migrations selecting the same nodes.
+//! Status, membership and conflicts: a GPU pod on a migrated node served by another driver named,
+//! a shadowed DeviceClass naming the winner, two migrations selecting the same nodes, and a
+//! migrated node that loses only GPU Feature Discovery's labels staying in its pool.
 
 use std::time::Duration;
 
@@ -9,9 +10,10 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{Pool, node_states, patch_spec};
+use switchyard_e2e::wait::holds_for;
 use switchyard_operator::api::v1alpha1::Phase;
 
-use super::{MIGRATION, condition, event_reasons, record_state, with_pool};
+use super::{MIGRATION, condition, event_reasons, object_events, record_state, with_pool};
 
 #[tokio::test]
 async fn a_gpu_pod_on_a_migrated_node_served_by_another_driver_is_named() -> anyhow::Result<()> {
@@ -136,10 +138,18 @@ async fn shadowed_device_class_blocks_the_migration_and_names_the_winner() -> an
         assert!(!entry.effective);
         assert_eq!(entry.shadowed_by, winner);
 
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        for (node, state) in node_states(&pool.client, pool).await? {
-            assert!(state.is_empty() || state == "Pending", "{node} moved under a shadowed class: {state}");
-        }
+        // Stalled means nothing moves: no node starts (its state stays unset or Pending), checked
+        // throughout 3 s.
+        holds_for("no node to move under the shadowed class", Duration::from_secs(3), || async {
+            for (node, state) in node_states(&pool.client, pool).await? {
+                anyhow::ensure!(
+                    state.is_empty() || state == "Pending",
+                    "{node} moved under a shadowed class: {state}"
+                );
+            }
+            Ok(())
+        })
+        .await?;
 
         // Removing the shadowing class unblocks it.
         classes.delete(&winner, &DeleteParams::default()).await?;
@@ -193,13 +203,86 @@ async fn two_migrations_selecting_the_same_nodes_conflict_and_move_nothing() -> 
             let ready = condition(&g, "Ready").unwrap();
             assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NodesRefused"), "{me}");
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        for (node, state) in node_states(&pool.client, pool).await? {
-            assert!(state.is_empty(), "{node} was moved although two migrations select it: {state}");
-        }
+        // Neither migration moves a node, checked throughout 3 s.
+        holds_for("no node to move under two migrations", Duration::from_secs(3), || async {
+            for (node, state) in node_states(&pool.client, pool).await? {
+                anyhow::ensure!(
+                    state.is_empty(),
+                    "{node} was moved although two migrations select it: {state}"
+                );
+            }
+            Ok(())
+        })
+        .await?;
         // Deleting one lets the other move the pool.
         pool.migrations().delete(&b, &DeleteParams::default()).await?;
         pool.wait_phase(&a, Phase::Completed, MIGRATION).await?;
+        Ok(())
+    })
+    .await
+}
+
+/// A pool selected by a label GPU Feature Discovery writes: the selector is warned of before
+/// anything moves, and once a migrated node loses that label (NVIDIA stops GFD where its DRA
+/// driver serves the node) it stays in the pool, on DRA, its record kept; a node whose label
+/// changes to another GPU leaves it, as any relabelled node does.
+#[tokio::test]
+async fn a_migrated_node_that_loses_only_gfd_labels_stays_in_the_pool() -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams};
+    use switchyard_operator::well_known::LABEL_MIGRATION;
+    const PRODUCT: &str = "nvidia.com/gpu.product";
+    with_pool("gfdgone", 2, 1, async |pool| {
+        let name = pool.id.clone();
+        let nodes: Api<Node> = Api::all(pool.client.clone());
+        let label = |value: Option<&str>| json!({"metadata": {"labels": {PRODUCT: value}}});
+        for n in &pool.nodes {
+            nodes
+                .patch(n, &PatchParams::default(), &Patch::Merge(label(Some("NVIDIA-H100-80GB-HBM3"))))
+                .await?;
+        }
+        let selector =
+            json!({"nodeSelector": {"matchLabels": {"pool": pool.id, PRODUCT: "NVIDIA-H100-80GB-HBM3"}}});
+        pool.migrations().create(&PostParams::default(), &pool.migration(&name, selector)?).await?;
+        pool.start_operator()?;
+        let done = pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
+        let findings = condition(&done, "InventoryFindings").map(|c| c.message.clone()).unwrap_or_default();
+        assert!(
+            findings.contains(&format!("spec.nodeSelector uses {PRODUCT}, written by GPU Feature Discovery")),
+            "the selector is warned of: {findings}"
+        );
+
+        // GFD stops on the first node: its product label goes. The node stays a member.
+        let (kept, changed) = (pool.nodes[0].clone(), pool.nodes[1].clone());
+        nodes.patch(&kept, &PatchParams::default(), &Patch::Merge(label(None))).await?;
+        holds_for(&format!("{kept} to stay in the pool without GFD's label"), Duration::from_secs(5), || {
+            let (nodes, kept, shared, name) = (nodes.clone(), kept.clone(), &*pool, name.clone());
+            async move {
+                let n = nodes.get(&kept).await?;
+                anyhow::ensure!(
+                    n.labels().get(LABEL_MIGRATION) == Some(&name),
+                    "{kept} was let go: {:?}",
+                    n.labels()
+                );
+                let gpm = shared.migrations().get(&name).await?;
+                let total = gpm.status.as_ref().map_or(0, |s| s.nodes.total);
+                anyhow::ensure!(total == 2, "{kept} left the status: {total} node(s)");
+                Ok(())
+            }
+        })
+        .await?;
+        let events = object_events(pool, "Node", &kept).await?;
+        assert!(events.iter().all(|(r, _)| r != "NodeLeftPool"), "{events:?}");
+
+        // A product label that changes is not GFD going away: that node leaves the pool.
+        nodes
+            .patch(&changed, &PatchParams::default(), &Patch::Merge(label(Some("NVIDIA-A100-SXM4-80GB"))))
+            .await?;
+        pool.wait_status(&name, &format!("{changed} out of the pool"), MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| s.nodes.total == 1)
+        })
+        .await?;
+        let released = nodes.get(&changed).await?;
+        assert!(!released.labels().contains_key(LABEL_MIGRATION), "{changed} is let go");
         Ok(())
     })
     .await

@@ -374,35 +374,44 @@ mod tests {
         needs: &[&str],
         reads: HashMap<String, NodeReads>,
     ) -> Decision {
-        replace_decide_homeless(w, free, needs, reads, HashMap::new())
+        replace_decide_homeless(w, free, needs, reads, &[])
     }
 
-    /// [`replace_decide_reads`], with pods no target node accepts on some nodes.
+    /// [`replace_decide_reads`], with the GPU pod of each node of `pinned` pinned to the old pool
+    /// by its nodeSelector (no target node accepts it).
     fn replace_decide_homeless(
         w: &World,
         free: usize,
         needs: &[&str],
         reads: HashMap<String, NodeReads>,
-        homeless: HashMap<String, Vec<String>>,
+        pinned: &[&str],
     ) -> Decision {
-        use crate::pool::replace::{Demand, Target, TargetDevice};
+        use crate::pool::replace::{Target, TargetDevice};
         let devices = (0..free).map(|_| TargetDevice { serves: vec![true] }).collect();
-        let target = Target::new(vec!["nvidia.com/gpu".into()], 1, devices, &[], &Demand::new());
-        let demand = needs
+        let t0: SlimNode = from(json!({
+            "metadata": {"name": "t0", "labels": {"pool": "dra"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"}}
+        }));
+        let target = Target::from_nodes(vec!["nvidia.com/gpu".into()], vec![(t0, devices)]);
+        let pods = needs
             .iter()
-            .map(|n| (n.to_string(), Demand::from([("nvidia.com/gpu".to_string(), 1)])))
+            .map(|n| {
+                let mut p = pod(&format!("{n}-train-0"), true);
+                p.spec.as_mut().unwrap().node_name = Some(n.to_string());
+                if pinned.contains(n) {
+                    p.spec.as_mut().unwrap().node_selector =
+                        Some([("pool".to_string(), "old".to_string())].into());
+                }
+                (n.to_string(), vec![p])
+            })
             .collect();
         let s = Snapshot {
             facts: crate::testing::server_v1_37(),
             driver_ds: w.driver_ds.clone(),
             plugin_ds: w.plugin_ds.clone(),
             device_classes: w.classes.clone(),
-            replace: Some(crate::reconcile::observe::ReplaceRoom {
-                target,
-                demand,
-                homeless,
-                moved: HashMap::new(),
-            }),
+            replace: Some(crate::reconcile::observe::ReplaceRoom { target, pods, moved: HashMap::new() }),
             node_reads: reads,
             ..crate::testing::snapshot(&w.gpm, w.nodes.clone(), NOW)
         };
@@ -463,23 +472,20 @@ mod tests {
             json!({"strategy": {"type": "Replace", "maxUnavailable": 2,
                 "replace": {"targetNodeSelector": {"matchLabels": {"pool": "dra"}}, "evictWithoutCapacity": anyway}}})
         };
-        let pinned = HashMap::from([(
-            "n1".to_string(),
-            vec!["ml/train-0 (t0: nodeSelector pool=old, the node has pool=dra)".to_string()],
-        )]);
+        let pinned = ["n1"];
         // One free device: n1's pod could not go anywhere, so n1 waits cordoned and n2 takes it.
         let w = world(spec(false));
-        let d = replace_decide_homeless(&w, 1, &["n1", "n2"], HashMap::new(), pinned.clone());
+        let d = replace_decide_homeless(&w, 1, &["n1", "n2"], HashMap::new(), &pinned);
         assert_eq!(actions(&d), vec![("n1", &Action::Cordon), ("n2", &Action::CordonAndDrain)]);
 
         let mut w = world(spec(false));
         w.nodes = vec![node("n1", Some("Cordoned"), json!({})), node("n2", Some("Draining"), json!({}))];
-        let d = replace_decide_homeless(&w, 1, &["n1"], HashMap::new(), pinned.clone());
+        let d = replace_decide_homeless(&w, 1, &["n1"], HashMap::new(), &pinned);
         assert_eq!(waits(&d, "n1"), Some(WaitReason::TargetCapacityShort));
         let message = &d.steps.iter().find(|s| s.node == "n1").unwrap().message;
         assert!(
             message.contains("no Ready, schedulable target node accepts 1 of this node's GPU pods")
-                && message.contains("ml/train-0 (t0: nodeSelector pool=old, the node has pool=dra)"),
+                && message.contains("ml/n1-train-0 (t0: nodeSelector pool=old, the node has pool=dra)"),
             "{message}"
         );
         assert_eq!(condition(&d, ConditionType::Ready).reason, "TargetCapacityShort");
@@ -487,7 +493,7 @@ mod tests {
         // evictWithoutCapacity: the spec says drain anyway.
         let mut w = world(spec(true));
         w.nodes = vec![node("n1", Some("Cordoned"), json!({}))];
-        let d = replace_decide_homeless(&w, 1, &["n1"], HashMap::new(), pinned);
+        let d = replace_decide_homeless(&w, 1, &["n1"], HashMap::new(), &pinned);
         assert_eq!(d.steps.iter().find(|s| s.node == "n1").map(|s| &s.action), Some(&Action::StartDrain));
     }
 

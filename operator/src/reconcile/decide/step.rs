@@ -36,6 +36,9 @@ pub struct NodeView<'a> {
     pub now: Timestamp,
     /// The device plugin's config, for what it shares where GPU Feature Discovery does not say.
     pub plugin_config: Option<&'a crate::pool::plugin_config::PluginConfig>,
+    /// A NoExecute DeviceTaintRule evicts the pods with a generated claim on this control plane
+    /// (`prerequisites::taint_eviction_reaches_extended_claims`).
+    pub taint_eviction_reliable: bool,
 }
 
 /// One node's step: the action and every write it makes.
@@ -54,6 +57,8 @@ pub struct NodeStep {
     pub create_taint_rule: Option<DeviceTaintRule>,
     /// Turn the rule's effect to NoExecute (`Action::EscalateTaintRule`).
     pub escalate_taint_rule: bool,
+    /// Pods to delete (`Action::DeletePastBudgets`).
+    pub delete: Vec<PodRef>,
     /// Replace, rolling back: the fences of target nodes to create (`Action::CreateFences`).
     pub create_fences: Vec<DeviceTaintRule>,
     pub delete_taint_rule: bool,
@@ -97,6 +102,7 @@ impl NodeStep {
             delete_canary: false,
             create_taint_rule: None,
             escalate_taint_rule: false,
+            delete: Vec::new(),
             create_fences: Vec::new(),
             delete_taint_rule: false,
             patch: None,
@@ -174,6 +180,10 @@ pub(super) fn steps(s: &Snapshot<'_>, name: &str, p: &Plan, hold: Option<Hold>) 
         selectors: &selectors,
         now: s.now,
         plugin_config: s.plugin_config.as_ref(),
+        taint_eviction_reliable: crate::pool::prerequisites::taint_eviction_reaches_extended_claims(
+            &s.facts.control_plane,
+        )
+        .is_ok(),
     };
     let by_name: HashMap<&str, &SlimNode> =
         s.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or(""), n.as_ref())).collect();
@@ -309,9 +319,10 @@ pub struct Turn<'a> {
 }
 
 /// Replace: what each node that drains, waits for room or starts lacks on the target pool
-/// (`None` when its pods fit): devices, or a target node that accepts some of its pods at all. The target's room is spent node by node: first the nodes already
-/// draining (the pods they have left are on their way), then the others in the order the steps
-/// run, so that no two nodes count the same free device.
+/// (`None` when its pods fit), judged by [`crate::pool::replace::judge`] (as `switchyard plan`
+/// judges it): the nodes already draining take their room first (the pods they have left are on
+/// their way), then the others in the order the steps run, so that no two nodes count the same
+/// free device.
 fn room_by_node(
     s: &Snapshot<'_>,
     p: &Plan,
@@ -320,32 +331,23 @@ fn room_by_node(
     let Some(r) = &s.replace else {
         return HashMap::new();
     };
-    let mut room = r.target.clone();
-    let drain_anyway = s.gpm.spec.strategy.replace().is_some_and(|r| r.evict_without_capacity);
-    let draining = |n: &&String| {
-        by_name
-            .get(n.as_str())
-            .is_some_and(|node| crate::node::record::node_state(node) == NodeState::Draining)
-    };
-    let order = p
+    let spec = &s.gpm.spec;
+    let drain_anyway = spec.strategy.replace().is_some_and(|r| r.evict_without_capacity);
+    let candidates: Vec<crate::pool::replace::Candidate<'_>> = p
         .in_flight
         .iter()
-        .filter(draining)
-        .chain(p.in_flight.iter().filter(|n| !draining(n)))
-        .chain(&p.to_start);
-    order
+        .chain(&p.to_start)
         .filter_map(|n| {
-            let demand = r.demand.get(n)?;
-            // Pods with nowhere to go: the node waits, and takes no room (unless it drains
-            // anyway: then its other pods take theirs).
-            if let Some(homeless) = r.homeless.get(n).filter(|h| !h.is_empty()) {
-                if drain_anyway {
-                    let _ = room.take(demand);
-                }
-                return Some((n.clone(), Some(crate::pool::replace::homeless_message(homeless))));
-            }
-            Some((n.clone(), room.take(demand).err().map(|e| e.to_string())))
+            let pods = r.pods.get(n)?;
+            let draining = by_name
+                .get(n.as_str())
+                .is_some_and(|node| crate::node::record::node_state(node) == NodeState::Draining);
+            Some(crate::pool::replace::Candidate { name: n, pods, draining })
         })
+        .collect();
+    crate::pool::replace::judge(r.target.clone(), &candidates, &spec.strategy.drain, drain_anyway)
+        .into_iter()
+        .map(|j| (j.node, j.short))
         .collect()
 }
 
@@ -373,22 +375,7 @@ pub fn node_step(
     let canary = canary(spec, state, reads, &attempt);
 
     let alloc = overlap::allocatable(node, &res);
-    // What the pool's classes select of the node's DRA devices: only a switch waiting on its
-    // slices needs it.
-    let (selected, unhealthy) = match (state, pn.backend(), gpus_before_map(&pn)) {
-        (NodeState::Switching, Backend::Dra, Some(before)) => (
-            v.selectors.for_switch(
-                overlap::present(slices, &spec.driver.name, &name),
-                &before,
-                Published {
-                    complete: overlap::pool_complete(slices, &spec.driver.name, &name),
-                    sharing_acknowledged: spec.acknowledge.gpu_sharing_loss,
-                },
-            ),
-            overlap::unhealthy(slices, &spec.driver.name, &name),
-        ),
-        _ => (Selected::default(), Vec::new()),
-    };
+    let (selected, unhealthy) = switch_devices(v, &pn, slices);
     // What DRA must publish for the node to count as switched: a shared GPU counts once.
     let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res, v.plugin_config);
     let observed = Observed {
@@ -420,6 +407,7 @@ pub fn node_step(
         claim_holders,
         taint_rule_exists: reads.taint_rule_exists,
         taint_rule_evicts: reads.taint_rule_evicts,
+        taint_eviction_reliable: v.taint_eviction_reliable,
         evict_past_budgets: spec.strategy.drain.rollback_evicts_past_budgets,
         evict_daemon_set_gpu_pods: spec.strategy.drain.evict_daemon_set_gpu_pods,
         canary,
@@ -437,21 +425,7 @@ pub fn node_step(
     };
 
     beside_the_node(&mut step, v, node, &action, &selection, &attempt, last_message);
-    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
-        step.recheck_after = recheck_after(
-            &reads.pods,
-            &selection.evict,
-            &selection.terminating,
-            spec.strategy.drain.grace_period_seconds,
-            v.now,
-        );
-    }
-    if state == NodeState::Draining
-        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
-        && let Some(since) = parse_since(&pn)
-    {
-        step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
-    }
+    drain_timing(&mut step, v, &pn, &action, reads, &selection);
     if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
         // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
         patch.metadata.resource_version = node.metadata.resource_version.clone();
@@ -461,12 +435,79 @@ pub fn node_step(
         step.events.push(NodeEvent { type_, reason, note: note.clone() });
         step.message = note;
     }
-    // A switch that counts unhealthy devices says so once, as it completes: they are the node's
-    // GPUs, and the driver keeps them out of scheduling until they recover.
-    if state == NodeState::Switching
-        && matches!(action, Action::Complete | Action::StartVerify)
-        && !unhealthy.is_empty()
+    note_switch_done(&mut step, &name, state, &action, &unhealthy, &selected.shared);
+    step
+}
+
+/// What the pool's classes select of the node's DRA devices, and which of them are unhealthy:
+/// only a switch waiting on its slices (Switching, on DRA, with its `gpus-before` recorded)
+/// needs them; every other step gets nothing.
+fn switch_devices(
+    v: &NodeView<'_>,
+    pn: &PoolNode,
+    slices: &[impl std::borrow::Borrow<ResourceSlice>],
+) -> (Selected, Vec<String>) {
+    let (spec, name) = (v.spec, &pn.name);
+    match (pn.state(), pn.backend(), gpus_before_map(pn)) {
+        (NodeState::Switching, Backend::Dra, Some(before)) => (
+            v.selectors.for_switch(
+                overlap::present(slices, &spec.driver.name, name),
+                &before,
+                Published {
+                    complete: overlap::pool_complete(slices, &spec.driver.name, name),
+                    sharing_acknowledged: spec.acknowledge.gpu_sharing_loss,
+                },
+            ),
+            overlap::unhealthy(slices, &spec.driver.name, name),
+        ),
+        _ => (Selected::default(), Vec::new()),
+    }
+}
+
+/// A drain's timings: an eviction or a wait for terminating pods looks again as their grace
+/// periods end, and a drain that ends in the switch records how long it took.
+fn drain_timing(
+    step: &mut NodeStep,
+    v: &NodeView<'_>,
+    pn: &PoolNode,
+    action: &Action,
+    reads: &NodeReads,
+    selection: &drain::Selection,
+) {
+    if matches!(action, Action::Evict | Action::Wait { reason: WaitReason::PodsTerminating, .. }) {
+        step.recheck_after = recheck_after(
+            &reads.pods,
+            &selection.evict,
+            &selection.terminating,
+            v.spec.strategy.drain.grace_period_seconds,
+            v.now,
+        );
+    }
+    if pn.state() == NodeState::Draining
+        && matches!(action, Action::SwitchToDra | Action::StopDevicePlugin)
+        && let Some(since) = parse_since(pn)
     {
+        step.drain_seconds = Some(v.now.duration_since(since).as_secs_f64().max(0.0));
+    }
+}
+
+/// What a switch says once, as it completes (Complete or StartVerify from Switching): the
+/// unhealthy devices it counted, and the GPU sharing found at the switch, each as a warning event
+/// and appended to the node's message.
+fn note_switch_done(
+    step: &mut NodeStep,
+    name: &str,
+    state: NodeState,
+    action: &Action,
+    unhealthy: &[String],
+    shared: &[String],
+) {
+    if state != NodeState::Switching || !matches!(action, Action::Complete | Action::StartVerify) {
+        return;
+    }
+    // Unhealthy devices counted: they are the node's GPUs, and the driver keeps them out of
+    // scheduling until they recover.
+    if !unhealthy.is_empty() {
         let note = format!(
             "node {name} switched with {} unhealthy device(s), counted and kept out of scheduling by their taints: {}",
             unhealthy.len(),
@@ -479,13 +520,9 @@ pub fn node_step(
         });
         step.message = format!("{}; {note}", step.message);
     }
-    // Sharing found at the switch (no labels said so before the move), acknowledged: on record
-    // once, as the switch completes.
-    if state == NodeState::Switching
-        && matches!(action, Action::Complete | Action::StartVerify)
-        && !selected.shared.is_empty()
-    {
-        let note = format!("node {name} switched on its physical devices: {}", selected.shared.join("; "));
+    // Sharing found at the switch (no labels said so before the move), acknowledged.
+    if !shared.is_empty() {
+        let note = format!("node {name} switched on its physical devices: {}", shared.join("; "));
         step.events.push(NodeEvent {
             type_: EventType::Warning,
             reason: "GpuSharingFound",
@@ -493,7 +530,6 @@ pub fn node_step(
         });
         step.message = format!("{}; {note}", step.message);
     }
-    step
 }
 
 /// The pods a step judges: those a drain moves (a switch looks only at late arrivals; a pod
@@ -575,38 +611,7 @@ fn beside_the_node(
     let name = node.metadata.name.clone().unwrap_or_default();
     match action {
         Action::Wait { reason, message } => {
-            step.message = format!("{reason}: {message}");
-            let named = match *reason {
-                WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
-                WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
-                WaitReason::GpuHeldByDaemonSetPod => Some(&selection.daemon_set_gpu_holders),
-                WaitReason::GpuHeldByStaticPod => Some(&selection.static_gpu_holders),
-                _ => None,
-            };
-            if *reason == WaitReason::EvictingClaimHolders {
-                // The rule evicts them; those it cannot reach only a person can move.
-                step.message = format!("{} ({})", step.message, drain::names(&selection.claim_holders, 5));
-                let stuck = &selection.claim_holders_out_of_reach;
-                if !stuck.is_empty() {
-                    step.message = format!(
-                        "{}; {} hold devices of {} in a pool not named after the node, which the rollback's DeviceTaintRule does not select: delete them",
-                        step.message,
-                        drain::names(stuck, 5),
-                        spec.driver.name
-                    );
-                }
-            }
-            if let Some(pods) = named {
-                step.message = format!("{} ({})", step.message, drain::names(pods, 5));
-                // Only a person can unblock these: say so once per change, not per reconcile.
-                if last_message != Some(step.message.as_str()) {
-                    step.events.push(NodeEvent {
-                        type_: EventType::Warning,
-                        reason: reason.as_str(),
-                        note: step.message.clone(),
-                    });
-                }
-            }
+            wait_message(step, spec, *reason, message, selection, last_message)
         }
         Action::Evict => {
             step.evict = selection.evict.clone();
@@ -670,8 +675,77 @@ fn beside_the_node(
                 ),
             });
         }
+        Action::DeletePastBudgets => {
+            // What the rule would reach and evict: the holders not already terminating.
+            step.delete = selection
+                .claim_holders
+                .iter()
+                .filter(|p| {
+                    !selection.terminating.contains(p) && !selection.claim_holders_out_of_reach.contains(p)
+                })
+                .cloned()
+                .collect();
+            if step.delete.is_empty() {
+                // Only holders the rule would not reach are left: the wait names them.
+                return;
+            }
+            step.events.push(NodeEvent {
+                type_: EventType::Warning,
+                reason: "RollbackDeletesPastBudgets",
+                note: format!(
+                    "{} pod(s) on {name} still hold the devices of {} after spec.strategy.drain.timeoutSeconds; rollbackEvictsPastBudgets is set, and this control plane's device-taint-eviction controller may not evict pods whose claim is in status.extendedResourceClaimStatus (before v1.37.2, or its version unknown: kubernetes/kubernetes#141290), so they are deleted as that controller would, without consulting their PodDisruptionBudgets: {}",
+                    step.delete.len(),
+                    spec.driver.name,
+                    drain::names(&step.delete, 5)
+                ),
+            });
+        }
         Action::DeleteTaintRule => step.delete_taint_rule = true,
         _ => {}
+    }
+}
+
+/// A wait's message, with the pods it waits on. A wait only a person can end (pods a drain may
+/// not evict, GPUs held by DaemonSet or static pods) is also a warning event, once per change.
+fn wait_message(
+    step: &mut NodeStep,
+    spec: &GpuPoolMigrationSpec,
+    reason: WaitReason,
+    message: &str,
+    selection: &drain::Selection,
+    last_message: Option<&str>,
+) {
+    step.message = format!("{reason}: {message}");
+    let named = match reason {
+        WaitReason::EmptyDirBlocksDrain => Some(&selection.blocked_by_empty_dir),
+        WaitReason::UnmanagedPodsBlockDrain => Some(&selection.unmanaged),
+        WaitReason::GpuHeldByDaemonSetPod => Some(&selection.daemon_set_gpu_holders),
+        WaitReason::GpuHeldByStaticPod => Some(&selection.static_gpu_holders),
+        _ => None,
+    };
+    if reason == WaitReason::EvictingClaimHolders {
+        // The rule evicts them; those it cannot reach only a person can move.
+        step.message = format!("{} ({})", step.message, drain::names(&selection.claim_holders, 5));
+        let stuck = &selection.claim_holders_out_of_reach;
+        if !stuck.is_empty() {
+            step.message = format!(
+                "{}; {} hold devices of {} in a pool not named after the node, which the rollback's DeviceTaintRule does not select: delete them",
+                step.message,
+                drain::names(stuck, 5),
+                spec.driver.name
+            );
+        }
+    }
+    if let Some(pods) = named {
+        step.message = format!("{} ({})", step.message, drain::names(pods, 5));
+        // Only a person can unblock these: say so once per change, not per reconcile.
+        if last_message != Some(step.message.as_str()) {
+            step.events.push(NodeEvent {
+                type_: EventType::Warning,
+                reason: reason.as_str(),
+                note: step.message.clone(),
+            });
+        }
     }
 }
 
