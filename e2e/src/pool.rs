@@ -840,7 +840,7 @@ impl Sampler {
         let task = tokio::spawn(async move {
             // Each watch with a short backoff of its own: through an API-server restart the
             // sampler relists within seconds, without spinning.
-            use switchyard_operator::controller::watch::backed_off;
+            use switchyard_api::watch::backed_off;
             let nodes = backed_off(watcher(
                 Api::<Node>::all(client.clone()),
                 watcher::Config::default().labels(&format!("pool={pool}")),

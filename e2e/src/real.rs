@@ -614,7 +614,7 @@ pub async fn release_nodes(client: &Client, names: &[String], labels: &[&str]) -
         .flat_map(|n| {
             n.annotations()
                 .keys()
-                .filter(|k| k.starts_with("switchyard.dev/"))
+                .filter(|k| k.starts_with(switchyard_operator::well_known::SWITCHYARD_PREFIX))
                 .map(|k| format!("{}: {k}", n.name_any()))
         })
         .collect();

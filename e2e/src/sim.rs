@@ -790,11 +790,9 @@ async fn heartbeat_loop(client: Client, config: SimConfig, state: Arc<Mutex<Stat
 async fn status_repost_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>) {
     let nodes: Api<Node> = Api::all(client.clone());
     let selector = format!("{LABEL_INSTANCE}={}", config.instance);
-    let mut stream = switchyard_operator::controller::watch::backed_off(watcher(
-        nodes,
-        watcher::Config::default().labels(&selector),
-    ))
-    .boxed();
+    let mut stream =
+        switchyard_api::watch::backed_off(watcher(nodes, watcher::Config::default().labels(&selector)))
+            .boxed();
     let reposting: Arc<Mutex<std::collections::HashSet<String>>> = Default::default();
     while let Some(event) = stream.next().await {
         let node = match event {
@@ -857,7 +855,7 @@ fn role_of(pod: &Pod, config: &SimConfig) -> Role {
 /// plugin pods run where.
 async fn pod_loop(client: Client, config: SimConfig, state: Arc<Mutex<State>>, changed: Arc<Notify>) {
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut stream = switchyard_operator::controller::watch::backed_off(watcher(
+    let mut stream = switchyard_api::watch::backed_off(watcher(
         pods.clone(),
         watcher::Config::default().fields("spec.nodeName!="),
     ))

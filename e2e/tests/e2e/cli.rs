@@ -519,7 +519,10 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
         let (classes, ours, want) = (classes.clone(), ours.clone(), format!("{uid};"));
         async move {
             let dc = classes.get(&ours).await?;
-            let sync = dc.metadata.annotations.and_then(|a| a.get("switchyard.dev/scheduler-sync").cloned());
+            let sync = dc
+                .metadata
+                .annotations
+                .and_then(|a| a.get(switchyard_operator::well_known::ANNOTATION_SCHEDULER_SYNC).cloned());
             Ok((sync.as_deref() == Some(want.as_str())).then_some(()))
         }
     })

@@ -49,7 +49,7 @@ const DRIVER: &str = "gpu.switchyard.dev";
 const SHARED_CLASS: &str = "gpu-shared.switchyard.dev";
 const GPU: &str = "nvidia.com/gpu";
 const SHARED: &str = "nvidia.com/gpu.shared";
-const BACKEND: &str = "switchyard.dev/gpu-backend";
+use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
 
 #[tokio::test]
 async fn time_sliced_gpus_labelled_by_nvidias_gfd_move_once_acknowledged() -> anyhow::Result<()> {
@@ -280,8 +280,9 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         assert_eq!(node.labels().get(BACKEND).map(String::as_str), Some("dra"), "{n}");
         assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
         assert_eq!(allocatable(&node, GPU) + allocatable(&node, SHARED), 0, "{n}: the device plugin left");
-        let before: BTreeMap<String, i64> =
-            serde_json::from_str(&node.annotations()["switchyard.dev/gpus-before"])?;
+        let before: BTreeMap<String, i64> = serde_json::from_str(
+            &node.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE],
+        )?;
         // Each pool resource, counted under the name the node advertised it: the physical GPUs.
         let (gpu, shared) = if n == &sliced { (physical, 0) } else { (0, physical) };
         assert_eq!(

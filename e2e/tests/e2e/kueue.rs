@@ -289,6 +289,10 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
     real::uninstall_device_plugin()?;
     let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
     let _ = classes.delete(DRIVER, &DeleteParams::default()).await;
-    real::release_nodes(client, names, &["pool", FIRST, LABEL_GPU_PRESENT, "switchyard.dev/gpu-backend"])
-        .await
+    real::release_nodes(
+        client,
+        names,
+        &["pool", FIRST, LABEL_GPU_PRESENT, switchyard_operator::well_known::LABEL_GPU_BACKEND],
+    )
+    .await
 }

@@ -51,7 +51,7 @@ const DRIVER: &str = "gpu.nvidia.com";
 const CLASS: &str = "gpu.nvidia.switchyard.dev";
 const GPU: &str = "nvidia.com/gpu";
 const APP: &str = "trainer";
-const BACKEND: &str = "switchyard.dev/gpu-backend";
+use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
 
 #[tokio::test]
 async fn real_pool_moves_to_nvidias_dra_driver_and_back_with_the_packaged_operator() -> anyhow::Result<()> {
@@ -312,7 +312,9 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             "{n}: the rollback puts the GPU Operator's label back as it was"
         );
         assert!(
-            !node.annotations().contains_key("switchyard.dev/device-plugin-deploy-before"),
+            !node
+                .annotations()
+                .contains_key(switchyard_operator::well_known::ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE),
             "{n}: the record of the label goes once the node is back"
         );
         assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");

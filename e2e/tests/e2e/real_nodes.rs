@@ -715,7 +715,10 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     })
     .await?;
     let n = node_api.get(&back).await?;
-    assert_eq!(n.labels().get("switchyard.dev/gpu-backend").map(String::as_str), Some("device-plugin"));
+    assert_eq!(
+        n.labels().get(switchyard_operator::well_known::LABEL_GPU_BACKEND).map(String::as_str),
+        Some("device-plugin")
+    );
     assert_ne!(n.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{back} is left cordoned");
     for other in names.iter().filter(|n| **n != back) {
         assert_eq!(allocatable(&node_api.get(other).await?, GPU), 0, "{other} stays on DRA");
@@ -791,7 +794,7 @@ async fn replace_onto_the_dra_nodes(
     replace["spec"]["nodeSelector"] = json!({"matchLabels": {"pool": id, "kubernetes.io/hostname": back}});
     replace["spec"]["strategy"] = json!({
         "type": "Replace",
-        "replace": {"targetNodeSelector": {"matchLabels": {"pool": id, "switchyard.dev/gpu-backend": "dra"}}},
+        "replace": {"targetNodeSelector": {"matchLabels": {"pool": id, switchyard_operator::well_known::LABEL_GPU_BACKEND: "dra"}}},
         "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
     });
     migrations.create(&PostParams::default(), &serde_json::from_value(replace)?).await?;
@@ -811,8 +814,11 @@ async fn replace_onto_the_dra_nodes(
         Some(true),
         "{back} is left cordoned for removal"
     );
-    assert_eq!(n.labels().get("switchyard.dev/replaced"), Some(&name));
-    assert_eq!(n.labels().get("switchyard.dev/gpu-backend").map(String::as_str), Some("device-plugin"));
+    assert_eq!(n.labels().get(switchyard_operator::well_known::LABEL_REPLACED), Some(&name));
+    assert_eq!(
+        n.labels().get(switchyard_operator::well_known::LABEL_GPU_BACKEND).map(String::as_str),
+        Some("device-plugin")
+    );
 
     // Every GPU pod now runs on a DRA node, through a claim of our driver on that node, and the
     // container got a GPU of the inventory from our CDI spec.
@@ -863,7 +869,12 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
     real::release_nodes(
         client,
         names,
-        &["pool", LABEL_GPU_PRESENT, "switchyard.dev/gpu-backend", "switchyard.dev/replaced"],
+        &[
+            "pool",
+            LABEL_GPU_PRESENT,
+            switchyard_operator::well_known::LABEL_GPU_BACKEND,
+            switchyard_operator::well_known::LABEL_REPLACED,
+        ],
     )
     .await
 }

@@ -72,7 +72,7 @@ async fn an_api_error_on_one_node_stays_on_that_node_and_the_others_move() -> an
         // The policy takes effect once the API server has compiled it: wait until a dry run of
         // the very write is denied.
         let nodes: Api<Node> = Api::all(pool.client.clone());
-        let draining = json!({"metadata": {"annotations": {"switchyard.dev/migration-state": "Draining"}}});
+        let draining = json!({"metadata": {"annotations": {switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE: "Draining"}}});
         switchyard_e2e::wait::until("the admission policy to deny Draining on one node", MIGRATION, || async {
             let dry = PatchParams { dry_run: true, ..Default::default() };
             Ok(nodes.patch(&broken, &dry, &Patch::Merge(&draining)).await.is_err().then_some(()))

@@ -323,7 +323,7 @@ async fn the_canary_passes_on_tainted_gpu_nodes_and_a_leftover_canary_does_not_d
         // which would fail the node if it were taken for this attempt's.
         let leftover: Pod = serde_json::from_value(json!({
             "metadata": {"name": format!("switchyard-canary-{}", pool.nodes[0]),
-                         "labels": {"switchyard.dev/canary-attempt": "1", "switchyard.dev/canary-node": pool.nodes[0]}},
+                         "labels": {switchyard_operator::well_known::LABEL_CANARY_ATTEMPT: "1", switchyard_operator::well_known::LABEL_CANARY_NODE: pool.nodes[0]}},
             "spec": {"nodeName": pool.nodes[0], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "tolerations": [{"operator": "Exists"}],
                      "containers": [{"name": "canary", "image": "registry.k8s.io/pause:3.10"}]}
@@ -341,7 +341,7 @@ async fn the_canary_passes_on_tainted_gpu_nodes_and_a_leftover_canary_does_not_d
         let done = migrate_forward(pool, &name, overrides).await?;
         let status = done.status.unwrap();
         assert_eq!((status.nodes.migrated, status.nodes.failed), (2, 0), "{:?}", status.failed);
-        let left = canaries.list(&ListParams::default().labels("switchyard.dev/canary-node")).await?;
+        let left = canaries.list(&ListParams::default().labels(switchyard_operator::well_known::LABEL_CANARY_NODE)).await?;
         assert!(left.items.is_empty(), "canaries are deleted once their node passed: {:?}", left.items);
         Ok(())
     })
@@ -847,7 +847,7 @@ async fn a_driver_without_the_interlock_switches_in_sequence_and_never_overlaps(
             &affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
         assert_eq!(
             terms[0]["matchExpressions"],
-            json!([{"key": "switchyard.dev/gpu-backend", "operator": "NotIn", "values": ["dra", "none"]}]),
+            json!([{"key": switchyard_operator::well_known::LABEL_GPU_BACKEND, "operator": "NotIn", "values": ["dra", "none"]}]),
             "{affinity}"
         );
         for node in &pool.nodes {

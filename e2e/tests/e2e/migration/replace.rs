@@ -32,7 +32,7 @@ impl ReplacePools {
         let plugins: Api<DaemonSet> = Api::namespaced(pool.client.clone(), &pool.system_ns);
         let off_dra = json!({"spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "switchyard.dev/gpu-backend", "operator": "NotIn", "values": ["dra"]}]}]}}}}}}});
+                {"key": switchyard_operator::well_known::LABEL_GPU_BACKEND, "operator": "NotIn", "values": ["dra"]}]}]}}}}}}});
         plugins.patch(pool::DEVICE_PLUGIN_DS, &PatchParams::default(), &Patch::Merge(&off_dra)).await?;
         let mut overrides = json!({
             "nodeSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
@@ -47,10 +47,14 @@ impl ReplacePools {
     async fn add_target(&mut self, pool: &Pool, gpus: u32) -> anyhow::Result<String> {
         use switchyard_e2e::sim::{GpuLayout, SimNode};
         let name = format!("{}-t{}", pool.id, self.targets.len());
-        let labels = [("pool", pool.id.as_str()), ("tier", "dra"), ("switchyard.dev/gpu-backend", "dra")]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
+        let labels = [
+            ("pool", pool.id.as_str()),
+            ("tier", "dra"),
+            (switchyard_operator::well_known::LABEL_GPU_BACKEND, "dra"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
         let layout = GpuLayout { gpu_resource: Some(pool.resource.clone()), ..GpuLayout::gpus(gpus) };
         pool.sim().add_node(SimNode { name: name.clone(), labels, layout }).await?;
         let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(pool.client.clone());
@@ -210,7 +214,11 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
                 Some(true),
                 "{n} is left cordoned for removal"
             );
-            assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name), "{n}");
+            assert_eq!(
+                node.labels().get(switchyard_operator::well_known::LABEL_REPLACED),
+                Some(&name),
+                "{n}"
+            );
             assert_eq!(backend(&node), "device-plugin", "{n} never switched");
             assert_eq!(pool::node_state(&pool.client, n).await?, "Replaced");
         }
@@ -263,8 +271,11 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
         for n in &pool.nodes {
             let node = nodes.get(n).await?;
             assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "{n} is uncordoned");
-            assert!(!node.labels().contains_key("switchyard.dev/replaced"), "{n}");
-            assert!(!node.annotations().contains_key("switchyard.dev/moved"), "{n}: the record goes");
+            assert!(!node.labels().contains_key(switchyard_operator::well_known::LABEL_REPLACED), "{n}");
+            assert!(
+                !node.annotations().contains_key(switchyard_operator::well_known::ANNOTATION_MOVED),
+                "{n}: the record goes"
+            );
             assert_eq!(pool::node_state(&pool.client, n).await?, "RolledBack");
         }
         let fenced = fence_notes(pool).await?;
@@ -275,7 +286,7 @@ async fn replace_moves_a_pool_onto_a_dra_pool_within_its_pdb_waits_for_room_and_
         // The fences go once nothing is left to come back; the target pool stands, untouched.
         let rules: Api<DeviceTaintRule> = Api::all(pool.client.clone());
         switchyard_e2e::wait::until("the target fences to go", MIGRATION, || {
-            let (rules, selector) = (rules.clone(), format!("switchyard.dev/migration={name}"));
+            let (rules, selector) = (rules.clone(), format!("{LABEL_MIGRATION}={name}"));
             async move {
                 Ok(rules.list(&ListParams::default().labels(&selector)).await?.items.is_empty().then_some(()))
             }
@@ -618,8 +629,8 @@ async fn replace_never_evicts_a_pod_pinned_to_the_old_pool_and_a_removed_target_
         .await?;
         let node = nodes.get(&old).await?;
         assert_ne!(node.spec.as_ref().unwrap().unschedulable, Some(true), "uncordoned");
-        assert!(!node.labels().contains_key("switchyard.dev/replaced"));
-        assert!(!node.annotations().contains_key("switchyard.dev/moved"));
+        assert!(!node.labels().contains_key(switchyard_operator::well_known::LABEL_REPLACED));
+        assert!(!node.annotations().contains_key(switchyard_operator::well_known::ANNOTATION_MOVED));
         Ok(())
     })
     .await
@@ -731,7 +742,7 @@ async fn replace_drains_as_kubectl_drain_does_and_a_target_overlapping_the_pool_
         .await?;
         let node = nodes.get(&pool.nodes[0]).await?;
         assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
-        assert_eq!(node.labels().get("switchyard.dev/replaced"), Some(&name));
+        assert_eq!(node.labels().get(switchyard_operator::well_known::LABEL_REPLACED), Some(&name));
         Ok(())
     })
     .await

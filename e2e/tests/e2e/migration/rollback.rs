@@ -290,7 +290,7 @@ async fn a_pdb_that_never_allows_eviction_fails_the_drain_and_deleting_the_migra
         let n = nodes.get(&blocked).await?;
         assert_ne!(n.spec.as_ref().unwrap().unschedulable, Some(true), "{blocked} is left cordoned");
         assert_eq!(backend(&n), "device-plugin");
-        let left: Vec<&String> = n.annotations().keys().filter(|k| k.starts_with("switchyard.dev/")).collect();
+        let left: Vec<&String> = n.annotations().keys().filter(|k| k.starts_with(switchyard_operator::well_known::SWITCHYARD_PREFIX)).collect();
         assert!(left.is_empty(), "records left on a node that never switched: {left:?}");
         Ok(())
     })

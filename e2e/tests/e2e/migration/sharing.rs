@@ -103,7 +103,7 @@ async fn unmapped_resources_and_shared_gpus_block_until_mapped_and_acknowledged(
         );
         let n = Api::<Node>::all(pool.client.clone()).get(&sliced).await?;
         let before: BTreeMap<String, u64> =
-            serde_json::from_str(&n.annotations()["switchyard.dev/gpus-before"])?;
+            serde_json::from_str(&n.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE])?;
         assert_eq!(before["nvidia.com/gpu"], 2, "{before:?}");
         let after = pool.wait_running(2).await?;
         assert_gpu_pods_on_dra(pool, &after).await?;
@@ -175,7 +175,7 @@ async fn renamed_and_time_sliced_mig_resources_show_their_capacity_loss_and_swit
         patch_spec(&pool.migrations(), &name, json!({"acknowledge": {"gpuSharingLoss": true}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         let n = Api::<Node>::all(pool.client.clone()).get(&node).await?;
-        let before: BTreeMap<String, u64> = serde_json::from_str(&n.annotations()["switchyard.dev/gpus-before"])?;
+        let before: BTreeMap<String, u64> = serde_json::from_str(&n.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE])?;
         assert_eq!(
             before,
             BTreeMap::from([("nvidia.com/gpu.shared".to_string(), 1), ("nvidia.com/mig-1g.10gb.shared".to_string(), 2)])
@@ -299,7 +299,7 @@ async fn sharing_in_the_device_plugins_config_shows_before_the_move_without_labe
         patch_spec(&pool.migrations(), &name, json!({"acknowledge": {"gpuSharingLoss": true}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         let n = Api::<Node>::all(pool.client.clone()).get(&shared).await?;
-        let before: BTreeMap<String, u64> = serde_json::from_str(&n.annotations()["switchyard.dev/gpus-before"])?;
+        let before: BTreeMap<String, u64> = serde_json::from_str(&n.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE])?;
         assert_eq!(before, BTreeMap::from([("nvidia.com/gpu".to_string(), 2)]));
         Ok(())
     })
