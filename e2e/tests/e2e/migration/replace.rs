@@ -78,7 +78,8 @@ impl ReplacePools {
     }
 }
 
-/// Every GPU pod runs on a target node through a generated claim the driver allocated there.
+/// Every GPU pod runs on a target node through a generated claim the driver allocated there, one
+/// device of that node for each GPU its limit asks for.
 async fn assert_gpu_pods_on_targets(pool: &Pool, targets: &[String], count: usize) -> anyhow::Result<()> {
     let pods = pool.wait_running(count).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(pool.client.clone(), &pool.apps_ns);
@@ -90,11 +91,17 @@ async fn assert_gpu_pods_on_targets(pool: &Pool, targets: &[String], count: usiz
             status.unwrap_or_else(|| panic!("GPU pod {} on {node} has no generated claim", p.name_any()));
         let claim = claims.get(&claim.resource_claim_name).await?;
         let results = claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap_or_default();
-        assert_eq!(results.len(), 1, "{}", p.name_any());
-        assert_eq!(
-            (results[0].driver.as_str(), results[0].pool.as_str()),
-            (pool.driver.as_str(), node.as_str())
-        );
+        let gpus: usize = p.spec.as_ref().unwrap().containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(&pool.resource))
+            .and_then(|q| q.0.parse().ok())
+            .unwrap_or(0);
+        assert_eq!(results.len(), gpus, "{}: one device per GPU of its limit", p.name_any());
+        for r in &results {
+            assert_eq!((r.driver.as_str(), r.pool.as_str()), (pool.driver.as_str(), node.as_str()));
+        }
     }
     Ok(())
 }
