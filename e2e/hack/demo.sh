@@ -56,8 +56,11 @@ wait_for() {
 }
 # The images the demo runs: Switchyard's two, NVIDIA's device plugin, the workload, the sandbox.
 demo_images=(switchyard-operator switchyard-driver-agent nvidia-device-plugin workload pause)
-# How many of the pool's nodes advertise N device-plugin GPUs, or have N running pods in ml.
-nodes_advertising() { k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' 2>/dev/null | grep -c "^$1\$"; }
+# Whether the 3 pool nodes each advertise 2 device-plugin GPUs, or N pods run in ml (each a
+# command wait_for runs again, not a value read once).
+all_advertise_two() {
+  [ "$(k get nodes -l pool=a100 -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{"\n"}{end}' 2>/dev/null | grep -c '^2$')" = 3 ]
+}
 running_in_ml() { [ "$(k -n ml get pods "${@:2}" --field-selector status.phase=Running --no-headers 2>/dev/null | wc -l)" = "$1" ]; }
 trainer_logs() { # the first trainer pod's name and what it printed about its GPUs
   local pod claim
@@ -117,8 +120,7 @@ k get nodes -o wide | sed 's/^/   /'
 say "2. The GPU pool: NVIDIA's device plugin on each node, two GPUs each (NVML answered by the mock)"
 for n in "${nodes[@]}"; do k label node "$n" pool=a100 nvidia.com/gpu.present=true --overwrite >/dev/null; done
 k apply --server-side --force-conflicts -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null
-wait_for 120 "NVIDIA's device plugin to advertise 2 GPUs on each of the 3 nodes" \
-  test "$(nodes_advertising 2)" = 3
+wait_for 120 "NVIDIA's device plugin to advertise 2 GPUs on each of the 3 nodes" all_advertise_two
 k get nodes -l pool=a100 -o custom-columns='NODE:.metadata.name,ALLOCATABLE_NVIDIA_GPU:.status.allocatable.nvidia\.com/gpu' | sed 's/^/   /'
 dp_pod=$(k -n kube-system get pods -l name=nvidia-device-plugin-ds -o jsonpath='{.items[0].metadata.name}')
 echo "   kubectl -n kube-system logs $dp_pod   (NVIDIA's device plugin)"
