@@ -2,7 +2,8 @@
 //! config/` (with and without the monitoring component) and `helm template` render is applied with
 //! server-side dry-run, so schema, defaulting, validation and admission (CEL included) all run. The
 //! CRDs and the Namespace are applied for real first, because the dry-run of the objects that
-//! depend on them needs them. Also: kustomize and Helm install the same objects with the same
+//! depend on them needs them; so are the Prometheus Operator's ServiceMonitor and PrometheusRule
+//! CRDs, from its module (`e2e/hack/prometheus-crds.sh`), where the monitoring objects are rendered. Also: kustomize and Helm install the same objects with the same
 //! rules, the agent's admission policy really confines it to its own node's ResourceSlices, and the
 //! operator's lets it change nothing in a DaemonSet but the backend node affinity.
 
@@ -17,11 +18,11 @@ use serde_json::Value;
 use switchyard_e2e::cluster::{self, repo_root, unique};
 use switchyard_e2e::locks;
 
-/// Kinds whose CRDs come from the Prometheus Operator and may be absent from the cluster.
-const OPTIONAL_KINDS: [(&str, &str); 2] = [
-    ("ServiceMonitor", "servicemonitors.monitoring.coreos.com"),
-    ("PrometheusRule", "prometheusrules.monitoring.coreos.com"),
-];
+/// The Prometheus Operator's API group, whose CRDs a cluster has only where that operator is
+/// installed; the e2e cluster gets them from its module (`e2e/hack/prometheus-crds.sh`).
+const MONITORING_GROUP: &str = "monitoring.coreos.com/";
+/// The CRDs of that group the monitoring objects use, by their file name's plural.
+const MONITORING_CRDS: [&str; 2] = ["servicemonitors", "prometheusrules"];
 const AGENT_USER: &str = "system:serviceaccount:switchyard-system:switchyard-driver-agent";
 const OPERATOR_USER: &str = "system:serviceaccount:switchyard-system:switchyard-operator";
 const FIELD_MANAGER: &str = "switchyard-e2e-manifests";
@@ -101,16 +102,33 @@ fn to_yaml(objs: &[&Value]) -> String {
     objs.iter().map(|o| format!("---\n{}", serde_yaml::to_string(o).expect("serializes"))).collect()
 }
 
-fn crd_exists(name: &str) -> bool {
-    let mut cmd = kubectl();
-    cmd.args(["get", "crd", name]);
-    run(cmd, "").0
+/// The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, as its repository ships them
+/// at the version `e2e/hack/prometheus-crds.sh` pins.
+fn monitoring_crds() -> Vec<Value> {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("e2e/hack/prometheus-crds.sh"));
+    let dir = PathBuf::from(run_ok(cmd, "").trim());
+    let crds: Vec<Value> = MONITORING_CRDS
+        .iter()
+        .flat_map(|plural| {
+            let file = dir.join(format!("monitoring.coreos.com_{plural}.yaml"));
+            parse(&std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())))
+        })
+        .collect();
+    assert_eq!(crds.len(), MONITORING_CRDS.len(), "one CRD per file in {}", dir.display());
+    assert!(crds.iter().all(|c| kind(c) == "CustomResourceDefinition"), "{} holds CRDs only", dir.display());
+    crds
 }
 
-/// Applies the CRDs and Namespaces for real, then everything else with server-side dry-run.
-fn dry_run_all(source: &str, objs: Vec<Value>) {
+/// Applies the CRDs and Namespaces for real (with the Prometheus Operator's where a monitoring
+/// object is among them), then everything else with server-side dry-run: every object, none
+/// skipped.
+fn dry_run_all(source: &str, mut objs: Vec<Value>) {
     assert!(!objs.is_empty(), "{source} rendered nothing");
-    let (setup, rest): (Vec<&Value>, Vec<&Value>) =
+    if objs.iter().any(|o| o["apiVersion"].as_str().is_some_and(|v| v.starts_with(MONITORING_GROUP))) {
+        objs.extend(monitoring_crds());
+    }
+    let (setup, checked): (Vec<&Value>, Vec<&Value>) =
         objs.iter().partition(|o| matches!(kind(o), "CustomResourceDefinition" | "Namespace"));
     let mut apply = kubectl();
     apply.args(["apply", "--server-side", "--force-conflicts", "--field-manager", FIELD_MANAGER, "-f", "-"]);
@@ -122,16 +140,6 @@ fn dry_run_all(source: &str, objs: Vec<Value>) {
         run_ok(wait, "");
     }
 
-    let mut checked = Vec::new();
-    for o in rest {
-        if let Some((k, crd)) = OPTIONAL_KINDS.iter().find(|(k, _)| *k == kind(o))
-            && !crd_exists(crd)
-        {
-            println!("{source}: SKIPPED {} (kind {k}: CRD {crd} is not installed in this cluster)", id(o));
-            continue;
-        }
-        checked.push(o);
-    }
     // --force-conflicts: on the shared cluster `make demo` may have applied config/ already under
     // another field manager; ownership conflicts say nothing about whether the manifests are valid.
     let mut dry = kubectl();
@@ -163,10 +171,22 @@ fn kustomize_config_passes_server_side_dry_run() {
     dry_run_all("kubectl kustomize config/", kustomize("config/"));
 }
 
+/// Names the Prometheus Operator kinds among `objs`, each once: what the dry-run checks of them.
+fn monitoring_kinds(objs: &[Value]) -> BTreeSet<&str> {
+    objs.iter()
+        .filter(|o| o["apiVersion"].as_str().is_some_and(|v| v.starts_with(MONITORING_GROUP)))
+        .map(kind)
+        .collect()
+}
+
+/// The monitoring component's ServiceMonitors and PrometheusRule, against the Prometheus
+/// Operator's own CRDs.
 #[test]
 fn kustomize_with_monitoring_component_passes_server_side_dry_run() {
     let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
-    dry_run_all("kubectl kustomize e2e/overlays/monitoring", kustomize("e2e/overlays/monitoring"));
+    let objs = kustomize("e2e/overlays/monitoring");
+    assert_eq!(monitoring_kinds(&objs), BTreeSet::from(["PrometheusRule", "ServiceMonitor"]));
+    dry_run_all("kubectl kustomize e2e/overlays/monitoring", objs);
 }
 
 /// The simulated-gpus component (clusters without GPUs), with its inventory ConfigMap.
@@ -209,7 +229,9 @@ fn samples_pass_server_side_dry_run() {
 #[test]
 fn helm_chart_passes_server_side_dry_run() {
     let _cluster = locks::cluster_shared_blocking().expect("the cluster lock");
-    dry_run_all("helm template (every toggle on)", helm_template());
+    let objs = helm_template();
+    assert_eq!(monitoring_kinds(&objs), BTreeSet::from(["PrometheusRule", "ServiceMonitor"]));
+    dry_run_all("helm template (every toggle on)", objs);
 }
 
 /// The two install paths must not drift apart: same objects, same RBAC rules, same admission
