@@ -695,6 +695,23 @@ pub struct NodeProgress {
     /// What the step is doing or waiting for.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Who holds the node's cordon; absent while the node is schedulable. `Switchyard` uncordons
+    /// the node once it has moved (or gone back); an `Admin` cordon stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordoned_by: Option<CordonHolder>,
+}
+
+/// Who holds a moving node's cordon, and so whether the node is schedulable once it has moved.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CordonHolder {
+    /// The migration cordoned a schedulable node and uncordons it once the node has moved. A
+    /// `kubectl cordon` meanwhile changes nothing in the API (the node is cordoned already), so
+    /// Switchyard cannot see it: to keep the node cordoned afterwards, annotate it
+    /// `switchyard.dev/initially-unschedulable=true`, and this turns to `Admin`.
+    Switchyard,
+    /// The node was cordoned before it started, or is annotated
+    /// `switchyard.dev/initially-unschedulable=true`: it stays cordoned after it moves.
+    Admin,
 }
 
 /// A node that failed to move.

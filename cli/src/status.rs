@@ -19,7 +19,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use super::{EXIT_FINDINGS, StatusArgs, View};
-use switchyard_operator::api::v1alpha1::{Direction, GpuPoolMigration, NodeCounts, NodeState, Phase};
+use switchyard_operator::api::v1alpha1::{
+    CordonHolder, Direction, GpuPoolMigration, NodeCounts, NodeState, Phase,
+};
 use switchyard_operator::node::record::state_str;
 use switchyard_operator::report::conditions::{ConditionType, runbook};
 
@@ -112,6 +114,8 @@ pub struct NodeLine {
     pub for_seconds: Option<u64>,
     /// What the step is doing or waiting for, on one line.
     pub message: String,
+    /// The cordon is an admin's: the node stays cordoned once it has moved.
+    pub admin_cordon: bool,
 }
 
 /// A node that failed to move.
@@ -174,6 +178,7 @@ pub fn snapshot(gpm: &GpuPoolMigration, now: Timestamp) -> Snapshot {
                 state: n.state,
                 for_seconds: n.since.as_ref().map(|since| seconds_between(since.0, now)),
                 message: one_line(&n.message),
+                admin_cordon: n.cordoned_by == Some(CordonHolder::Admin),
             })
             .collect(),
         failed: status
@@ -340,9 +345,10 @@ fn node_text(n: &NodeLine) -> String {
     if let Some(secs) = n.for_seconds {
         out.push_str(&format!("  ({})", format_duration(secs)));
     }
-    if !n.message.is_empty() {
+    let message = node_message(n);
+    if !message.is_empty() {
         out.push_str("  ");
-        out.push_str(&n.message);
+        out.push_str(&message);
     }
     out
 }
@@ -350,10 +356,26 @@ fn node_text(n: &NodeLine) -> String {
 /// A node in flight with aligned columns, for the bars and `--once`.
 fn node_column_text(n: &NodeLine, name_width: usize) -> String {
     let secs = n.for_seconds.map(format_duration).unwrap_or_default();
-    let line =
-        format!("{:name_width$}  {:STATE_WIDTH$}  {secs:>6}  {}", n.name, state_str(n.state), n.message);
+    let line = format!(
+        "{:name_width$}  {:STATE_WIDTH$}  {secs:>6}  {}",
+        n.name,
+        state_str(n.state),
+        node_message(n)
+    );
     line.trim_end().to_string()
 }
+
+/// The step's message, after what says the node stays cordoned once it has moved.
+fn node_message(n: &NodeLine) -> String {
+    match (n.admin_cordon, n.message.is_empty()) {
+        (false, _) => n.message.clone(),
+        (true, true) => ADMIN_CORDON.to_string(),
+        (true, false) => format!("{ADMIN_CORDON}; {}", n.message),
+    }
+}
+
+/// What `switchyard status` says of a node whose cordon is an admin's (`cordonedBy: Admin`).
+const ADMIN_CORDON: &str = "admin's cordon: stays cordoned";
 
 /// A failed node: `gpu-node-5  Failed in Draining  DrainTimeout: ...`.
 fn failed_text(f: &FailedLine) -> String {
@@ -856,7 +878,7 @@ mod tests {
                 "inProgress": [
                     {"name": "gpu-node-3", "state": "Draining", "since": rfc3339(100),
                      "message": "Evicting 2 pod(s)\nwaiting on train-0"},
-                    {"name": "gpu-node-4", "state": "Cordoned"}
+                    {"name": "gpu-node-4", "state": "Cordoned", "cordonedBy": "Admin"}
                 ],
                 "failed": [{"name": "gpu-node-5", "state": "Draining", "reason": "DrainTimeout",
                             "message": "pod a/b did not leave in 600s"}],
@@ -894,12 +916,14 @@ mod tests {
                     state: NodeState::Draining,
                     for_seconds: Some(72),
                     message: "Evicting 2 pod(s); waiting on train-0".into(),
+                    admin_cordon: false,
                 },
                 NodeLine {
                     name: "gpu-node-4".into(),
                     state: NodeState::Cordoned,
                     for_seconds: None,
                     message: String::new(),
+                    admin_cordon: true,
                 },
             ]
         );
@@ -1136,7 +1160,7 @@ mod tests {
                     LineKind::Node,
                     "gpu-node-3  Draining  (12s)  Evicting 2 pod(s); waiting on train-0".to_string()
                 ),
-                (LineKind::Node, "gpu-node-4  Cordoned".to_string()),
+                (LineKind::Node, "gpu-node-4  Cordoned  admin's cordon: stays cordoned".to_string()),
                 (
                     LineKind::Failed,
                     "gpu-node-5  Failed in Draining  DrainTimeout: pod a/b did not leave in 600s".to_string()
@@ -1208,7 +1232,7 @@ mod tests {
             vec![
                 "pool demo: Progressing 2/6 migrated, 2 moving, 1 failed",
                 "  gpu-node-3  Draining      1m12s  Evicting 2 pod(s); waiting on train-0",
-                "  gpu-node-4  Cordoned",
+                "  gpu-node-4  Cordoned             admin's cordon: stays cordoned",
                 "  gpu-node-5  Failed in Draining  DrainTimeout: pod a/b did not leave in 600s",
             ]
         );

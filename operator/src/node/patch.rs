@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use serde::Serialize;
 
-use crate::api::v1alpha1::{GpuPoolMigration, NodeState, PlacementMode};
+use crate::api::v1alpha1::{CordonHolder, GpuPoolMigration, NodeState, PlacementMode};
 use crate::node::record::{self, Backend, Failure, PoolNode};
 use crate::node::state::Action;
 use crate::well_known::*;
@@ -296,6 +296,22 @@ pub fn release_patch(pn: &PoolNode) -> NodePatch {
         patch.annotate(a, None);
     }
     patch
+}
+
+/// Who holds `node`'s cordon once `patch` (if any) has landed; `None` while it is schedulable.
+/// Switchyard records, when it cordons a node, whether the node was cordoned already
+/// (`switchyard.dev/initially-unschedulable`): `false` is its own cordon, which it lifts once the
+/// node has moved. A cordon without that record, or with `true`, is an admin's and stays.
+pub fn cordoned_by(node: &PoolNode, patch: Option<&NodePatch>) -> Option<CordonHolder> {
+    let unschedulable = patch.and_then(|p| p.spec.as_ref()).map_or(node.unschedulable, |s| s.unschedulable);
+    if !unschedulable {
+        return None;
+    }
+    let recorded = match patch.and_then(|p| p.metadata.annotations.get(ANNOTATION_INITIALLY_UNSCHEDULABLE)) {
+        Some(written) => written.as_deref(),
+        None => node.annotations.get(ANNOTATION_INITIALLY_UNSCHEDULABLE).map(AsRef::as_ref),
+    };
+    Some(if recorded == Some("false") { CordonHolder::Switchyard } else { CordonHolder::Admin })
 }
 
 #[cfg(test)]
@@ -697,5 +713,38 @@ mod tests {
         for (name, node, want) in cases {
             assert_eq!(serde_json::to_value(release_patch(&node)).unwrap(), want, "{name}");
         }
+    }
+
+    /// Who holds the cordon, before and after the patches that cordon and uncordon: an admin's
+    /// cordon, seen when the node starts or annotated later, stays the admin's.
+    #[test]
+    fn cordoned_by_follows_the_record_of_the_cordon_before() {
+        use CordonHolder::{Admin, Switchyard};
+        let fresh = pn(&[], false);
+        let admin_before = pn(&[], true);
+        let ours = pn(&[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false")], true);
+        let admin_annotated = pn(&[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "true")], true);
+        let alloc = BTreeMap::from([("nvidia.com/gpu".to_string(), 8u64)]);
+        let now = Timestamp::from_second(1_000).unwrap();
+        let after = |a: &Action, n: &PoolNode| {
+            cordoned_by(n, node_patch(a, n, "pool-a", PlacementMode::Managed, now, &alloc).as_ref())
+        };
+        assert_eq!(cordoned_by(&fresh, None), None);
+        assert_eq!(after(&Action::Cordon, &fresh), Some(Switchyard));
+        assert_eq!(after(&Action::Cordon, &admin_before), Some(Admin));
+        assert_eq!(cordoned_by(&ours, None), Some(Switchyard));
+        assert_eq!(cordoned_by(&admin_annotated, None), Some(Admin));
+        // A cordon no record explains (a node at rest an admin cordoned) is the admin's.
+        assert_eq!(cordoned_by(&admin_before, None), Some(Admin));
+        let ours_draining = pn(
+            &[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "false"), (ANNOTATION_MIGRATION_STATE, "Verifying")],
+            true,
+        );
+        assert_eq!(after(&Action::Complete, &ours_draining), None, "the node is uncordoned once it moved");
+        let admin_verifying = pn(
+            &[(ANNOTATION_INITIALLY_UNSCHEDULABLE, "true"), (ANNOTATION_MIGRATION_STATE, "Verifying")],
+            true,
+        );
+        assert_eq!(after(&Action::Complete, &admin_verifying), Some(Admin), "the admin's cordon stays");
     }
 }

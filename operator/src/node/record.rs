@@ -2,13 +2,17 @@
 //! serves it, its migration state and since when, and why it failed. A restarted operator reads
 //! the same record and resumes. Pure.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+
 use crate::node::slim::SlimNode;
 use crate::node::str_map::{Labels, StrMap};
 
 use crate::api::v1alpha1::NodeState;
 use crate::well_known::{
-    ANNOTATION_FAILURE, ANNOTATION_MIGRATION_STATE, BACKEND_DEVICE_PLUGIN, BACKEND_DRA, BACKEND_NONE,
-    LABEL_GPU_BACKEND, LABEL_MIGRATION,
+    ANNOTATION_FAILURE, ANNOTATION_GPUS_BEFORE, ANNOTATION_MIGRATION_STATE, ANNOTATION_STATE_SINCE,
+    BACKEND_DEVICE_PLUGIN, BACKEND_DRA, BACKEND_NONE, LABEL_GPU_BACKEND, LABEL_MIGRATION,
 };
 
 /// Which backend a node's label says serves it.
@@ -120,6 +124,21 @@ impl PoolNode {
     pub fn failure(&self) -> Option<Failure> {
         self.annotations.get(ANNOTATION_FAILURE).and_then(|s| serde_json::from_str(s).ok())
     }
+}
+
+/// When the node entered its state (`switchyard.dev/state-since`).
+pub fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
+    pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
+}
+
+/// The device-plugin GPUs per resource recorded when the drain started.
+pub fn gpus_before_map(pn: &PoolNode) -> Option<BTreeMap<String, u64>> {
+    pn.annotations.get(ANNOTATION_GPUS_BEFORE).and_then(|s| serde_json::from_str(s).ok())
+}
+
+/// Their sum; `None` when missing or 0.
+pub fn gpus_before(pn: &PoolNode) -> Option<u64> {
+    gpus_before_map(pn).map(|m| m.values().sum()).filter(|n| *n > 0)
 }
 
 /// Why a node failed; stored as JSON in `switchyard.dev/failure`.

@@ -25,8 +25,8 @@
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::v1alpha1::{Direction, FailurePolicy, NodeState};
-use crate::node::record::Backend;
+use crate::api::v1alpha1::{Direction, FailurePolicy, GpuPoolMigrationSpec, NodeState};
+use crate::node::record::{self, Backend, Failure, PoolNode};
 
 /// What the drain selection found on the node (see `drain::select`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -327,6 +327,61 @@ pub struct Observed {
     pub verify_timeout_seconds: i64,
     /// `spec.strategy.type: Replace`: the node drains onto the target pool and never switches.
     pub replace: Option<Replace>,
+}
+
+impl Observed {
+    /// What the node and the spec say, before any other read: the node's state, its record, its
+    /// kubelet and backend, the device plugin's GPUs on it (`allocatable` from
+    /// `pool::overlap::allocatable`, `device_plugin_gpus` from `pool::capacity::gpus_to_publish`,
+    /// each summed over the pool's resources), and the spec's direction, failure policy,
+    /// interlock, drain and timeouts. What the operator reads beside the node (the pool's plan and
+    /// hold, pods, slices, the canary, the taint rule, the target pool) is left as nothing read;
+    /// its step fills it in. `switchyard plan` asks the state machine about the same node
+    /// ([`crate::node::forecast`]).
+    pub fn of_node(
+        spec: &GpuPoolMigrationSpec,
+        pn: &PoolNode,
+        now: Timestamp,
+        allocatable: u64,
+        device_plugin_gpus: u64,
+    ) -> Observed {
+        let drain = &spec.strategy.drain;
+        Observed {
+            state: pn.state(),
+            since: record::parse_since(pn),
+            now,
+            direction: spec.direction,
+            start: false,
+            hold: None,
+            on_failure: spec.strategy.on_failure,
+            failed_during_rollback: pn.failure().as_ref().is_some_and(Failure::during_rollback),
+            unschedulable: pn.unschedulable,
+            ready: pn.ready,
+            backend: pn.backend(),
+            interlock: spec.driver.interlocked(),
+            device_plugin_pods: None,
+            drain: DrainCounts::default(),
+            allocatable,
+            device_plugin_gpus,
+            gpus_before: record::gpus_before(pn),
+            dra_devices: 0,
+            dra_selected: 0,
+            selection_note: String::new(),
+            claim_holders: 0,
+            taint_rule_exists: false,
+            taint_rule_evicts: false,
+            taint_eviction_reliable: false,
+            evict_past_budgets: drain.rollback_evicts_past_budgets,
+            evict_daemon_set_gpu_pods: drain.evict_daemon_set_gpu_pods,
+            canary: Canary::NotConfigured,
+            drain_timeout_seconds: drain.timeout_seconds,
+            verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
+            replace: spec
+                .strategy
+                .replace()
+                .map(|r| Replace { evict_without_capacity: r.evict_without_capacity, ..Replace::default() }),
+        }
+    }
 }
 
 /// The one thing to do for a node now. Each action that changes state names the new state; the

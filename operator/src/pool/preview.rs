@@ -21,7 +21,9 @@ use serde::Serialize;
 
 use crate::api::v1alpha1::{Direction, GpuPoolMigrationSpec, NodeState, PlacementMode, PodSelection};
 use crate::node::drain;
+use crate::node::forecast::{self, Forecast};
 use crate::node::record::{self, Backend, PoolNode};
+use crate::node::state::Observed;
 use crate::pool::capacity;
 use crate::pool::device_classes::{self, ClassInfo};
 use crate::pool::gate;
@@ -619,11 +621,12 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
         let pn = PoolNode::from_node(node);
         let (evict, stay) = evictions(inputs, name);
         name_gpu_holders(inputs, name, &mut named);
-        let advertises_nothing = advertises_nothing(inputs, node, &pn, in_flight);
+        let forecast = node_forecast(inputs, node, &pn, in_flight);
+        let advertises_nothing = forecast.as_ref().is_some_and(Forecast::waits_for_gpu_count);
         if advertises_nothing {
             named.advertise_nothing.push(name.clone());
         }
-        let serves_nothing = !advertises_nothing && serves_nothing(inputs, node, &pn, in_flight);
+        let serves_nothing = forecast.as_ref().is_some_and(Forecast::switch_times_out);
         if serves_nothing {
             named.serve_nothing.push(name.clone());
         }
@@ -674,30 +677,27 @@ fn name_gpu_holders(inputs: &Inputs, name: &str, named: &mut Named) {
     named.gpu_held_by_static_pods.extend(mirror.iter().map(|p| format!("{p} on {name}")));
 }
 
-/// Whether a node still to start going forward has a device plugin that advertises none of the
-/// pool's resources, with no GFD count either: the switch would have nothing to verify against.
-fn advertises_nothing(inputs: &Inputs, node: &SlimNode, pn: &PoolNode, in_flight: bool) -> bool {
-    inputs.spec.direction == Direction::Forward
-        && !in_flight
-        && pn.backend() == Backend::DevicePlugin
-        && capacity::gpus_to_publish(
-            node,
-            &crate::pool::gate::resources(&inputs.spec),
-            inputs.device_plugin_config.as_ref(),
-        )
-        .values()
-        .all(|&n| n == 0)
-}
-
-/// Whether a node still to start going forward has a device plugin that advertised GPUs once
-/// (capacity, which the kubelet keeps) but has none allocatable now: its pod serves nothing.
-fn serves_nothing(inputs: &Inputs, node: &SlimNode, pn: &PoolNode, in_flight: bool) -> bool {
-    let res = crate::pool::gate::resources(&inputs.spec);
-    inputs.spec.direction == Direction::Forward
-        && !in_flight
-        && pn.backend() == Backend::DevicePlugin
-        && overlap::allocatable_total(node, &res) == 0
-        && overlap::device_plugin_gpus(node, &res).values().any(|&n| n > 0)
+/// What the operator's state machine says of a node still to start going forward on the device
+/// plugin ([`forecast::forecast`]): whether it would wait cordoned for its GPU count
+/// (`GpuCountUnknown`: the device plugin advertises none of the pool's resources and no GFD count
+/// says how many), and whether its switch would time out (`SwitchTimeout`). `None` for the nodes
+/// the plan predicts neither for: in flight, rolling back, or off the device plugin.
+fn node_forecast(inputs: &Inputs, node: &SlimNode, pn: &PoolNode, in_flight: bool) -> Option<Forecast> {
+    let spec = &inputs.spec;
+    if spec.direction != Direction::Forward || in_flight || pn.backend() != Backend::DevicePlugin {
+        return None;
+    }
+    let res = crate::pool::gate::resources(spec);
+    // As the operator observes the node (`reconcile::decide::step::node_step`).
+    let allocatable = overlap::allocatable(node, &res).values().sum();
+    let gpus = capacity::gpus_to_publish(node, &res, inputs.device_plugin_config.as_ref()).values().sum();
+    let observed = Observed::of_node(spec, pn, inputs.now, allocatable, gpus);
+    // The agent loads the NVML library the device plugin loads: where the plugin advertised GPUs
+    // once (capacity, which the kubelet keeps) and serves none now, as when NVML fails under its
+    // driver root, the agent would find none either. Elsewhere it finds the node's GPUs.
+    let registered = overlap::device_plugin_gpus(node, &res).values().any(|&n| n > 0);
+    let agent_finds = if allocatable == 0 && registered { 0 } else { gpus };
+    Some(forecast::forecast(&observed, agent_finds))
 }
 
 /// Adds one moving node to the summary (its wave, GPUs and the pods it evicts, by flag), and

@@ -121,6 +121,7 @@ pub(crate) async fn departed(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Ve
                         "{}{e}; it left spec.nodeSelector mid-move, retrying",
                         execute::STEP_ERROR
                     ),
+                    cordoned_by: crate::node::patch::cordoned_by(&pn, None),
                 });
                 continue;
             }
@@ -134,6 +135,7 @@ pub(crate) async fn departed(gpm: &GpuPoolMigration, ctx: &Context) -> Result<Ve
                     "left spec.nodeSelector mid-move: it finishes its {was:?} step, then goes back to service; {}",
                     out.message
                 ),
+                cordoned_by: crate::node::patch::cordoned_by(&pn, None),
             }),
             None => {
                 let note = format!(

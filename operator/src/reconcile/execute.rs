@@ -121,6 +121,7 @@ fn progress(
                 state: out.state,
                 since: out.since.map(status_time),
                 message: out.message,
+                cordoned_by: step.cordoned_by,
             });
         }
     }
@@ -761,6 +762,7 @@ mod tests {
                 state: NodeState::Draining,
                 since: None,
                 message: message.into(),
+                cordoned_by: None,
             }],
             ..Default::default()
         }

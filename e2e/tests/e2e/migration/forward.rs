@@ -14,7 +14,8 @@ use serde_json::json;
 use switchyard_e2e::locks;
 use switchyard_e2e::pool::{self, GpuName, Pool, backend, node_states, patch_spec};
 use switchyard_e2e::wait::holds_for;
-use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
+use switchyard_operator::api::v1alpha1::{CordonHolder, GpuPoolMigration, Phase};
+use switchyard_operator::well_known::ANNOTATION_INITIALLY_UNSCHEDULABLE;
 
 use super::{
     MIGRATION, assert_gpu_pods_on_dra, bare_notebook, condition, event_reasons, migrate_forward,
@@ -260,7 +261,10 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
                 })
             })
             .await?;
-        assert!(waiting.status.unwrap().in_progress[0].message.contains("spec.strategy.drain.force"));
+        let line = waiting.status.unwrap().in_progress.into_iter().find(|p| p.name == bare_node).unwrap();
+        assert!(line.message.contains("spec.strategy.drain.force"), "{}", line.message);
+        // The cordon is Switchyard's, and the status says so: it is lifted once the node moves.
+        assert_eq!(line.cordoned_by, Some(CordonHolder::Switchyard), "{line:?}");
         assert_eq!(pool::node_state(&pool.client, &bare_node).await?, "Draining");
         let events = object_events(pool, "Node", &bare_node).await?;
         assert!(
@@ -299,10 +303,42 @@ async fn a_bare_gpu_pod_blocks_its_node_by_name_until_the_spec_forces_its_evicti
         })
         .await?;
 
+        // An admin wants the node kept cordoned after it moves. A `kubectl cordon` of a node that
+        // is cordoned already changes nothing, so the status's rule is what they follow: the
+        // annotation turns the cordon into theirs, and the status says so.
+        nodes
+            .patch(
+                &bare_node,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {ANNOTATION_INITIALLY_UNSCHEDULABLE: "true"}}}),
+                ),
+            )
+            .await?;
+        pool.wait_status(&name, "the status naming the admin's cordon", MIGRATION, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.in_progress
+                    .iter()
+                    .any(|p| p.name == bare_node && p.cordoned_by == Some(CordonHolder::Admin))
+            })
+        })
+        .await?;
+
         // The user accepts the loss: the pod goes, the node moves.
         patch_spec(&pool.migrations(), &name, json!({"strategy": {"drain": {"force": true}}})).await?;
         pool.wait_phase(&name, Phase::Completed, MIGRATION).await?;
         assert!(pods.get_opt("notebook").await?.is_none(), "forced: the bare pod was evicted");
+        let moved = nodes.get(&bare_node).await?;
+        assert_eq!(backend(&moved), "dra");
+        assert_eq!(moved.spec.unwrap().unschedulable, Some(true), "the admin's cordon stays after the move");
+        for other in pool.nodes.iter().filter(|n| **n != bare_node) {
+            let n = nodes.get(other).await?;
+            assert_ne!(
+                n.spec.unwrap().unschedulable,
+                Some(true),
+                "{other}: Switchyard's own cordon is lifted"
+            );
+        }
         Ok(())
     })
     .await

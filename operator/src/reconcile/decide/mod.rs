@@ -240,7 +240,8 @@ mod tests {
         node(name, Some("Migrated"), on_dra)
     }
 
-    fn slice(node: &str, devices: usize) -> ResourceSlice {
+    /// A ResourceSlice of `node` with `devices` devices of the pool's driver.
+    pub(super) fn slice(node: &str, devices: usize) -> ResourceSlice {
         let devs: Vec<_> = (0..devices).map(|i| json!({"name": format!("gpu-{i}")})).collect();
         from(json!({
             "metadata": {"name": format!("{node}-slice")},
@@ -746,6 +747,7 @@ mod tests {
                 state: NodeState::Draining,
                 since: None,
                 message: said,
+                cordoned_by: None,
             }],
             ..Default::default()
         });
@@ -1044,6 +1046,7 @@ mod tests {
                 state: NodeState::Draining,
                 since: None,
                 message: "evicting 1 pod(s)".into(),
+                cordoned_by: None,
             }],
             ..Default::default()
         });

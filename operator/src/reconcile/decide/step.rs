@@ -1,7 +1,7 @@
 //! One node's step: the pool-wide view a step is decided on, the step itself (its action, the
 //! node patch, the objects beside the node and the events it makes), and which nodes get one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::core::v1::Pod;
@@ -10,10 +10,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 
-use crate::api::v1alpha1::{DrainSpec, GpuPoolMigrationSpec, NodeState, PodSelection};
+use crate::api::v1alpha1::{CordonHolder, DrainSpec, GpuPoolMigrationSpec, NodeState, PodSelection};
 use crate::node::drain::{self, PodRef};
-use crate::node::patch::{NodePatch, fence_rule, node_patch, owner_ref, taint_rule};
-use crate::node::record::{Backend, Failure, PoolNode};
+use crate::node::patch::{self, NodePatch, fence_rule, node_patch, owner_ref, taint_rule};
+pub(crate) use crate::node::record::gpus_before;
+pub use crate::node::record::parse_since;
+use crate::node::record::{Backend, PoolNode, gpus_before_map};
 use crate::node::state::{self, Action, Canary, DrainCounts, Hold, Observed, WaitReason};
 use crate::pool::gate::resources;
 use crate::pool::overlap;
@@ -82,6 +84,8 @@ pub struct NodeStep {
     /// evicted or terminating ones are gone. Set for an eviction (its grace period) and for pods
     /// terminating (their deletionTimestamp), each plus [`POD_GONE_SLACK`].
     pub recheck_after: Option<std::time::Duration>,
+    /// Who holds the node's cordon once the step's writes have landed.
+    pub cordoned_by: Option<CordonHolder>,
 }
 
 /// How long after a pod's grace period its kubelet has usually removed it.
@@ -114,6 +118,7 @@ impl NodeStep {
             since: parse_since(pn),
             drain_seconds: None,
             recheck_after: None,
+            cordoned_by: patch::cordoned_by(pn, None),
         }
     }
 }
@@ -144,19 +149,6 @@ pub fn recheck_after(
         Some(std::time::Duration::from_millis(at.duration_since(now).as_millis().max(0) as u64))
     });
     evicted.chain(going).max().map(|d| d + POD_GONE_SLACK)
-}
-
-pub fn parse_since(pn: &PoolNode) -> Option<Timestamp> {
-    pn.annotations.get(ANNOTATION_STATE_SINCE).and_then(|s| s.parse().ok())
-}
-
-/// The device-plugin GPUs per resource recorded when the drain started.
-fn gpus_before_map(pn: &PoolNode) -> Option<BTreeMap<String, u64>> {
-    pn.annotations.get(ANNOTATION_GPUS_BEFORE).and_then(|s| serde_json::from_str(s).ok())
-}
-
-pub(crate) fn gpus_before(pn: &PoolNode) -> Option<u64> {
-    gpus_before_map(pn).map(|m| m.values().sum()).filter(|n| *n > 0)
 }
 
 /// Each node in flight, then each node that starts now, decided on its own reads: a node whose
@@ -367,7 +359,6 @@ pub fn node_step(
     let pn = PoolNode::from_node(node);
     let name = pn.name.clone();
     let state = pn.state();
-    let failure = pn.failure();
 
     let (selection, claim_holders) = pods_in_play(spec, &name, state, reads, &res);
     // The attempt is the Verifying state's start: a retry after a rollback stamps a new one.
@@ -379,26 +370,13 @@ pub fn node_step(
     // What DRA must publish for the node to count as switched: a shared GPU counts once.
     let dp_gpus = crate::pool::capacity::gpus_to_publish(node, &res, v.plugin_config);
     let observed = Observed {
-        state,
-        since: parse_since(&pn),
-        now: v.now,
-        direction: spec.direction,
         start,
         hold: v.hold,
-        on_failure: spec.strategy.on_failure,
-        failed_during_rollback: failure.as_ref().is_some_and(Failure::during_rollback),
-        unschedulable: pn.unschedulable,
-        ready: pn.ready,
-        backend: pn.backend(),
-        interlock: spec.driver.interlocked(),
         device_plugin_pods: reads.pods_read.then(|| {
             let dp = &spec.device_plugin.daemon_set;
             reads.pods.iter().filter(|p| drain::owned_by_daemon_set(p, &dp.namespace, &dp.name)).count()
         }),
         drain: DrainCounts { ..selection.counts() },
-        allocatable: alloc.values().sum(),
-        device_plugin_gpus: dp_gpus.values().sum(),
-        gpus_before: gpus_before(&pn),
         // The node's devices, unhealthy ones included: the agent's interlock keeps them all out
         // until the device plugin's capacity is gone, and those do not count.
         dra_devices: published,
@@ -408,12 +386,9 @@ pub fn node_step(
         taint_rule_exists: reads.taint_rule_exists,
         taint_rule_evicts: reads.taint_rule_evicts,
         taint_eviction_reliable: v.taint_eviction_reliable,
-        evict_past_budgets: spec.strategy.drain.rollback_evicts_past_budgets,
-        evict_daemon_set_gpu_pods: spec.strategy.drain.evict_daemon_set_gpu_pods,
         canary,
-        drain_timeout_seconds: spec.strategy.drain.timeout_seconds,
-        verify_timeout_seconds: spec.strategy.verify.timeout_seconds,
         replace,
+        ..Observed::of_node(spec, &pn, v.now, alloc.values().sum(), dp_gpus.values().sum())
     };
     let action = state::next_step(&observed);
     let mut step = NodeStep {
@@ -429,6 +404,7 @@ pub fn node_step(
     if let Some(mut patch) = node_patch(&action, &pn, v.migration, spec.placement, v.now, &dp_gpus) {
         // The patch lands only on the node as observed (see `NodeMetaPatch::resource_version`).
         patch.metadata.resource_version = node.metadata.resource_version.clone();
+        step.cordoned_by = patch::cordoned_by(&pn, Some(&patch));
         step.patch = Some(patch);
         step.remove_finished_canary = action == Action::Complete && spec.strategy.verify.canary.is_some();
         let (type_, reason, note) = transition_event(&action, &name, state, &spec.driver.name);
@@ -819,5 +795,220 @@ fn transition_reason(to: NodeState) -> &'static str {
         NodeState::RollingBack => "NodeRollingBack",
         NodeState::RolledBack => "NodeRolledBack",
         NodeState::Replaced => "NodeReplaced",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::slice;
+    use super::*;
+    use crate::node::state::FailReason;
+    use crate::pool::plugin_config::{ConfigSource, Pick, PluginConfig};
+    use crate::pool::preview;
+    use serde_json::{Value, json};
+
+    const NOW: i64 = 1_000_000;
+    const DRIVER: &str = "gpu.switchyard.dev";
+
+    fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).expect("fixture")
+    }
+
+    fn spec(patch: &Value) -> GpuPoolMigrationSpec {
+        let mut v = json!({
+            "nodeSelector": {"matchLabels": {"pool": "a100"}},
+            "resources": [{"extendedResourceName": "nvidia.com/gpu", "deviceClassName": DRIVER}],
+            "driver": {"name": DRIVER, "daemonSet": {"namespace": "switchyard", "name": "driver"}},
+            "devicePlugin": {"daemonSet": {"namespace": "gpu", "name": "plugin"}},
+            "strategy": {"maxUnavailable": 1}
+        });
+        crate::testing::merge_patch(&mut v, patch);
+        from(v)
+    }
+
+    /// A Ready pool node `n1` on the device plugin with 8 `nvidia.com/gpu`, `patch` merged in.
+    fn node_json(patch: &Value) -> Value {
+        let mut v = json!({
+            "metadata": {"name": "n1", "resourceVersion": "7", "labels": {"pool": "a100"}},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.4"}
+            }
+        });
+        crate::testing::merge_patch(&mut v, patch);
+        v
+    }
+
+    /// The operator's step for `node` at `now`, nothing holding the pool, its pods read (none),
+    /// `slices` its driver's.
+    fn operator_step(
+        spec: &GpuPoolMigrationSpec,
+        config: Option<&PluginConfig>,
+        node: &Value,
+        slices: &[ResourceSlice],
+        now: i64,
+    ) -> NodeStep {
+        let selectors = Selectors::new(spec);
+        let view = NodeView {
+            spec,
+            migration: "a100",
+            owner: None,
+            canary_namespace: "switchyard-system",
+            hold: None,
+            selectors: &selectors,
+            now: Timestamp::from_second(now).expect("a time"),
+            plugin_config: config,
+            taint_eviction_reliable: true,
+        };
+        let published = crate::cache::DeviceCounts::of(slices, DRIVER, "n1").present;
+        let reads = NodeReads { pods_read: true, ..NodeReads::default() };
+        let replace = spec.strategy.replace().map(|r| state::Replace {
+            evict_without_capacity: r.evict_without_capacity,
+            ..state::Replace::default()
+        });
+        let turn = Turn { start: false, last_message: None, replace };
+        node_step(&view, &from(node.clone()), slices, published, &reads, turn)
+    }
+
+    /// `node` once `step`'s patch has landed.
+    fn landed(mut node: Value, step: &NodeStep) -> Value {
+        let patch = serde_json::to_value(step.patch.as_ref().expect("a patch")).expect("json");
+        crate::testing::merge_patch(&mut node, &patch);
+        node
+    }
+
+    /// What the operator's steps do to `node` (as the plan finds it) from the cordon on, each
+    /// step's patch landing in turn: its step once cordoned and, where it goes on to switch, its
+    /// step in the switch once the device plugin has left and the driver publishes `agent`
+    /// devices, past the verify timeout.
+    fn operator_walk(
+        spec: &GpuPoolMigrationSpec,
+        config: Option<&PluginConfig>,
+        node: &Value,
+        agent: usize,
+    ) -> (Action, Option<Action>) {
+        let mut n = node.clone();
+        let cordon = json!({"metadata": {"annotations": {ANNOTATION_MIGRATION_STATE: "Cordoned"}},
+            "spec": {"unschedulable": true}});
+        crate::testing::merge_patch(&mut n, &cordon);
+        let cordoned = operator_step(spec, config, &n, &[], NOW);
+        if cordoned.action != Action::StartDrain {
+            return (cordoned.action, None);
+        }
+        n = landed(n, &cordoned);
+        let drained = operator_step(spec, config, &n, &[], NOW);
+        if !matches!(drained.action, Action::SwitchToDra | Action::StopDevicePlugin) {
+            return (cordoned.action, None);
+        }
+        n = landed(n, &drained);
+        for r in resources(spec) {
+            crate::testing::merge_patch(&mut n, &json!({"status": {"allocatable": {r: "0"}}}));
+        }
+        let slices = [slice("n1", agent)];
+        let gone = operator_step(spec, config, &n, &slices, NOW);
+        if gone.action == Action::StartDriver {
+            n = landed(n, &gone);
+        }
+        let late = NOW + spec.strategy.verify.timeout_seconds + 1;
+        (cordoned.action, Some(operator_step(spec, config, &n, &slices, late).action))
+    }
+
+    /// The plan's note on `node`, and whether a blocker names it.
+    fn planned(spec: &GpuPoolMigrationSpec, config: Option<&PluginConfig>, node: &Value) -> (String, bool) {
+        let ds = |ns: &str, name: &str| {
+            from(json!({"metadata": {"namespace": ns, "name": name},
+                "spec": {"selector": {}, "template": {"spec": {"containers": []}}}}))
+        };
+        let inputs = preview::Inputs {
+            name: "a100".into(),
+            spec: spec.clone(),
+            exists: false,
+            uid: String::new(),
+            nodes: vec![from(node.clone())],
+            pods: Default::default(),
+            other_pods: Default::default(),
+            pdbs: Vec::new(),
+            facts: crate::testing::server_v1_37(),
+            device_classes: Vec::new(),
+            driver_daemonset: Some(ds("switchyard", "driver")),
+            device_plugin_daemonset: Some(ds("gpu", "plugin")),
+            device_plugin_config: config.cloned(),
+            others: Vec::new(),
+            slices: Vec::new(),
+            findings: Vec::new(),
+            skipped: Vec::new(),
+            now: Timestamp::from_second(NOW).expect("a time"),
+            target: None,
+        };
+        let r = preview::build(&inputs).expect("a plan");
+        let n1 = r.nodes.iter().find(|n| n.name == "n1").expect("n1 in the plan");
+        let named = r.blockers.iter().any(|b| b.starts_with("the device plugin on n1 advertises nothing"));
+        (n1.note.clone(), named)
+    }
+
+    /// Shares `nvidia.com/gpu` 4 ways, advertised as `nvidia.com/gpu-ts` (a name GFD's labels do
+    /// not speak for, so the config says how many GPUs are behind it).
+    fn shared_config() -> PluginConfig {
+        let source = ConfigSource {
+            namespace: "gpu".into(),
+            config_map: "plugin-config".into(),
+            pick: Pick::Key("any".into()),
+        };
+        let file = "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      rename: nvidia.com/gpu-ts\n      replicas: 4\n";
+        PluginConfig::new(source, Ok([("any".to_string(), file.to_string())].into()))
+    }
+
+    #[test]
+    fn the_plan_names_a_node_for_what_the_operators_steps_do_to_it() {
+        let in_place = json!({});
+        let no_interlock = json!({"driver": {"devicePluginInterlock": false}});
+        let replace = json!({"strategy": {"type": "Replace",
+            "replace": {"targetNodeSelector": {"matchLabels": {"pool": "dra"}}}}});
+        let shared =
+            json!({"resources": [{"extendedResourceName": "nvidia.com/gpu-ts", "deviceClassName": DRIVER}]});
+        let nothing = json!({"status": {"capacity": null, "allocatable": {"nvidia.com/gpu": "0"}}});
+        let left =
+            json!({"status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "0"}}});
+        let gfd = json!({"metadata": {"labels": {"nvidia.com/gpu.count": "4"}},
+            "status": {"capacity": null, "allocatable": {"nvidia.com/gpu": "0"}}});
+        let unhealthy = json!({"status": {"allocatable": {"nvidia.com/gpu": "6"}}});
+        let renamed = |n: &str| {
+            json!({"status": {"capacity": {"nvidia.com/gpu": null, "nvidia.com/gpu-ts": "16"},
+                "allocatable": {"nvidia.com/gpu": null, "nvidia.com/gpu-ts": n}}})
+        };
+        // (shape, spec, the device plugin's config, node, devices the agent publishes, what the plan says)
+        let cases: [(&str, &Value, bool, Value, usize, &str); 10] = [
+            ("the device plugin advertises 8", &in_place, false, json!({}), 8, ""),
+            ("the same, no interlock", &no_interlock, false, json!({}), 8, ""),
+            ("two of 8 unhealthy: the agent counts them", &in_place, false, unhealthy, 8, ""),
+            ("nothing at all", &in_place, false, nothing.clone(), 0, "GpuCountUnknown"),
+            ("GFD's count only", &in_place, false, gfd, 4, ""),
+            ("capacity, nothing allocatable", &in_place, false, left.clone(), 0, "SwitchTimeout"),
+            ("the same, no interlock", &no_interlock, false, left, 0, "SwitchTimeout"),
+            ("renamed and shared by the config", &shared, true, renamed("16"), 4, ""),
+            ("the same, nothing allocatable", &shared, true, renamed("0"), 0, "SwitchTimeout"),
+            ("nothing at all, Replace: the node never switches", &replace, false, nothing, 0, ""),
+        ];
+        for (shape, spec_patch, configured, patch, agent, want) in cases {
+            let spec = spec(spec_patch);
+            let config = configured.then(shared_config);
+            let node = node_json(&patch);
+            let (note, named) = planned(&spec, config.as_ref(), &node);
+            let (cordoned, switching) = operator_walk(&spec, config.as_ref(), &node, agent);
+            let operator = match (&cordoned, &switching) {
+                (Action::Wait { reason: WaitReason::GpuCountUnknown, .. }, _) => "GpuCountUnknown",
+                (_, Some(Action::Fail { reason: FailReason::SwitchTimeout, .. })) => "SwitchTimeout",
+                _ => "",
+            };
+            let plan = ["GpuCountUnknown", "SwitchTimeout"]
+                .into_iter()
+                .find(|r| note.contains(&format!("({r})")))
+                .unwrap_or_default();
+            let why = format!("{shape}: plan {note:?}, operator {cordoned:?} then {switching:?}");
+            assert_eq!(plan, operator, "{why}");
+            assert_eq!(plan, want, "{why}");
+            assert_eq!(named, !want.is_empty(), "{why}");
+        }
     }
 }
