@@ -95,6 +95,12 @@ pub const TAINT_KEY_DRIVER_UNAVAILABLE: &str = "driver-unavailable";
 /// device-plugin GPUs in `status.allocatable`: the scheduler treats such a node as device-plugin
 /// backed, so the DRA devices must not be allocatable at the same time.
 pub const TAINT_KEY_DEVICE_PLUGIN_ACTIVE: &str = "device-plugin-active";
+/// Device-taint key suffix the agent sets on all its devices while the kubelet has not (yet)
+/// registered its DRA kubelet plugin (value `pending`, or `refused` after the kubelet refused it):
+/// the scheduler must not allocate a device the kubelet cannot prepare yet. A pod bound then fails
+/// with "DRA driver ... is not registered" and waits for the kubelet's next pod resync, about a
+/// minute and a half.
+pub const TAINT_KEY_PLUGIN_NOT_REGISTERED: &str = "kubelet-plugin-not-registered";
 
 /// The extended resource the NVIDIA device plugin advertises for a full GPU.
 pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";

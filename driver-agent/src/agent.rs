@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::health::{Applied, Effect, HealthEvent, HealthPolicy, HealthState};
 use crate::metrics::Metrics;
 use crate::node_events::NodeEvents;
+use crate::plugin::registration::RegistrationWatch;
 use crate::publish::{Backoff, Publisher, SliceWatch};
 use crate::slices::{NodeTaint, PoolIdentity, desired_slices, published_health};
 
@@ -44,10 +45,21 @@ pub struct Agent<I> {
     pub status: Status,
     /// Whether the node still advertises device-plugin GPUs; see `coexistence`.
     pub coexistence: Guard,
+    /// The kubelet's verdict on our kubelet plugin, where one runs: until it registers the plugin
+    /// every device carries the kubelet-plugin-not-registered taint. `None`: no plugin, no taint.
+    pub registration: Option<RegistrationWatch>,
     /// Our slices as the API has them, so that a deleted or changed slice is written again.
     pub slices: SliceWatch,
     /// Events on the Node when the driver's library cannot be loaded (NVML inventory only).
     pub node_events: Option<NodeEvents>,
+}
+
+/// Waits for the kubelet's next verdict on our plugin; forever when no plugin runs.
+async fn registration_changed(registration: &mut Option<RegistrationWatch>) {
+    match registration {
+        Some(r) => r.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Record device counts by type and health.
@@ -108,7 +120,8 @@ impl<I: Discovery + EventSource> Agent<I> {
     ///
     /// Kept whole although it is a little over 100 lines: it is the one `select!` over every event
     /// the agent answers (rediscovery, health events, slice changes, the coexistence guard, the
-    /// stop), and each arm is a call; split, the loop's state would travel through every piece.
+    /// kubelet's registration verdict, the stop), and each arm is a call; split, the loop's state
+    /// would travel through every piece.
     pub async fn run(
         mut self,
         mut events: mpsc::Receiver<HealthEvent>,
@@ -161,6 +174,7 @@ impl<I: Discovery + EventSource> Agent<I> {
                     }
                 }
                 _ = self.coexistence.changed() => {}
+                _ = registration_changed(&mut self.registration) => {}
                 ev = self.slices.next() => {
                     if let Some(reason) = self.publisher.observe(&ev) {
                         tracing::warn!(reason, "our ResourceSlices differ from what we published; writing them again");
@@ -189,8 +203,14 @@ impl<I: Discovery + EventSource> Agent<I> {
                 record_devices(&self.metrics, inv, &health);
                 initialised = true;
             }
-            let node_taints: Vec<NodeTaint> =
-                self.coexistence.active_since().map(NodeTaint::device_plugin_active).into_iter().collect();
+            let not_registered = self.registration.as_mut().and_then(RegistrationWatch::not_registered);
+            let node_taints: Vec<NodeTaint> = [
+                self.coexistence.active_since().map(NodeTaint::device_plugin_active),
+                not_registered.map(|(since, value)| NodeTaint::kubelet_plugin_not_registered(since, value)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
             let desired = desired_slices(&self.id, inv, &health, &node_taints, 0);
             if self.publisher.is_current(&desired) {
                 continue;
@@ -412,6 +432,7 @@ mod tests {
             metrics: metrics.clone(),
             status: status.clone(),
             coexistence: Guard::disabled(),
+            registration: None,
             slices,
             node_events: None,
         };
@@ -434,7 +455,9 @@ mod tests {
         let first = next_apply(&mut applied).await;
         assert_eq!(first["spec"]["pool"]["generation"], 2, "generation 1 went to the failed attempt");
         assert_eq!(first["spec"]["devices"].as_array().unwrap().len(), 8);
-        assert!(taints(&first, "gpu-3").is_empty());
+        for d in first["spec"]["devices"].as_array().unwrap() {
+            assert!(d.get("taints").is_none(), "no plugin, no node-wide taint: {d}");
+        }
         assert!(status.ready.load(Ordering::Relaxed));
 
         tx.send(HealthEvent {
@@ -618,6 +641,67 @@ mod tests {
         );
         task.await.unwrap().unwrap();
         assert!(metrics.encode().contains("switchyard_agent_publishes_total 5"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// While the kubelet has not registered the plugin every device carries the not-registered
+    /// taint (value `pending`, then `refused` with the same timeAdded); once it has, the devices
+    /// are published again without it, one write per verdict.
+    #[tokio::test]
+    async fn devices_wait_for_the_kubelet_to_register_the_plugin() {
+        use crate::plugin::registration::RegistrationState;
+        let (inventory, dir) = inventory("registration").await;
+        let (client, mut applied) = fake_api(vec![], None);
+        let (mut agent, metrics, status) = agent(inventory, client, SliceWatch::disabled());
+        let (verdict, rx) = tokio::sync::watch::channel(RegistrationState::Pending);
+        agent.registration = Some(RegistrationWatch::new(rx));
+        let (tx, rx) = mpsc::channel(8);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(rx, tx, async {
+            let _ = stopped.await;
+        }));
+        let key = format!("{DRIVER}/kubelet-plugin-not-registered");
+
+        let first = next_apply(&mut applied).await;
+        assert_eq!(first["spec"]["pool"]["generation"], 1);
+        let since = taint_details(&first, "gpu-0")[0].3.clone();
+        for d in ["gpu-0", "gpu-7"] {
+            assert_eq!(
+                taint_details(&first, d),
+                [(key.clone(), Some("pending".to_string()), "NoSchedule".to_string(), since.clone())],
+                "{d}"
+            );
+        }
+        assert!(status.ready.load(Ordering::Relaxed), "published, if not yet allocatable");
+
+        verdict.send_replace(RegistrationState::Failed("plugin name already registered".into()));
+        let refused = next_apply(&mut applied).await;
+        assert_eq!(refused["spec"]["pool"]["generation"], 2);
+        assert_eq!(
+            taint_details(&refused, "gpu-3"),
+            [(key.clone(), Some("refused".to_string()), "NoSchedule".to_string(), since)],
+            "still the condition that began at start"
+        );
+
+        verdict.send_replace(RegistrationState::Registered);
+        let registered = next_apply(&mut applied).await;
+        assert_eq!(registered["spec"]["pool"]["generation"], 3);
+        assert_eq!(registered["spec"]["devices"].as_array().unwrap().len(), 8);
+        for d in registered["spec"]["devices"].as_array().unwrap() {
+            assert!(d.get("taints").is_none(), "{d}");
+        }
+
+        // The plugin gone (its sender dropped) is no verdict: the next write is the shutdown one.
+        drop(verdict);
+        stop.send(()).unwrap();
+        let last = next_apply(&mut applied).await;
+        assert_eq!(last["spec"]["pool"]["generation"], 4);
+        assert_eq!(
+            taints(&last, "gpu-0"),
+            [(format!("{DRIVER}/driver-unavailable"), "NoSchedule".to_string())]
+        );
+        task.await.unwrap().unwrap();
+        assert!(metrics.encode().contains("switchyard_agent_publishes_total 4"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

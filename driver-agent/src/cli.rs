@@ -24,6 +24,7 @@ use crate::error::Error;
 use crate::health::{DEFAULT_BENIGN_XIDS, HealthPolicy, HealthState};
 use crate::metrics::Metrics;
 use crate::node_events::NodeEvents;
+use crate::plugin::registration::RegistrationWatch;
 use crate::plugin::{self, PluginConfig, RunningPlugin};
 use crate::publish::{Backoff, Publisher, SliceWatch};
 use crate::slices::{PoolIdentity, desired_slices};
@@ -323,8 +324,10 @@ pub async fn run(args: Args) -> Result<(), Error> {
         true => Some(start_plugin(&args, &client, &metrics).await?),
         false => None,
     };
+    // Follow the kubelet's verdict from before it can have one: the devices wait for it.
+    let registration = plugin.as_ref().map(|p| RegistrationWatch::new(p.registration().state()));
     let plugin = plugin.map(|p| tokio::spawn(p.run_until(shutdown.wait())));
-    let result = run_agent(&args, client, id, metrics, status, &shutdown).await;
+    let result = run_agent(&args, client, id, metrics, status, registration, &shutdown).await;
     if let Some(p) = plugin {
         match p.await {
             Ok(Ok(())) => {}
@@ -363,13 +366,15 @@ async fn start_plugin(args: &Args, client: &kube::Client, metrics: &Metrics) -> 
     plugin::start(config, std::sync::Arc::new(service), metrics.clone())
 }
 
-/// The publication loop with the configured inventory, until SIGTERM.
+/// The publication loop with the configured inventory, until SIGTERM. `registration` follows the
+/// kubelet plugin's registration, where one runs.
 async fn run_agent(
     args: &Args,
     client: kube::Client,
     id: PoolIdentity,
     metrics: Metrics,
     status: Status,
+    registration: Option<RegistrationWatch>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
     let patterns = args.device_plugin_resource_patterns();
@@ -388,9 +393,20 @@ async fn run_agent(
         InventoryKind::Nvml => {
             let inventory = NvmlDiscovery::new(metrics.clone(), args.library());
             let node_events = Some(NodeEvents::new(client_for_events, &id, inventory.library().describe()));
-            Agent { inventory, publisher, id, policy, metrics, status, coexistence, slices, node_events }
-                .run(rx, tx, shutdown.wait())
-                .await
+            Agent {
+                inventory,
+                publisher,
+                id,
+                policy,
+                metrics,
+                status,
+                coexistence,
+                registration,
+                slices,
+                node_events,
+            }
+            .run(rx, tx, shutdown.wait())
+            .await
         }
         InventoryKind::Simulated => {
             let path =
@@ -417,6 +433,7 @@ async fn run_agent(
                 metrics,
                 status,
                 coexistence,
+                registration,
                 slices,
                 node_events: None,
             }

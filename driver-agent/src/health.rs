@@ -111,7 +111,8 @@ impl TaintKind {
     }
 
     /// The kind a health taint key suffix names; `None` for node-wide taints (driver-unavailable,
-    /// device-plugin-active) and anything else that is not a health taint.
+    /// device-plugin-active, kubelet-plugin-not-registered) and anything else that is not a health
+    /// taint.
     pub fn from_key_suffix(suffix: &str) -> Option<Self> {
         [TaintKind::Xid, TaintKind::EccDbe, TaintKind::GpuLost].into_iter().find(|k| k.key_suffix() == suffix)
     }
@@ -695,9 +696,12 @@ mod tests {
         for kind in [TaintKind::Xid, TaintKind::EccDbe, TaintKind::GpuLost] {
             assert_eq!(TaintKind::from_key_suffix(kind.key_suffix()), Some(kind));
         }
-        for suffix in
-            [well_known::TAINT_KEY_DRIVER_UNAVAILABLE, well_known::TAINT_KEY_DEVICE_PLUGIN_ACTIVE, ""]
-        {
+        for suffix in [
+            well_known::TAINT_KEY_DRIVER_UNAVAILABLE,
+            well_known::TAINT_KEY_DEVICE_PLUGIN_ACTIVE,
+            well_known::TAINT_KEY_PLUGIN_NOT_REGISTERED,
+            "",
+        ] {
             assert_eq!(TaintKind::from_key_suffix(suffix), None, "{suffix:?}");
         }
         for (s, want) in

@@ -158,6 +158,8 @@ fn whole_seconds(t: Timestamp) -> Time {
 pub struct NodeTaint {
     /// Key suffix after `<driver>/`, one of the `well_known::TAINT_KEY_*` names.
     pub key_suffix: &'static str,
+    /// A fixed word (a taint value must be a label value), or none.
+    pub value: Option<&'static str>,
     /// When the condition began.
     pub since: Timestamp,
 }
@@ -165,12 +167,19 @@ pub struct NodeTaint {
 impl NodeTaint {
     /// The agent is shutting down: nobody will prepare new claims on this node.
     pub fn driver_unavailable(since: Timestamp) -> Self {
-        Self { key_suffix: well_known::TAINT_KEY_DRIVER_UNAVAILABLE, since }
+        Self { key_suffix: well_known::TAINT_KEY_DRIVER_UNAVAILABLE, value: None, since }
     }
 
     /// The node still advertises device-plugin GPUs (see `coexistence`).
     pub fn device_plugin_active(since: Timestamp) -> Self {
-        Self { key_suffix: well_known::TAINT_KEY_DEVICE_PLUGIN_ACTIVE, since }
+        Self { key_suffix: well_known::TAINT_KEY_DEVICE_PLUGIN_ACTIVE, value: None, since }
+    }
+
+    /// The kubelet has not registered our kubelet plugin (`value` `pending`), or refused it
+    /// (`refused`): it could not prepare a claim on these devices yet (see
+    /// `plugin::registration::RegistrationWatch`).
+    pub fn kubelet_plugin_not_registered(since: Timestamp, value: &'static str) -> Self {
+        Self { key_suffix: well_known::TAINT_KEY_PLUGIN_NOT_REGISTERED, value: Some(value), since }
     }
 }
 
@@ -226,7 +235,7 @@ pub fn build_devices(
             for t in node_taints {
                 taints.push(DeviceTaint {
                     key: format!("{driver}/{}", t.key_suffix),
-                    value: None,
+                    value: t.value.map(str::to_owned),
                     effect: Effect::NoSchedule.as_str().into(),
                     time_added: Some(whole_seconds(t.since)),
                 });
@@ -313,8 +322,8 @@ pub fn desired_slices(
 
 /// The inverse of the health part of [`build_devices`]: every device in `slices` by name, with the
 /// health taints (`<driver>/xid`, `<driver>/ecc-dbe`, `<driver>/gpu-lost`) it carries. Node-wide
-/// taints (driver-unavailable, device-plugin-active) and other drivers' keys are left out: they are
-/// recomputed, not restored. A taint without `timeAdded` (we always write one) counts from `now`.
+/// taints (driver-unavailable, device-plugin-active, kubelet-plugin-not-registered) and other
+/// drivers' keys are left out: they are recomputed, not restored. A taint without `timeAdded` (we always write one) counts from `now`.
 /// Feeds [`HealthState::restore`].
 pub fn published_health(
     slices: &[ResourceSlice],
@@ -524,6 +533,57 @@ mod tests {
         assert_eq!(devices[1].taints.as_ref().unwrap().len(), 2);
     }
 
+    /// Every node-wide taint goes on every device, after its health taints, with its value (the
+    /// not-registered taint's fixed word) and timeAdded; none without node-wide taints.
+    #[test]
+    fn node_wide_taints_go_on_every_device_with_their_value() {
+        let mut g = h100(1);
+        g.mig =
+            vec![MigDevice { uuid: "MIG-a".into(), profile: "1g.10gb".into(), gi: 1, ..Default::default() }];
+        let inventory = inv(vec![h100(0), g]);
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut health = HealthState::default();
+        health.apply(
+            &HealthPolicy::default(),
+            &HealthEvent { device: "gpu-0".into(), kind: FaultKind::Xid { xid: 79 }, at: at(0) },
+        );
+        let node_taints = [
+            NodeTaint::device_plugin_active(at(1)),
+            NodeTaint::kubelet_plugin_not_registered(at(2), "pending"),
+        ];
+        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", &node_taints);
+        let row = |t: &DeviceTaint| {
+            (t.key.clone(), t.value.clone(), t.effect.clone(), t.time_added.as_ref().map(|t| t.0))
+        };
+        let node_wide = [
+            (
+                "gpu.switchyard.dev/device-plugin-active".to_string(),
+                None,
+                "NoSchedule".to_string(),
+                Some(at(1)),
+            ),
+            (
+                "gpu.switchyard.dev/kubelet-plugin-not-registered".to_string(),
+                Some("pending".to_string()),
+                "NoSchedule".to_string(),
+                Some(at(2)),
+            ),
+        ];
+        let got: Vec<_> = devices[0].taints.as_ref().unwrap().iter().map(row).collect();
+        let xid = (
+            "gpu.switchyard.dev/xid".to_string(),
+            Some("79".to_string()),
+            "NoSchedule".to_string(),
+            Some(at(0)),
+        );
+        assert_eq!(got, [&[xid][..], &node_wide[..]].concat());
+        let got: Vec<_> = devices[1].taints.as_ref().unwrap().iter().map(row).collect();
+        assert_eq!(got, node_wide, "the MIG device of a healthy GPU");
+
+        let slices = desired_slices(&id(), &inventory, &HealthState::default(), &[], 1);
+        assert!(slices[0].spec.devices.iter().flatten().all(|d| d.taints.is_none()));
+    }
+
     /// What a restarted agent reads back from its slices rebuilds the health it published: the
     /// same slices come out, node-wide and foreign taints are not taken for health taints, and a
     /// whole-GPU fault shown on its MIG devices is restored on the GPU.
@@ -549,7 +609,11 @@ mod tests {
         ] {
             health.apply(&policy, &HealthEvent { device: device.into(), kind, at: at(t) });
         }
-        let node_taints = [NodeTaint::driver_unavailable(at(5)), NodeTaint::device_plugin_active(at(6))];
+        let node_taints = [
+            NodeTaint::driver_unavailable(at(5)),
+            NodeTaint::device_plugin_active(at(6)),
+            NodeTaint::kubelet_plugin_not_registered(at(7), "refused"),
+        ];
         let mut published = desired_slices(&id(), &inventory, &health, &node_taints, 3);
         published[0].spec.devices.as_mut().unwrap()[0].taints.as_mut().unwrap().push(DeviceTaint {
             key: "other.example.com/xid".into(),

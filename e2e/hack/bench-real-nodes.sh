@@ -8,7 +8,7 @@
 #   - idle CPU of NVIDIA's device plugin and of the agent over 30 s;
 #   - RSS and idle CPU of NVIDIA's DRA kubelet plugin (gpu-kubelet-plugin v0.5.0, from its chart via
 #     e2e/hack/render-nvidia-dra.sh) on real-node-2, on the same mock inventory, in the same run;
-#   - one node's move on NVIDIA's device plugin: by Switchyard and by the kubectl runbook, same run.
+# One node's move, Switchyard beside the kubectl runbook, is e2e/hack/bench-real-move.sh.
 # Needs the running e2e cluster (bench.sh starts one). Restarts its real nodes.
 set -euo pipefail
 
@@ -32,10 +32,6 @@ done
 
 nodes=(real-node-1 real-node-2 real-node-3)
 cleanup() {
-  # The migration first, while the operator runs to release its finalizer; the GPU pods before the
-  # agent, which must outlive the pods whose claims it prepared.
-  k delete gpm bench-move --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
-  k delete namespace bench-move --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
   k delete --ignore-not-found --wait --timeout=120s -k e2e/overlays/real-nodes >/dev/null 2>&1 || true
   k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null 2>&1 || true
   k delete --ignore-not-found deviceclass gpu.switchyard.dev >/dev/null 2>&1 || true
@@ -91,63 +87,3 @@ echo "idle CPU over 30 s (clock ticks of $(getconf CLK_TCK)/s): NVIDIA device pl
 # NVIDIA's DRA driver goes before the move below: its chart's DeviceClass also maps nvidia.com/gpu.
 nvidia_dra_down
 k label node real-node-2 e2e.switchyard.dev/bench- >/dev/null
-
-# One node's move on the real nodes, on NVIDIA's device plugin, in the same run: real-node-1 by
-# Switchyard (the packaged operator, a migration selecting that node), real-node-2 by the kubectl
-# runbook (e2e/hack/runbook-kubectl.sh). Each node runs one GPU pod that the move evicts and that
-# comes back through a generated claim. Switchyard's time is from `kubectl create` of the migration
-# to Completed, which includes its checks (prerequisites, the pod verification); the runbook's is
-# its own per-node line.
-k create namespace bench-move --dry-run=client -o yaml | k apply -f - >/dev/null
-for n in real-node-1 real-node-2; do
-  k apply -n bench-move -f - >/dev/null <<YAML
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: trainer-$n}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: bench-trainer, node: $n}}
-  template:
-    metadata: {labels: {app: bench-trainer, node: $n}}
-    spec:
-      nodeSelector: {kubernetes.io/hostname: $n}
-      terminationGracePeriodSeconds: 5
-      containers:
-      - {name: cuda, image: "switchyard.dev/e2e/gpu-workload:0.1.0", imagePullPolicy: Never, resources: {limits: {nvidia.com/gpu: "1"}}}
-YAML
-done
-k -n bench-move wait --for=condition=Available deployment --all --timeout=120s >/dev/null
-start=$(date +%s.%N)
-k apply -f - >/dev/null <<'YAML'
-apiVersion: switchyard.dev/v1alpha1
-kind: GpuPoolMigration
-metadata: {name: bench-move}
-spec:
-  nodeSelector: {matchLabels: {kubernetes.io/hostname: real-node-1}}
-  resources:
-  - {extendedResourceName: nvidia.com/gpu, deviceClassName: gpu.switchyard.dev, selector: "device.attributes['gpu.switchyard.dev'].type == 'gpu'"}
-  driver: {name: gpu.switchyard.dev, daemonSet: {namespace: switchyard-system, name: switchyard-driver-agent}}
-  devicePlugin: {daemonSet: {namespace: kube-system, name: nvidia-device-plugin-daemonset}}
-  placement: Managed
-  strategy: {maxUnavailable: 1, drain: {gracePeriodSeconds: 5, timeoutSeconds: 180}}
-YAML
-k wait --for=jsonpath='{.status.phase}'=Completed gpm/bench-move --timeout=300s >/dev/null
-echo "one real node moved by Switchyard (real-node-1, 1 GPU pod, NVIDIA's device plugin): $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $start}")s"
-start=$(date +%s.%N)
-runbook=$(KUBECTL="$bin/kubectl" KUBECONFIG="$state/kubeconfig" DRIVER=gpu.switchyard.dev \
-  GPU_POD_SELECTOR=app=bench-trainer BACKEND_LABEL=switchyard.dev/gpu-backend=dra \
-  bash e2e/hack/runbook-kubectl.sh real-node-2)
-echo "one real node moved by the kubectl runbook (${runbook% *}, 1 GPU pod, NVIDIA's device plugin): ${runbook#* }s"
-# The runbook does not wait for the evicted pod; Switchyard's verification does. The same end
-# point for the runbook: its GPU pod Running again, through a claim.
-until [ "$(k -n bench-move get pods -l node=real-node-2 --field-selector status.phase=Running -o jsonpath='{.items[0].status.extendedResourceClaimStatus.resourceClaimName}' 2>/dev/null)" != "" ]; do
-  sleep 0.2
-done
-echo "the kubectl runbook until its GPU pod runs again through a claim: $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $start}")s"
-for n in real-node-1 real-node-2; do
-  k -n bench-move wait --for=condition=Available "deployment/trainer-$n" --timeout=120s >/dev/null
-  claim=$(k -n bench-move get pods -l "node=$n" -o jsonpath='{.items[0].status.extendedResourceClaimStatus.resourceClaimName}')
-  [ -n "$claim" ] || { echo "bench: the GPU pod on $n came back without a generated claim" >&2; exit 1; }
-done
-k delete gpm bench-move --wait --timeout=120s >/dev/null
-k delete namespace bench-move --wait --timeout=120s >/dev/null

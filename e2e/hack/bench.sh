@@ -40,6 +40,8 @@ fi
 echo "== real nodes: start to Ready; kubelet, containerd, operator pod and agent pod memory" >&2
 bash "$root/e2e/hack/build-images.sh" 2>/dev/null
 bash "$root/e2e/hack/bench-real-nodes.sh"
+echo "== real nodes: one node's move, Switchyard beside the kubectl runbook, step by step (5 runs)" >&2
+bash "$root/e2e/hack/bench-real-move.sh" 5
 
 echo "== driver agent: event to taint, memory, idle CPU (8 GPUs x 7 MIG devices)" >&2
 cd "$root"

@@ -17,7 +17,10 @@
 # affinity) are already in place when the benchmark runs it.
 #
 # Environment: KUBECTL, KUBECONFIG, DRIVER (the DRA driver name), GPU_POD_SELECTOR, BACKEND_LABEL
-# (key=value to set), TIMEOUT (seconds per wait, default 300). Arguments: the node names.
+# (key=value to set), TIMEOUT (seconds per wait, default 300), STEPS (1: also a line on stderr as
+# each step ends, "runbook-step <node> <step> <unix seconds>", the steps named start, cordon,
+# drain, label, allocatable-0, slice, uncordon; e2e/hack/bench-real-move.sh reads them). Arguments:
+# the node names.
 # Prints one line per node: "<node> <seconds>"; retries of failed commands go to stderr.
 set -euo pipefail
 : "${KUBECTL:?}" "${KUBECONFIG:?}" "${DRIVER:?}" "${GPU_POD_SELECTOR:?}" "${BACKEND_LABEL:?}"
@@ -43,15 +46,23 @@ try() {
   printf '%s' "$out"
 }
 
+# $EPOCHREALTIME: no process per step, so the timed run costs the same with STEPS=1.
+step() { if [ "${STEPS:-}" = 1 ]; then echo "runbook-step $node $1 $EPOCHREALTIME" >&2; fi; }
+
 node=
 for node in "$@"; do
   start=$(date +%s.%N)
+  step start
   try k cordon "$node" >/dev/null
+  step cordon
   try k drain "$node" --pod-selector "$GPU_POD_SELECTOR" --ignore-daemonsets --delete-emptydir-data \
     --timeout "${timeout}s" >/dev/null
+  step drain
   try k label node "$node" "$BACKEND_LABEL" --overwrite >/dev/null
+  step label
   try k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=0 "node/$node" \
     --timeout "${timeout}s" >/dev/null
+  step allocatable-0
   deadline=$(( $(date +%s) + timeout ))
   until [ -n "$(try k get resourceslices --field-selector "spec.nodeName=$node,spec.driver=$DRIVER" -o name)" ]; do
     if [ "$(date +%s)" -ge "$deadline" ]; then
@@ -60,6 +71,8 @@ for node in "$@"; do
     fi
     sleep 1
   done
+  step slice
   try k uncordon "$node" >/dev/null
+  step uncordon
   echo "$node $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $start}")"
 done

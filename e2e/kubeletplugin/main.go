@@ -88,11 +88,11 @@ func main() {
 	flag.StringVar(&o.pod, "pod", "", "namespace/name of the pod whose claims to prepare or unprepare")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "overall deadline")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] prepare|unprepare\n", os.Args[0])
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [flags] register|prepare|unprepare\n", os.Args[0])
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() != 1 || (flag.Arg(0) != "prepare" && flag.Arg(0) != "unprepare") {
+	if flag.NArg() != 1 || (flag.Arg(0) != "register" && flag.Arg(0) != "prepare" && flag.Arg(0) != "unprepare") {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -106,9 +106,11 @@ func main() {
 }
 
 func run(o options, op string) (*Result, error) {
+	// register: only what the kubelet does when the plugin's socket appears (GetInfo, then
+	// NotifyRegistrationStatus), with no pod; the other operations register first too.
 	ns, name, ok := strings.Cut(o.pod, "/")
-	if !ok || o.node == "" || o.registryDir == "" || o.stateDir == "" {
-		return nil, errors.New("--pod namespace/name, --node, --registry-dir and --state-dir are required")
+	if (!ok && op != "register") || o.node == "" || o.registryDir == "" || o.stateDir == "" {
+		return nil, errors.New("--pod namespace/name (but for register), --node, --registry-dir and --state-dir are required")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
@@ -122,9 +124,11 @@ func run(o options, op string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	pod, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("get pod: %w", err)
+	var pod *v1.Pod
+	if op != "register" {
+		if pod, err = client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("get pod: %w", err)
+		}
 	}
 
 	// The DRA manager as kubelet.NewMainKubelet/ContainerManager creates and starts it. Sources
@@ -137,7 +141,12 @@ func run(o options, op string) (*Result, error) {
 	getNode := func(ctx context.Context) (*v1.Node, error) {
 		return client.CoreV1().Nodes().Get(ctx, o.node, metav1.GetOptions{})
 	}
-	activePods := func() []*v1.Pod { return []*v1.Pod{pod} }
+	activePods := func() []*v1.Pod {
+		if pod == nil {
+			return nil
+		}
+		return []*v1.Pod{pod}
+	}
 	notReady := config.NewSourcesReady(func(sets.Set[string]) bool { return false })
 	if err := manager.Start(ctx, activePods, getNode, notReady); err != nil {
 		return nil, err
@@ -168,6 +177,13 @@ func run(o options, op string) (*Result, error) {
 
 	res := &Result{Op: op, Registered: true}
 	switch op {
+	case "register":
+		// The plugin manager notifies the plugin right after its handler registered it; staying
+		// until the agent's slices lose their not-registered taint keeps that notification from
+		// being cut off by this process's exit, and shows the agent heard it.
+		if err := waitUntagged(ctx, client, o.driver, o.node); err != nil {
+			return nil, err
+		}
 	case "prepare":
 		if err := manager.PrepareResources(ctx, pod); err != nil {
 			return nil, err
@@ -216,4 +232,33 @@ func appendClaim(claims []Claim, ci *dra.ClaimInfo) []Claim {
 		}
 	}
 	return append(claims, c)
+}
+
+// waitUntagged waits until every device of driver's ResourceSlices for node is published without
+// the agent's <driver>/kubelet-plugin-not-registered taint.
+func waitUntagged(ctx context.Context, client kubernetes.Interface, driver, node string) error {
+	key := driver + "/kubelet-plugin-not-registered"
+	for {
+		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: "spec.nodeName=" + node + ",spec.driver=" + driver,
+		})
+		tainted := err != nil || len(list.Items) == 0
+		if err == nil {
+			for _, s := range list.Items {
+				for _, d := range s.Spec.Devices {
+					for _, t := range d.Taints {
+						tainted = tainted || t.Key == key
+					}
+				}
+			}
+		}
+		if !tainted {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the slices of %s on %s still carry %s (or none is published; last error %v): %w", driver, node, key, err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

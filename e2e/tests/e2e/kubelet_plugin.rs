@@ -1,8 +1,9 @@
 //! The driver agent as a DRA kubelet plugin, driven by the kubelet's own code on the real control
-//! plane: the real scheduler allocates a claim for a plain extended-resource pod from the slices
-//! our agent publishes, then the Go harness (`e2e/kubeletplugin`: the kubelet's plugin manager and
-//! DRA manager) registers the agent through its registration socket and prepares the pod's claim,
-//! as the kubelet does before starting the pod. The agent is then killed and restarted, prepared
+//! plane: the agent's devices stay tainted, and a plain extended-resource pod unbound, until the Go
+//! harness (`e2e/kubeletplugin`: the kubelet's plugin manager and DRA manager) has registered the
+//! agent through its registration socket; then the real scheduler allocates a claim for the pod
+//! from the slices our agent publishes, and the harness prepares the pod's claim, as the kubelet
+//! does before starting the pod. The agent is then killed and restarted, prepared
 //! again (same CDI ids, answered from its checkpoint) and unprepared (CDI spec gone).
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use switchyard_e2e::cluster::{self, unique};
 use switchyard_e2e::locks;
 use switchyard_e2e::sim::{GpuLayout, SimConfig, SimNode, Simulator};
 use switchyard_e2e::wait;
+use switchyard_operator::well_known::TAINT_KEY_PLUGIN_NOT_REGISTERED;
 
 const SCHEDULING: Duration = Duration::from_secs(60);
 
@@ -206,6 +208,45 @@ async fn scenario(client: &Client, sim: &Simulator, id: &str, agent: &mut Agent)
         }
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
+    // Until the kubelet has registered the plugin, every device carries the agent's
+    // not-registered taint, and the scheduler allocates none of them: the pod stays unbound.
+    let key = format!("{}/{TAINT_KEY_PLUGIN_NOT_REGISTERED}", agent.driver);
+    let taints: Vec<(String, Option<String>)> = slices
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|s| s.spec.driver == agent.driver)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|d| {
+            let t = d.taints.iter().flatten().find(|t| t.key == key);
+            (d.name.clone(), t.map(|t| format!("{}={}", t.effect, t.value.clone().unwrap_or_default())))
+        })
+        .collect();
+    assert!(!taints.is_empty());
+    for (device, taint) in &taints {
+        assert_eq!(taint.as_deref(), Some("NoSchedule=pending"), "{device}: {taints:?}");
+    }
+    wait::holds_for(
+        "the pod to stay unbound while the plugin is not registered",
+        Duration::from_secs(3),
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods.get("cuda").await?;
+                let bound = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                anyhow::ensure!(
+                    bound.is_none(),
+                    "pod cuda was bound to {bound:?} before the kubelet registered the plugin"
+                );
+                Ok(())
+            }
+        },
+    )
+    .await?;
+    // The kubelet's plugin manager registers it (and waits until the agent has lifted the taint).
+    let registered = agent.kubelet("register", "", &agent.dir.join("kubelet-state-0")).await?;
+    assert_eq!(registered["registered"], true);
     let pod = wait::until("pod cuda to be bound with its claim", SCHEDULING, || {
         let pods = pods.clone();
         async move {

@@ -126,13 +126,29 @@ pub fn kept(event: Event<WatchedPod>) -> Option<Event<WatchedPod>> {
 }
 
 /// The pod watch as the controller consumes it: each event through [`kept`], then applied to the
-/// GPU-pod store. Nothing is triggered by it: the steps that wait on pods come back on their own
-/// (an eviction's grace period, a terminating pod's), as they did when they listed them.
+/// GPU-pod store. Only a pod's deletion triggers a reconcile ([`deleted`]); the other steps that
+/// wait on pods come back on their own (an eviction's grace period, a terminating pod's), as they
+/// did when they listed them.
 pub fn gpu_pod_reflector(
     writer: Writer<WatchedPod>,
     events: impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static {
     reflector::reflector(writer, events.try_filter_map(|e| futures::future::ready(Ok(kept(e)))))
+}
+
+/// The pods whose deletion the watch reports, out of the cache's events: what a drain waits for.
+/// A deleted pod wakes the migration of its node at once (the controller's pod mapper), so a
+/// drain ends when its last pod is gone, not at the recheck after its grace period (which stays,
+/// for the pods the cache does not hold: `podSelection: All`).
+pub fn deleted(
+    events: impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static,
+) -> impl Stream<Item = watcher::Result<WatchedPod>> + Send + 'static {
+    events.try_filter_map(|e| {
+        futures::future::ready(Ok(match e {
+            Event::Delete(pod) => Some(pod),
+            _ => None,
+        }))
+    })
 }
 
 /// The cached pods by the node they are bound to: grouped once per reconcile, so each node's read

@@ -163,6 +163,29 @@ fn migrations_for_slice(
         .collect()
 }
 
+/// The migrations of the node a deleted pod was bound to, while that node's step waits for its
+/// pods to go (Draining, RollingBack): the deletion may end the wait, so the step goes on at once
+/// instead of at its recheck. A pod deleted on any other node triggers nothing, so the pods of a
+/// busy cluster do not reconcile every migration.
+fn migrations_for_deleted_pod(
+    store: &Store<GpuPoolMigration>,
+    nodes: &Store<SlimNode>,
+    pod: &cache::pods::WatchedPod,
+) -> Vec<ObjectRef<GpuPoolMigration>> {
+    let Some(node) = pod.node_name().and_then(|n| nodes.get(&ObjectRef::new(n))) else { return Vec::new() };
+    if !waits_for_pods(&node) {
+        return Vec::new();
+    }
+    migrations_for_labels(store, node.labels())
+}
+
+/// Whether `node` is in a step that waits for pods to leave it.
+fn waits_for_pods(node: &SlimNode) -> bool {
+    use crate::api::v1alpha1::NodeState;
+    let waiting = [NodeState::Draining, NodeState::RollingBack].map(crate::node::record::state_str);
+    node.annotations().get(ANNOTATION_MIGRATION_STATE).is_some_and(|s| waiting.iter().any(|w| w == s))
+}
+
 /// Flips `ready` once the caches a reconcile reads have synced: the migrations, nodes, DaemonSets
 /// and GPU pods always, the DeviceClasses and ResourceSlices where resource.k8s.io/v1 serves them.
 async fn readiness(
@@ -298,14 +321,13 @@ pub async fn run(
     let pod_stream = watch::errors_handled(
         "Pod",
         metrics.clone(),
-        cache::pods::gpu_pod_reflector(
+        cache::pods::deleted(cache::pods::gpu_pod_reflector(
             pod_writer,
             watch::backed_off(watcher(
                 Api::<cache::pods::WatchedPod>::all(client.clone()),
                 watcher::Config::default().fields(cache::pods::BOUND),
             )),
-        )
-        .touched_objects(),
+        )),
     );
 
     let s = store.clone();
@@ -316,6 +338,8 @@ pub async fn run(
     let map_dc = move |dc: DeviceClass| migrations_for_device_class(&s, &dc);
     let (s, nodes) = (store.clone(), node_reader.clone());
     let map_slice = move |rs: ResourceSlice| migrations_for_slice(&s, &nodes, &rs);
+    let (s, nodes) = (store.clone(), node_reader.clone());
+    let map_pod = move |p: cache::pods::WatchedPod| migrations_for_deleted_pod(&s, &nodes, &p);
 
     metrics.set_cluster_source(cluster_gpus(
         ready.clone(),
@@ -346,8 +370,8 @@ pub async fn run(
         .watches_stream(ds_stream, map_ds)
         .watches_stream(dc_stream, map_dc)
         .watches_stream(slice_stream, map_slice)
-        // Feeds the GPU-pod cache only: a pod's change triggers no reconcile (see `cache::pods`).
-        .watches_stream(pod_stream, |_| std::iter::empty())
+        // Feeds the GPU-pod cache; only a deletion on a draining node triggers (see `cache::pods`).
+        .watches_stream(pod_stream, map_pod)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -446,6 +470,56 @@ mod tests {
         let g = migration("gpu.nvidia.com");
         assert!(concerns(&g, &class("gpu.nvidia.com", None)));
         assert!(!concerns(&g, &class("mig.nvidia.com", None)));
+    }
+
+    /// A pod deleted on a draining or rolling-back node wakes the node's migration (by its label or
+    /// its selector); one deleted on a node at rest, or on a node the cache does not know, wakes
+    /// nothing. Only deletions reach the mapper.
+    #[tokio::test]
+    async fn a_deleted_pod_wakes_the_migration_of_its_node_only_while_the_node_waits_for_pods() {
+        use futures::TryStreamExt;
+        let (migrations, mut w) = reflector::store::<GpuPoolMigration>();
+        w.apply_watcher_event(&watcher::Event::Apply(migration("")));
+        let (nodes, mut w) = reflector::store::<SlimNode>();
+        let node = |name: &str, state: Option<&str>| -> SlimNode {
+            let annotations = state.map(|s| serde_json::json!({ANNOTATION_MIGRATION_STATE: s}));
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": {"pool": "a"}, "annotations": annotations},
+            }))
+            .expect("a node")
+        };
+        for n in [
+            node("draining", Some("Draining")),
+            node("back", Some("RollingBack")),
+            node("switching", Some("Switching")),
+            node("rest", None),
+        ] {
+            w.apply_watcher_event(&watcher::Event::Apply(n));
+        }
+        let pod = |on: &str| -> cache::pods::WatchedPod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("train-{on}"), "namespace": "ml"},
+                "spec": {"nodeName": on, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Running"},
+            }))
+            .expect("a pod")
+        };
+        let woken = |on: &str| -> Vec<String> {
+            migrations_for_deleted_pod(&migrations, &nodes, &pod(on)).into_iter().map(|r| r.name).collect()
+        };
+        assert_eq!(woken("draining"), ["m"]);
+        assert_eq!(woken("back"), ["m"]);
+        assert!(woken("switching").is_empty());
+        assert!(woken("rest").is_empty());
+        assert!(woken("unknown").is_empty());
+
+        let events = futures::stream::iter([
+            Ok(watcher::Event::Apply(pod("draining"))),
+            Ok(watcher::Event::Delete(pod("back"))),
+            Ok(watcher::Event::InitApply(pod("rest"))),
+        ]);
+        let deleted: Vec<_> = cache::pods::deleted(events).try_collect().await.expect("no error");
+        assert_eq!(deleted, [pod("back")], "only the deletion");
     }
 
     #[test]

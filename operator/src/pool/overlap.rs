@@ -11,7 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::node::slim::SlimNode;
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
 
-use crate::well_known::{TAINT_KEY_DEVICE_PLUGIN_ACTIVE, TAINT_KEY_DRIVER_UNAVAILABLE, is_gpu_resource};
+use crate::well_known::{
+    TAINT_KEY_DEVICE_PLUGIN_ACTIVE, TAINT_KEY_DRIVER_UNAVAILABLE, TAINT_KEY_PLUGIN_NOT_REGISTERED,
+    is_gpu_resource,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Pool resources in the node's `status.allocatable`, by name. Unparsable or fractional
@@ -95,17 +98,21 @@ pub(crate) fn keeps_out(t: &DeviceTaint) -> bool {
     t.effect == "NoSchedule" || t.effect == "NoExecute"
 }
 
-/// Whether `t` is one of Switchyard's agent's node-wide taints: the device-plugin interlock, or
-/// the driver shutting down. They say nothing of the GPU itself.
+/// Whether `t` is one of Switchyard's agent's node-wide taints: the device-plugin interlock, the
+/// driver shutting down, or its kubelet plugin not (yet) registered with the kubelet. They say
+/// nothing of the GPU itself: a switching node waits for them to go instead of counting its
+/// devices as unhealthy and completing while the kubelet cannot prepare a claim.
 fn node_wide(t: &DeviceTaint, driver: &str) -> bool {
-    t.key
-        .strip_prefix(driver)
-        .and_then(|k| k.strip_prefix('/'))
-        .is_some_and(|k| k == TAINT_KEY_DEVICE_PLUGIN_ACTIVE || k == TAINT_KEY_DRIVER_UNAVAILABLE)
+    t.key.strip_prefix(driver).and_then(|k| k.strip_prefix('/')).is_some_and(|k| {
+        k == TAINT_KEY_DEVICE_PLUGIN_ACTIVE
+            || k == TAINT_KEY_DRIVER_UNAVAILABLE
+            || k == TAINT_KEY_PLUGIN_NOT_REGISTERED
+    })
 }
 
 /// Devices our driver publishes for `node` that are the node's to serve: every device but those a
-/// node-wide taint keeps out (the interlock, a driver shutting down). A device tainted unhealthy
+/// node-wide taint keeps out (the interlock, a driver shutting down, a kubelet plugin the kubelet
+/// has not registered). A device tainted unhealthy
 /// (an XID, an ECC error, a GPU lost) is still one of the node's GPUs: a switch counts it against
 /// the GPUs the device plugin had, which counted it too, and reports it ([`unhealthy`]) instead of
 /// waiting for a GPU that will not come back.
@@ -239,6 +246,46 @@ mod tests {
             ]);
         }
         s
+    }
+
+    /// Only our agent's node-wide taints, and only those that keep a device out, make a device
+    /// absent; a health taint leaves it present and reported unhealthy.
+    #[test]
+    fn node_wide_taints_keep_devices_from_being_present() {
+        // (case, taint key, effect, present?)
+        let cases = [
+            ("device plugin active", "gpu.switchyard.dev/device-plugin-active", "NoSchedule", false),
+            ("driver unavailable", "gpu.switchyard.dev/driver-unavailable", "NoSchedule", false),
+            (
+                "plugin not registered",
+                "gpu.switchyard.dev/kubelet-plugin-not-registered",
+                "NoSchedule",
+                false,
+            ),
+            (
+                "plugin not registered, NoExecute",
+                "gpu.switchyard.dev/kubelet-plugin-not-registered",
+                "NoExecute",
+                false,
+            ),
+            ("informational", "gpu.switchyard.dev/kubelet-plugin-not-registered", "None", true),
+            ("another driver's key", "other.example.com/kubelet-plugin-not-registered", "NoSchedule", true),
+            ("a longer driver name", "gpu.switchyard.dev.x/driver-unavailable", "NoSchedule", true),
+            ("unhealthy", "gpu.switchyard.dev/xid", "NoSchedule", true),
+        ];
+        for (case, key, effect, want) in cases {
+            let mut s = slice(DRIVER, "n", 2);
+            s.spec.devices.as_mut().unwrap()[1].taints = Some(vec![
+                serde_json::from_value(json!({"key": key, "value": "v", "effect": effect})).unwrap(),
+            ]);
+            let names: Vec<&str> =
+                present(std::slice::from_ref(&s), DRIVER, "n").map(|d| d.name.as_str()).collect();
+            let want_names: &[&str] = if want { &["gpu-0", "gpu-1"] } else { &["gpu-0"] };
+            assert_eq!(names, want_names, "{case}");
+            let reported = unhealthy(&[s], DRIVER, "n");
+            let keeps_out = want && effect != "None";
+            assert_eq!(reported, if keeps_out { vec![format!("gpu-1 ({key}=v)")] } else { vec![] }, "{case}");
+        }
     }
 
     #[test]

@@ -80,9 +80,10 @@ pub struct NodeStep {
     pub since: Option<Timestamp>,
     /// How long the drain took, when this step ends it.
     pub drain_seconds: Option<f64>,
-    /// When to look at this node again: pods are not watched, so nothing else says when the
-    /// evicted or terminating ones are gone. Set for an eviction (its grace period) and for pods
-    /// terminating (their deletionTimestamp), each plus [`POD_GONE_SLACK`].
+    /// When to look at this node again at the latest: a GPU pod's deletion wakes the migration
+    /// at once (the controller's pod mapper), but a pod the GPU-pod cache does not hold
+    /// (`podSelection: All`) says nothing when it is gone. Set for an eviction (its grace period)
+    /// and for pods terminating (their deletionTimestamp), each plus [`POD_GONE_SLACK`].
     pub recheck_after: Option<std::time::Duration>,
     /// Who holds the node's cordon once the step's writes have landed.
     pub cordoned_by: Option<CordonHolder>,
