@@ -126,9 +126,9 @@ pub fn kept(event: Event<WatchedPod>) -> Option<Event<WatchedPod>> {
 }
 
 /// The pod watch as the controller consumes it: each event through [`kept`], then applied to the
-/// GPU-pod store. Only a pod's deletion triggers a reconcile ([`deleted`]); the other steps that
-/// wait on pods come back on their own (an eviction's grace period, a terminating pod's), as they
-/// did when they listed them.
+/// GPU-pod store. Only a pod leaving the cache triggers a reconcile ([`deleted`]); the other steps
+/// that wait on pods come back on their own (an eviction's grace period, a terminating pod's), as
+/// they did when they listed them.
 pub fn gpu_pod_reflector(
     writer: Writer<WatchedPod>,
     events: impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static,
@@ -136,10 +136,12 @@ pub fn gpu_pod_reflector(
     reflector::reflector(writer, events.try_filter_map(|e| futures::future::ready(Ok(kept(e)))))
 }
 
-/// The pods whose deletion the watch reports, out of the cache's events: what a drain waits for.
-/// A deleted pod wakes the migration of its node at once (the controller's pod mapper), so a
-/// drain ends when its last pod is gone, not at the recheck after its grace period (which stays,
-/// for the pods the cache does not hold: `podSelection: All`).
+/// The pods that leave the cache, out of its events ([`kept`]): deleted, or finished (every
+/// container stopped, so the pod holds no device; the kubelet deletes it a moment later). What a
+/// drain waits for: such a pod wakes the migration of its node at once (the controller's pod
+/// mapper), so a drain ends when its last pod has stopped, not at the recheck after its grace
+/// period (which stays, for the pods the cache does not hold: `podSelection: All`). An update of a
+/// pod the cache never held comes through too; the mapper wakes only draining nodes' migrations.
 pub fn deleted(
     events: impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<WatchedPod>> + Send + 'static {

@@ -163,9 +163,10 @@ fn migrations_for_slice(
         .collect()
 }
 
-/// The migrations of the node a deleted pod was bound to, while that node's step waits for its
-/// pods to go (Draining, RollingBack): the deletion may end the wait, so the step goes on at once
-/// instead of at its recheck. A pod deleted on any other node triggers nothing, so the pods of a
+/// The migrations of the node a pod that left the GPU-pod cache (deleted, or finished:
+/// `cache::pods::deleted`) was bound to, while that node's step waits for its pods to go
+/// (Draining, RollingBack): its going may end the wait, so the step goes on at once instead of at
+/// its recheck. A pod deleted on any other node triggers nothing, so the pods of a
 /// busy cluster do not reconcile every migration.
 fn migrations_for_deleted_pod(
     store: &Store<GpuPoolMigration>,
@@ -370,7 +371,7 @@ pub async fn run(
         .watches_stream(ds_stream, map_ds)
         .watches_stream(dc_stream, map_dc)
         .watches_stream(slice_stream, map_slice)
-        // Feeds the GPU-pod cache; only a deletion on a draining node triggers (see `cache::pods`).
+        // Feeds the GPU-pod cache; only a pod leaving it from a draining node triggers (`cache::pods`).
         .watches_stream(pod_stream, map_pod)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
