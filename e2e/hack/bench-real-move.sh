@@ -3,8 +3,15 @@
 # e2e/overlays/real-nodes, a migration selecting one node) beside the kubectl runbook
 # (e2e/hack/runbook-kubectl.sh) on the other node, in the same run, each node on NVIDIA's device
 # plugin with one GPU pod that the move evicts and that comes back through a generated claim.
-# Usage: bench-real-move.sh [runs] (default 5). Needs the running e2e cluster with its real nodes
-# (cluster-up.sh; SWITCHYARD_KEEP_CLUSTER=1 keeps one) and nothing else installed on it.
+# Usage: bench-real-move.sh [runs] [node|pool] (default 5 runs of the node shape). Needs the running
+# e2e cluster with its real nodes (cluster-up.sh; SWITCHYARD_KEEP_CLUSTER=1 keeps one) and nothing
+# else installed on it.
+#
+# The pool shape is the demo's: all three real nodes (2 GPUs each) with 4 GPU pods of one
+# Deployment behind a PodDisruptionBudget of minAvailable 3 (grace period 30 s) and 2 web pods, the
+# whole pool moved one node at a time with the sample's strategy (a canary on each node), by
+# Switchyard and then by the runbook (the three nodes in turn), each from the same start, until
+# every GPU pod runs again through a claim.
 #
 # Each run puts both nodes back on the device plugin first (the migration deleted, the trainer
 # pods stopped, the backend label off, allocatable nvidia.com/gpu 2 again, the driver's slices
@@ -22,11 +29,14 @@
 #   - for both, what the cluster shows, from watches stamped as their lines arrive: allocatable
 #     nvidia.com/gpu 0, the driver's first ResourceSlice of the node, the evicted GPU pod gone, the
 #     migration's phase Completed, the GPU pod Running with its generated claim (the end point of
-#     both sides).
+#     both sides);
+#   - for both, at every watch event, that the node was never served by both backends (`overlaps`):
+#     a Switchyard run that was fails the bench.
 # Every time is on this machine's clock, which the API server shares.
 set -euo pipefail
 
 runs=${1:-5}
+shape=${2:-node}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 state="$root/e2e/.cluster"
 cd "$root"
@@ -34,7 +44,13 @@ bin=$(bash e2e/hack/build-controlplane.sh)
 k() { "$bin/kubectl" --kubeconfig "$state/kubeconfig" "$@"; }
 ns=bench-move
 driver=gpu.switchyard.dev
-nodes=(real-node-1 real-node-2)
+case "$shape" in
+  node) nodes=(real-node-1 real-node-2) ;;
+  pool) nodes=(real-node-1 real-node-2 real-node-3) ;;
+  *) echo "usage: bench-real-move.sh [runs] [node|pool]" >&2; exit 2 ;;
+esac
+# The pool shape's nodes carry this label; its workloads and its migration select them by it.
+pool_label=e2e.switchyard.dev/bench-pool
 work=$(mktemp -d)
 watchers=()
 
@@ -55,7 +71,7 @@ cleanup() {
   k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null 2>&1 || true
   k delete --ignore-not-found deviceclass "$driver" >/dev/null 2>&1 || true
   for n in "${nodes[@]}"; do
-    k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- >/dev/null 2>&1 || true
+    k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- "$pool_label-" >/dev/null 2>&1 || true
     k uncordon "$n" >/dev/null 2>&1 || true
   done
   rm -rf "$work"
@@ -80,8 +96,9 @@ sed 's/^      nodeSelector:$/      affinity: {nodeAffinity: {requiredDuringSched
 k apply --server-side --force-conflicts -k e2e/overlays/real-nodes >/dev/null
 until k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null | grep -q .; do sleep 1; done
 k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null
-for n in "${nodes[@]}"; do
-  k apply -n "$ns" -f - >/dev/null <<YAML
+if [ "$shape" = node ]; then
+  for n in "${nodes[@]}"; do
+    k apply -n "$ns" -f - >/dev/null <<YAML
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: trainer-$n}
@@ -96,7 +113,42 @@ spec:
       containers:
       - {name: cuda, image: "switchyard.dev/e2e/gpu-workload:0.1.0", imagePullPolicy: Never, resources: {limits: {nvidia.com/gpu: "1"}}}
 YAML
-done
+  done
+else
+  for n in "${nodes[@]}"; do k label node "$n" "$pool_label=true" --overwrite >/dev/null; done
+  k apply -n "$ns" -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: trainer}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: bench-trainer}}
+  template:
+    metadata: {labels: {app: bench-trainer}}
+    spec:
+      nodeSelector: {$pool_label: "true"}
+      terminationGracePeriodSeconds: 30
+      containers:
+      - {name: cuda, image: "switchyard.dev/e2e/gpu-workload:0.1.0", imagePullPolicy: Never, resources: {limits: {nvidia.com/gpu: "1"}}}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: trainer}
+spec: {minAvailable: 3, selector: {matchLabels: {app: bench-trainer}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: bench-web}}
+  template:
+    metadata: {labels: {app: bench-web}}
+    spec:
+      nodeSelector: {$pool_label: "true"}
+      containers: [{name: web, image: "switchyard.dev/e2e/gpu-workload:0.1.0", imagePullPolicy: Never}]
+YAML
+fi
 
 # Both nodes on NVIDIA's device plugin, each with its trainer pod Running on a device-plugin GPU.
 # A migration deleted after Completed leaves its node on DRA (switchyard.dev/gpu-backend=dra), as
@@ -129,6 +181,30 @@ to_device_plugin() {
   done
 }
 
+# The pool shape's start: every node on NVIDIA's device plugin, the 4 GPU pods Running on
+# device-plugin GPUs (spread as the scheduler puts them), the web pods where they were.
+pool_to_device_plugin() {
+  k delete gpm -l e2e.switchyard.dev/bench=move --ignore-not-found --wait --timeout=120s >/dev/null
+  k -n "$ns" scale deployment/trainer --replicas=0 >/dev/null
+  until [ -z "$(k -n "$ns" get pods -l app=bench-trainer -o name)" ]; do sleep 0.5; done
+  for n in "${nodes[@]}"; do
+    k label node "$n" switchyard.dev/gpu-backend- >/dev/null
+    k uncordon "$n" >/dev/null
+  done
+  local deadline=$((SECONDS + 180))
+  for n in "${nodes[@]}"; do
+    k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=2 "node/$n" --timeout=180s >/dev/null
+    until [ -z "$(k get resourceslices --field-selector "spec.nodeName=$n,spec.driver=$driver" -o name)" ]; do
+      [ "$SECONDS" -lt "$deadline" ] || fail "$n still has ResourceSlices of $driver"
+      sleep 1
+    done
+  done
+  k -n "$ns" scale deployment/trainer --replicas=4 >/dev/null
+  k -n "$ns" wait --for=condition=Available deployment --all --timeout=180s >/dev/null
+  [ -z "$(k -n "$ns" get pods -l app=bench-trainer -o jsonpath='{.items[*].status.extendedResourceClaimStatus.resourceClaimName}')" ] ||
+    fail "a trainer pod runs through a claim before the move"
+}
+
 # Watches, each line stamped with this machine's time as it arrives ($EPOCHREALTIME, no process
 # per line). $! is kubectl's PID: the stamping reader ends at its EOF.
 stamp() { while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done; }
@@ -137,11 +213,13 @@ watch_to() { # file, kubectl get arguments
   "$bin/kubectl" --kubeconfig "$state/kubeconfig" get "$@" -w --output-watch-events > >(stamp > "$f") 2>/dev/null &
   watchers+=($!)
 }
-start_watchers() { # node
-  watch_to "$work/node" node "$1" -o jsonpath='{.type} gpu={.object.status.allocatable.nvidia\.com/gpu} unsched={.object.spec.unschedulable}{"\n"}'
-  watch_to "$work/plugin" -n kube-system pods -l name=nvidia-device-plugin-ds --field-selector "spec.nodeName=$1" -o jsonpath='{.type} {.object.metadata.name} del={.object.metadata.deletionTimestamp}{"\n"}'
-  watch_to "$work/slices" resourceslices -o jsonpath='{.type} {.object.spec.nodeName} {.object.spec.driver}{"\n"}'
-  watch_to "$work/pods" -n "$ns" pods -l "node=$1" -o jsonpath='{.type} {.object.metadata.name} {.object.status.phase} claim={.object.status.extendedResourceClaimStatus.resourceClaimName}{"\n"}'
+start_watchers() { # node, or "" for every node of the pool shape
+  local nodes_sel=(node "$1") plugin_sel=(--field-selector "spec.nodeName=$1") pods_sel=(-l "node=$1")
+  if [ -z "$1" ]; then nodes_sel=(nodes -l "$pool_label=true") plugin_sel=() pods_sel=(-l app=bench-trainer); fi
+  watch_to "$work/node" "${nodes_sel[@]}" -o jsonpath='{.type} gpu={.object.status.allocatable.nvidia\.com/gpu} unsched={.object.spec.unschedulable} {.object.metadata.name}{"\n"}'
+  watch_to "$work/plugin" -n kube-system pods -l name=nvidia-device-plugin-ds "${plugin_sel[@]}" -o jsonpath='{.type} {.object.metadata.name} del={.object.metadata.deletionTimestamp} {.object.spec.nodeName}{"\n"}'
+  watch_to "$work/slices" resourceslices -o jsonpath='{.type} {.object.spec.nodeName} {.object.spec.driver} {.object.metadata.name} devs={range .object.spec.devices[*]}{.name}:{range .taints[*]}{.key},{end};{end}{"\n"}'
+  watch_to "$work/pods" -n "$ns" pods "${pods_sel[@]}" -o jsonpath='{.type} {.object.metadata.name} {.object.status.phase} claim={.object.status.extendedResourceClaimStatus.resourceClaimName}{"\n"}'
   watch_to "$work/gpm" gpm -o jsonpath='{.type} {.object.metadata.name} {.object.status.phase}{"\n"}'
   # The node's and the pods' have listed what is there (the others may list nothing), and every
   # watch has had time to open, before the clock starts.
@@ -184,6 +262,27 @@ seen() {
   slice=$(first "$work/slices" '$2 == "ADDED" && $3 == "'"$1"'" && $4 == "'"$driver"'"' "$t0")
   back=$(pod_back "$t0")
 }
+# Safety, checked in every timed run: no moment at which node $1 advertises device-plugin GPUs
+# (allocatable nvidia.com/gpu above 0) while a slice of the driver offers it a device that no
+# node-wide taint keeps out (the device-plugin interlock, the kubelet plugin not registered, the
+# driver stopping): the scheduler would then see the node served by both backends. Prints each such
+# moment from the watches, nothing when there is none.
+overlaps() {
+  { awk -v n="$1" '$5 == n { print $1, "node", $3 }' "$work/node"
+    awk -v n="$1" -v dr="$driver" '$3 == n && $4 == dr { print $1, "slice", $2, $5, $6 }' "$work/slices"
+  } | sort -n -k1 | awk '
+    $2 == "node" { split($3, a, "="); alloc = a[2] + 0 }
+    $2 == "slice" {
+      open[$4] = 0
+      if ($3 != "DELETED") {
+        k = split(substr($5, 6), devs, ";")
+        for (i = 1; i <= k; i++)
+          if (devs[i] != "" && devs[i] !~ /device-plugin-active|kubelet-plugin-not-registered|driver-unavailable/) open[$4]++
+      }
+    }
+    { total = 0; for (s in open) total += open[s]
+      if (alloc > 0 && total > 0) printf "%s allocatable %d, %d device(s) open\n", $1, alloc, total }'
+}
 # From $1 to $2 less the wait for the kubelet's next node-status update (device plugin pod deleted
 # to allocatable 0; nodeStatusUpdateFrequency, 10 s): each move lands at a random phase of it, the
 # largest part of the spread, the same for both sides.
@@ -201,6 +300,22 @@ sy_cols="create>draining drain(draining>switching) draining>podGone podGone>swit
 rb_cols="cordon drain drain>podGone label label>pluginStop pluginStop>alloc0 label>alloc0 alloc0>slice uncordon uncordon>podRunning total(start>podRunning) runbook-line total-kubeletWait"
 : > "$work/sy.tsv"; : > "$work/rb.tsv"
 
+# Median and min–max of each column over the runs ("-" cells left out).
+summary() { # file, column names
+  local f=$1 i=0; shift
+  for c in $1; do
+    i=$((i + 1))
+    awk -v c="$i" -v name="$c" '$c != "-" { v[n++] = $c + 0 }
+      END {
+        if (n == 0) { printf "  %-26s -\n", name; exit }
+        for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        m = n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2
+        printf "  %-26s median %6.2f s   min %6.2f  max %6.2f  (n=%d)\n", name, m, v[0], v[n - 1], n
+      }' "$f"
+  done
+}
+med() { awk -v c="$2" '{ v[n++] = $c + 0 } END { for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }; print n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2 }' "$1"; }
+if [ "$shape" = node ]; then
 for run in $(seq 1 "$runs"); do
   if [ $((run % 2)) = 1 ]; then sy=real-node-1 rb=real-node-2; else sy=real-node-2 rb=real-node-1; fi
   to_device_plugin
@@ -239,6 +354,9 @@ YAML
     "$(d "$mg" "$done_at")" "$(d "$mg" "$back")" "$(d "$t0" "$back")" "$(d "$t0" "$done_at")" \
     "$(less_kubelet "$t0" "$back")")"
   echo "  events since create: $(sort -k2 -n "$work/events" | awk -v t0="$t0" '{ printf "%s +%.2f  ", $1, $2 - t0 }')"
+  both=$(overlaps "$sy")
+  [ -z "$both" ] || fail "run $run: $sy was served by both backends (Switchyard): $both"
+  echo "  served by both backends: never (allocatable and the slices' taints, at every watch event)"
 
   # The runbook, the other node, the same end point.
   start_watchers "$rb"
@@ -257,26 +375,131 @@ YAML
     "$(d "$(st allocatable-0)" "$(st slice)")" "$(d "$(st slice)" "$(st uncordon)")" "$(d "$(st uncordon)" "$back")" \
     "$(d "$t0" "$back")" "${line#* }" "$(less_kubelet "$t0" "$back")")"
   echo "  seen since start: plugin pod deleted +$(d "$t0" "$plugin_stop"), allocatable 0 +$(d "$t0" "$alloc0"), slice +$(d "$t0" "$slice")"
+  both=$(overlaps "$rb")
+  echo "  served by both backends (the runbook): ${both:-never}"
 done
 
-# Median and min–max of each column over the runs ("-" cells left out).
-summary() { # file, column names
-  local f=$1 i=0; shift
-  for c in $1; do
-    i=$((i + 1))
-    awk -v c="$i" -v name="$c" '$c != "-" { v[n++] = $c + 0 }
-      END {
-        if (n == 0) { printf "  %-26s -\n", name; exit }
-        for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-        m = n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2
-        printf "  %-26s median %6.2f s   min %6.2f  max %6.2f  (n=%d)\n", name, m, v[0], v[n - 1], n
-      }' "$f"
-  done
-}
-med() { awk -v c="$2" '{ v[n++] = $c + 0 } END { for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }; print n % 2 ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2 }' "$1"; }
 echo "summary over $runs runs (Switchyard and the runbook alternate between real-node-1 and real-node-2):"
 echo " Switchyard:"; summary "$work/sy.tsv" "$sy_cols"
 echo " kubectl runbook:"; summary "$work/rb.tsv" "$rb_cols"
 sy_total=$(med "$work/sy.tsv" 13) rb_total=$(med "$work/rb.tsv" 11)
 echo " Switchyard / runbook, median totals to the GPU pod Running again through a claim: ${sy_total} s / ${rb_total} s = $(awk -v a="$sy_total" -v b="$rb_total" 'BEGIN { printf "%.2f", a / b }')"
 echo " Switchyard create to Completed, median: $(med "$work/sy.tsv" 14) s; $(load)"
+fi
+
+# The pool shape ----------------------------------------------------------------------------------
+# Sums over the nodes (awk: bash has no floating point).
+add() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == "-" || b == "") print a; else printf "%.6f", a + b }'; }
+latest() { printf '%s\n' "$@" | grep . | sort -n | tail -1; }
+# The first time from $1 on at which the 4 GPU pods all run through a claim.
+all_back() {
+  awk -v t0="$1" '{ up[$3] = ($2 != "DELETED" && $4 == "Running" && $5 != "claim=") }
+    $1 >= t0 { n = 0; for (p in up) n += up[p]; if (n >= 4) { print $1; exit } }' "$work/pods"
+}
+# Node $1's wait for the kubelet's node-status update from $t0 on: its device plugin's pod
+# deleted to its allocatable nvidia.com/gpu 0.
+kubelet_wait() {
+  local stop zero
+  stop=$(awk -v t0="$t0" -v n="$1" '$1 >= t0 && $5 == n && ($2 == "DELETED" || $4 != "del=") { print $1; exit }' "$work/plugin")
+  zero=$(awk -v t0="$t0" -v n="$1" '$1 >= t0 && $5 == n && $3 == "gpu=0" { print $1; exit }' "$work/node")
+  d "$stop" "$zero"
+}
+pool_sy_cols="create>firstDraining drainΣ switchΣ verifyΣ betweenΣ kubeletΣ lastMigrated>completed lastMigrated>allRunning total(create>done) create>completed total-kubeletΣ"
+pool_rb_cols="cordonΣ drainΣ labelΣ label>alloc0Σ alloc0>sliceΣ uncordonΣ kubeletΣ lastUncordon>allRunning total(start>done) total-kubeletΣ"
+
+pool_switchyard() { # run
+  local gpm=bench-pool-$1 drain=0 switch=0 verify=0 kubelet=0 firsts=() lasts=() n drn sw vf mg both
+  start_watchers ""
+  echo "run $1 Switchyard, the pool: $(load)"
+  t0=$EPOCHREALTIME
+  k apply -f - >/dev/null <<YAML
+apiVersion: switchyard.dev/v1alpha1
+kind: GpuPoolMigration
+metadata: {name: $gpm, labels: {e2e.switchyard.dev/bench: move}}
+spec:
+  nodeSelector: {matchLabels: {$pool_label: "true"}}
+  resources:
+  - {extendedResourceName: nvidia.com/gpu, deviceClassName: $driver, selector: "device.attributes['$driver'].type == 'gpu'"}
+  driver: {name: $driver, daemonSet: {namespace: switchyard-system, name: switchyard-driver-agent}}
+  devicePlugin: {daemonSet: {namespace: kube-system, name: nvidia-device-plugin-daemonset}}
+  placement: Managed
+  strategy:
+    maxUnavailable: 1
+    drain: {podSelection: ResourceConsumers, timeoutSeconds: 600, gracePeriodSeconds: 30}
+    verify: {timeoutSeconds: 600, canary: {image: registry.k8s.io/pause:3.10, command: [/pause, -v]}}
+YAML
+  pool_completed() { first "$work/gpm" '$3 == "'"$gpm"'" && $4 == "Completed"' "$t0"; }
+  wait_for "phase Completed of $gpm" pool_completed
+  wait_for "the 4 GPU pods back through claims" all_back "$t0"
+  stop_watchers
+  for n in "${nodes[@]}"; do
+    node_events "$n" "$gpm" "$t0" > "$work/events"
+    drn=$(ev NodeDraining) sw=$(ev NodeSwitching) vf=$(ev NodeVerifying) mg=$(ev NodeMigrated)
+    drain=$(add "$drain" "$(d "$drn" "$sw")")
+    switch=$(add "$switch" "$(d "$sw" "${vf:-$mg}")")
+    verify=$(add "$verify" "$(d "$vf" "$mg")")
+    kubelet=$(add "$kubelet" "$(kubelet_wait "$n")")
+    firsts+=("$drn") lasts+=("$mg")
+    echo "  $n: Draining +$(d "$t0" "$drn"), Switching +$(d "$t0" "$sw"), Verifying +$(d "$t0" "$vf"), Migrated +$(d "$t0" "$mg"); kubelet's wait $(kubelet_wait "$n")"
+    both=$(overlaps "$n")
+    [ -z "$both" ] || fail "run $1: $n was served by both backends (Switchyard): $both"
+  done
+  local first_drn last_mg done_at back moving
+  first_drn=$(printf '%s\n' "${firsts[@]}" | grep . | sort -n | head -1)
+  last_mg=$(latest "${lasts[@]}")
+  done_at=$(pool_completed) back=$(all_back "$t0")
+  # Done: the migration Completed and every GPU pod running through a claim, the later of the two.
+  end=$(latest "$done_at" "$back")
+  moving=$(awk -v a="$drain" -v b="$switch" -v c="$verify" 'BEGIN { printf "%.6f", a + b + c }')
+  echo "run $1 Switchyard pool: $(row "$work/pool-sy.tsv" "$pool_sy_cols" "$(d "$t0" "$first_drn")" \
+    "$(d 0 "$drain")" "$(d 0 "$switch")" "$(d 0 "$verify")" "$(d "$moving" "$(d "$t0" "$last_mg")")" "$(d 0 "$kubelet")" \
+    "$(d "$last_mg" "$done_at")" "$(d "$last_mg" "$back")" "$(d "$t0" "$end")" "$(d "$t0" "$done_at")" \
+    "$(d "$kubelet" "$(d "$t0" "$end")")")"
+  echo "  served by both backends: never (each node's allocatable and slices, at every watch event)"
+}
+
+pool_runbook() { # run
+  local sums=(0 0 0 0 0 0) steps=(start cordon drain label allocatable-0 slice uncordon) kubelet=0 lasts=() n i line both
+  start_watchers ""
+  echo "run $1 runbook, the pool: $(load)"
+  t0=$EPOCHREALTIME
+  line=$(STEPS=1 KUBECTL="$bin/kubectl" KUBECONFIG="$state/kubeconfig" DRIVER=$driver \
+    GPU_POD_SELECTOR=app=bench-trainer BACKEND_LABEL=switchyard.dev/gpu-backend=dra \
+    bash e2e/hack/runbook-kubectl.sh "${nodes[@]}" 2> "$work/steps")
+  local ended=$EPOCHREALTIME
+  wait_for "the 4 GPU pods back through claims" all_back "$t0"
+  stop_watchers
+  st() { awk -v n="$1" -v s="$2" '$1 == "runbook-step" && $2 == n && $3 == s { print $4 }' "$work/steps"; }
+  for n in "${nodes[@]}"; do
+    for i in 0 1 2 3 4 5; do
+      sums[i]=$(add "${sums[i]}" "$(d "$(st "$n" "${steps[i]}")" "$(st "$n" "${steps[i + 1]}")")")
+    done
+    kubelet=$(add "$kubelet" "$(kubelet_wait "$n")")
+    lasts+=("$(st "$n" uncordon)")
+    both=$(overlaps "$n")
+    echo "  $n: $(grep "^$n " <<<"$line" | cut -d' ' -f2)s by the runbook's own line; kubelet's wait $(kubelet_wait "$n"); served by both backends: ${both:-never}"
+  done
+  local back last end
+  back=$(all_back "$t0") last=$(latest "${lasts[@]}")
+  # Done: the runbook's last node uncordoned and every GPU pod running through a claim, the later.
+  end=$(latest "$ended" "$back")
+  echo "run $1 runbook pool: $(row "$work/pool-rb.tsv" "$pool_rb_cols" "$(d 0 "${sums[0]}")" "$(d 0 "${sums[1]}")" \
+    "$(d 0 "${sums[2]}")" "$(d 0 "${sums[3]}")" "$(d 0 "${sums[4]}")" "$(d 0 "${sums[5]}")" "$(d 0 "$kubelet")" \
+    "$(d "$last" "$back")" "$(d "$t0" "$end")" "$(d "$kubelet" "$(d "$t0" "$end")")")"
+}
+
+if [ "$shape" = pool ]; then
+  : > "$work/pool-sy.tsv"; : > "$work/pool-rb.tsv"
+  for run in $(seq 1 "$runs"); do
+    pool_to_device_plugin
+    pool_switchyard "$run"
+    pool_to_device_plugin
+    pool_runbook "$run"
+  done
+  echo "summary over $runs runs of the pool shape (3 nodes, 4 GPU pods, PDB minAvailable 3; Switchyard with a canary per node):"
+  echo " Switchyard:"; summary "$work/pool-sy.tsv" "$pool_sy_cols"
+  echo " kubectl runbook:"; summary "$work/pool-rb.tsv" "$pool_rb_cols"
+  sy_total=$(med "$work/pool-sy.tsv" 9) rb_total=$(med "$work/pool-rb.tsv" 9)
+  echo " Switchyard / runbook, median totals until done (Completed, or the runbook's last uncordon) and every GPU pod Running again through a claim: ${sy_total} s / ${rb_total} s = $(awk -v a="$sy_total" -v b="$rb_total" 'BEGIN { printf "%.2f", a / b }')"
+  echo " less the kubelet's waits: $(med "$work/pool-sy.tsv" 11) s / $(med "$work/pool-rb.tsv" 10) s; $(load)"
+fi

@@ -42,6 +42,8 @@ bash "$root/e2e/hack/build-images.sh" 2>/dev/null
 bash "$root/e2e/hack/bench-real-nodes.sh"
 echo "== real nodes: one node's move, Switchyard beside the kubectl runbook, step by step (5 runs)" >&2
 bash "$root/e2e/hack/bench-real-move.sh" 5
+echo "== real nodes: the demo's shape (3 nodes, 4 GPU pods, a PDB, a canary), Switchyard beside the kubectl runbook (5 runs)" >&2
+bash "$root/e2e/hack/bench-real-move.sh" 5 pool
 
 echo "== driver agent: event to taint, memory, idle CPU (8 GPUs x 7 MIG devices)" >&2
 cd "$root"

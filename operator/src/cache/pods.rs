@@ -138,10 +138,11 @@ pub fn gpu_pod_reflector(
 
 /// The pods that leave the cache, out of its events ([`kept`]): deleted, or finished (every
 /// container stopped, so the pod holds no device; the kubelet deletes it a moment later). What a
-/// drain waits for: such a pod wakes the migration of its node at once (the controller's pod
-/// mapper), so a drain ends when its last pod has stopped, not at the recheck after its grace
-/// period (which stays, for the pods the cache does not hold: `podSelection: All`). An update of a
-/// pod the cache never held comes through too; the mapper wakes only draining nodes' migrations.
+/// drain and a canary wait for: such a pod wakes the migration of its node at once (the
+/// controller's pod mapper), so a drain ends when its last pod has stopped and a verification when
+/// its canary has finished, not at the recheck after a grace period (which stays, for the pods the
+/// cache does not hold: `podSelection: All`) or the next requeue. An update of a pod the cache
+/// never held comes through too; the mapper wakes only the migrations of nodes in those steps.
 pub fn deleted(
     events: impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<WatchedPod>> + Send + 'static {

@@ -164,9 +164,9 @@ fn migrations_for_slice(
 }
 
 /// The migrations of the node a pod that left the GPU-pod cache (deleted, or finished:
-/// `cache::pods::deleted`) was bound to, while that node's step waits for its pods to go
-/// (Draining, RollingBack): its going may end the wait, so the step goes on at once instead of at
-/// its recheck. A pod deleted on any other node triggers nothing, so the pods of a
+/// `cache::pods::deleted`) was bound to, while that node's step waits for a pod to go or to finish
+/// (Draining, RollingBack: the pods it drains; Verifying: its canary, which finishes): its going
+/// may end the wait, so the step goes on at once instead of at its recheck or requeue. A pod deleted on any other node triggers nothing, so the pods of a
 /// busy cluster do not reconcile every migration.
 fn migrations_for_deleted_pod(
     store: &Store<GpuPoolMigration>,
@@ -180,10 +180,11 @@ fn migrations_for_deleted_pod(
     migrations_for_labels(store, node.labels())
 }
 
-/// Whether `node` is in a step that waits for pods to leave it.
+/// Whether `node` is in a step that waits for a pod to leave it or to finish.
 fn waits_for_pods(node: &SlimNode) -> bool {
     use crate::api::v1alpha1::NodeState;
-    let waiting = [NodeState::Draining, NodeState::RollingBack].map(crate::node::record::state_str);
+    let waiting = [NodeState::Draining, NodeState::RollingBack, NodeState::Verifying]
+        .map(crate::node::record::state_str);
     node.annotations().get(ANNOTATION_MIGRATION_STATE).is_some_and(|s| waiting.iter().any(|w| w == s))
 }
 
@@ -473,9 +474,9 @@ mod tests {
         assert!(!concerns(&g, &class("mig.nvidia.com", None)));
     }
 
-    /// A pod deleted on a draining or rolling-back node wakes the node's migration (by its label or
-    /// its selector); one deleted on a node at rest, or on a node the cache does not know, wakes
-    /// nothing. Only deletions reach the mapper.
+    /// A pod leaving the cache on a draining, rolling-back or verifying node wakes the node's
+    /// migration (by its label or its selector); one on a node at rest or switching, or on a node
+    /// the cache does not know, wakes nothing. Only what leaves the cache reaches the mapper.
     #[tokio::test]
     async fn a_deleted_pod_wakes_the_migration_of_its_node_only_while_the_node_waits_for_pods() {
         use futures::TryStreamExt;
@@ -493,6 +494,7 @@ mod tests {
             node("draining", Some("Draining")),
             node("back", Some("RollingBack")),
             node("switching", Some("Switching")),
+            node("verifying", Some("Verifying")),
             node("rest", None),
         ] {
             w.apply_watcher_event(&watcher::Event::Apply(n));
@@ -510,6 +512,7 @@ mod tests {
         };
         assert_eq!(woken("draining"), ["m"]);
         assert_eq!(woken("back"), ["m"]);
+        assert_eq!(woken("verifying"), ["m"], "its canary finished");
         assert!(woken("switching").is_empty());
         assert!(woken("rest").is_empty());
         assert!(woken("unknown").is_empty());
