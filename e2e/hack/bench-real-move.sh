@@ -159,25 +159,39 @@ to_device_plugin() {
   for n in "${nodes[@]}"; do
     if [ -n "$(k get node "$n" -o jsonpath='{.metadata.labels.switchyard\.dev/gpu-backend}')" ]; then
       k -n "$ns" scale "deployment/trainer-$n" --replicas=0 >/dev/null
-      until [ -z "$(k -n "$ns" get pods -l "node=$n" -o name)" ]; do sleep 0.5; done
+      pods_gone "node=$n"
       k label node "$n" switchyard.dev/gpu-backend- >/dev/null
     fi
     k uncordon "$n" >/dev/null
   done
-  local deadline=$((SECONDS + 180))
-  for n in "${nodes[@]}"; do
-    k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=2 "node/$n" --timeout=180s >/dev/null
-    # A slice left over would let the next move find its driver ready before it started.
-    until [ -z "$(k get resourceslices --field-selector "spec.nodeName=$n,spec.driver=$driver" -o name)" ]; do
-      [ "$SECONDS" -lt "$deadline" ] || fail "$n still has ResourceSlices of $driver"
-      sleep 1
-    done
-    k -n "$ns" scale "deployment/trainer-$n" --replicas=1 >/dev/null
-  done
+  device_plugin_back
+  for n in "${nodes[@]}"; do k -n "$ns" scale "deployment/trainer-$n" --replicas=1 >/dev/null; done
   k -n "$ns" wait --for=condition=Available deployment --all --timeout=120s >/dev/null
   for n in "${nodes[@]}"; do
     [ -z "$(k -n "$ns" get pods -l "node=$n" -o jsonpath='{.items[*].status.extendedResourceClaimStatus.resourceClaimName}')" ] ||
       fail "the trainer pod on $n runs through a claim before the move"
+  done
+}
+
+# The trainer pods that `$1` selects gone, within 120 s.
+pods_gone() {
+  local deadline=$((SECONDS + 120))
+  until [ -z "$(k -n "$ns" get pods -l "$1" -o name)" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "pods $1 still there after 120 s"
+    sleep 0.5
+  done
+}
+
+# Every node's device plugin back (allocatable nvidia.com/gpu 2) and no slice of the driver left:
+# a slice left over would let the next move find its driver ready before it started.
+device_plugin_back() {
+  local deadline=$((SECONDS + 180)) n
+  for n in "${nodes[@]}"; do
+    k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=2 "node/$n" --timeout=180s >/dev/null
+    until [ -z "$(k get resourceslices --field-selector "spec.nodeName=$n,spec.driver=$driver" -o name)" ]; do
+      [ "$SECONDS" -lt "$deadline" ] || fail "$n still has ResourceSlices of $driver"
+      sleep 1
+    done
   done
 }
 
@@ -186,19 +200,12 @@ to_device_plugin() {
 pool_to_device_plugin() {
   k delete gpm -l e2e.switchyard.dev/bench=move --ignore-not-found --wait --timeout=120s >/dev/null
   k -n "$ns" scale deployment/trainer --replicas=0 >/dev/null
-  until [ -z "$(k -n "$ns" get pods -l app=bench-trainer -o name)" ]; do sleep 0.5; done
+  pods_gone app=bench-trainer
   for n in "${nodes[@]}"; do
     k label node "$n" switchyard.dev/gpu-backend- >/dev/null
     k uncordon "$n" >/dev/null
   done
-  local deadline=$((SECONDS + 180))
-  for n in "${nodes[@]}"; do
-    k wait --for=jsonpath='{.status.allocatable.nvidia\.com/gpu}'=2 "node/$n" --timeout=180s >/dev/null
-    until [ -z "$(k get resourceslices --field-selector "spec.nodeName=$n,spec.driver=$driver" -o name)" ]; do
-      [ "$SECONDS" -lt "$deadline" ] || fail "$n still has ResourceSlices of $driver"
-      sleep 1
-    done
-  done
+  device_plugin_back
   k -n "$ns" scale deployment/trainer --replicas=4 >/dev/null
   k -n "$ns" wait --for=condition=Available deployment --all --timeout=180s >/dev/null
   [ -z "$(k -n "$ns" get pods -l app=bench-trainer -o jsonpath='{.items[*].status.extendedResourceClaimStatus.resourceClaimName}')" ] ||
