@@ -5,8 +5,12 @@
 //!   storage version.
 //! - [`well_known`]: the labels, annotations, finalizer and taint keys both sides read and write.
 //! - [`watch`]: the per-watch backoff every long-lived watch of the project uses.
+//! - [`quantity`]: Kubernetes quantities read exactly.
+//! - [`sharing`]: how many claims a published device can be allocated to.
 
+pub mod quantity;
 pub mod reference;
+pub mod sharing;
 pub mod v1alpha1;
 pub mod watch;
 pub mod well_known;

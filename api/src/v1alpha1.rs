@@ -182,6 +182,22 @@ pub struct DriverSpec {
     /// see the node's GPUs through both backends during the switch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_plugin_interlock: Option<bool>,
+
+    /// How many claims the driver lets share each device it publishes on this pool's nodes, as it
+    /// is configured to: Switchyard's agent by `--shares-per-device` (the chart's
+    /// `agent.sharesPerDevice`) or a node's `switchyard.dev/gpu-shares` label, NVIDIA's DRA driver
+    /// by `--consumable-shares=<N>` (its `ConsumableShares` feature gate). A device published that
+    /// way (`allowMultipleAllocations` with a `shares` capacity) takes one claim per share, so a
+    /// pool whose device plugin time-slices each GPU this many ways or fewer keeps its pods per GPU
+    /// and moves without `spec.acknowledge.gpuSharingLoss`; one sliced more ways shows the loss
+    /// with both numbers. Each node's switch checks it: until the node's devices that the pool's
+    /// classes select can each be allocated to this many claims, the switch waits and then fails
+    /// with `SwitchTimeout` saying what the driver publishes. Unset: 1, each device serves one
+    /// claim. An MPS source is never counted as kept: the driver shares by time-slicing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024")
+        .message("spec.driver.sharesPerDevice must be between 1 and 1024"))]
+    pub shares_per_device: Option<i32>,
 }
 
 impl DriverSpec {
@@ -190,6 +206,11 @@ impl DriverSpec {
     /// `devicePluginInterlock`).
     pub fn interlocked(&self) -> bool {
         self.device_plugin_interlock.unwrap_or(self.name == crate::well_known::DEFAULT_DRIVER_NAME)
+    }
+
+    /// `sharesPerDevice`, 1 where unset.
+    pub fn shares(&self) -> u64 {
+        self.shares_per_device.map_or(1, |n| n.max(1) as u64)
     }
 }
 

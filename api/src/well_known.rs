@@ -102,6 +102,15 @@ pub const TAINT_KEY_DEVICE_PLUGIN_ACTIVE: &str = "device-plugin-active";
 /// minute and a half.
 pub const TAINT_KEY_PLUGIN_NOT_REGISTERED: &str = "kubelet-plugin-not-registered";
 
+/// Node label that sets, for one node, how many claims the driver agent lets share each device it
+/// publishes there (a positive integer; overrides the agent's `--shares-per-device`). The way
+/// NVIDIA's device plugin picks a sharing config per node by `nvidia.com/device-plugin.config`.
+pub const LABEL_GPU_SHARES: &str = "switchyard.dev/gpu-shares";
+/// The device capacity that counts a shareable device's claims: a claim that names no capacity
+/// takes one (its request policy's default). NVIDIA's DRA driver publishes the same name with
+/// `--consumable-shares=<N>`.
+pub const CAPACITY_SHARES: &str = "shares";
+
 /// The extended resource the NVIDIA device plugin advertises for a full GPU.
 pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// The extended resources NVIDIA's device plugin advertises for GPUs by default: whole GPUs,

@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::health::{Applied, Effect, HealthEvent, HealthPolicy, HealthState};
 use crate::metrics::Metrics;
 use crate::node_events::NodeEvents;
+use crate::node_watch::SharesPerDevice;
 use crate::plugin::registration::RegistrationWatch;
 use crate::publish::{Backoff, Publisher, SliceWatch};
 use crate::slices::{NodeTaint, PoolIdentity, desired_slices, published_health};
@@ -45,6 +46,9 @@ pub struct Agent<I> {
     pub status: Status,
     /// Whether the node still advertises device-plugin GPUs; see `coexistence`.
     pub coexistence: Guard,
+    /// How many claims may share each device: `--shares-per-device`, or the node's
+    /// `switchyard.dev/gpu-shares` label (see `node_watch`). A change publishes the devices again.
+    pub shares: SharesPerDevice,
     /// The kubelet's verdict on our kubelet plugin, where one runs: until it registers the plugin
     /// every device carries the kubelet-plugin-not-registered taint. `None`: no plugin, no taint.
     pub registration: Option<RegistrationWatch>,
@@ -120,8 +124,8 @@ impl<I: Discovery + EventSource> Agent<I> {
     ///
     /// Kept whole although it is a little over 100 lines: it is the one `select!` over every event
     /// the agent answers (rediscovery, health events, slice changes, the coexistence guard, the
-    /// kubelet's registration verdict, the stop), and each arm is a call; split, the loop's state
-    /// would travel through every piece.
+    /// shares per device, the kubelet's registration verdict, the stop), and each arm is a call;
+    /// split, the loop's state would travel through every piece.
     pub async fn run(
         mut self,
         mut events: mpsc::Receiver<HealthEvent>,
@@ -174,6 +178,7 @@ impl<I: Discovery + EventSource> Agent<I> {
                     }
                 }
                 _ = self.coexistence.changed() => {}
+                _ = self.shares.changed() => {}
                 _ = registration_changed(&mut self.registration) => {}
                 ev = self.slices.next() => {
                     if let Some(reason) = self.publisher.observe(&ev) {
@@ -211,7 +216,7 @@ impl<I: Discovery + EventSource> Agent<I> {
             .into_iter()
             .flatten()
             .collect();
-            let desired = desired_slices(&self.id, inv, &health, &node_taints, 0);
+            let desired = desired_slices(&self.id, inv, &health, &node_taints, self.shares.get(), 0);
             if self.publisher.is_current(&desired) {
                 continue;
             }
@@ -288,8 +293,8 @@ impl<I: Discovery + EventSource> Agent<I> {
                     self.restore(&mut health, &existing);
                     restored = true;
                 }
-                let desired =
-                    desired_slices(&self.id, inv, &health, &[NodeTaint::driver_unavailable(since)], 0);
+                let unavailable = [NodeTaint::driver_unavailable(since)];
+                let desired = desired_slices(&self.id, inv, &health, &unavailable, self.shares.get(), 0);
                 self.publisher.publish(&desired).await
             };
             match attempt.await {
@@ -432,6 +437,7 @@ mod tests {
             metrics: metrics.clone(),
             status: status.clone(),
             coexistence: Guard::disabled(),
+            shares: SharesPerDevice::fixed(1),
             registration: None,
             slices,
             node_events: None,
@@ -702,6 +708,47 @@ mod tests {
         );
         task.await.unwrap().unwrap();
         assert!(metrics.encode().contains("switchyard_agent_publishes_total 4"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A change of the shares per device (the node's label changed) publishes the devices again,
+    /// each shareable by that many claims; a value that does not change the devices writes
+    /// nothing, and the shutdown keeps them shared.
+    #[tokio::test]
+    async fn a_shares_change_publishes_the_devices_again() {
+        let (inventory, dir) = inventory("shares").await;
+        let (client, mut applied) = fake_api(vec![], None);
+        let (mut agent, _, _) = agent(inventory, client, SliceWatch::disabled());
+        let (shares, rx) = SharesPerDevice::channel(1);
+        agent.shares = rx;
+        let (tx, rx) = mpsc::channel(8);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(rx, tx, async {
+            let _ = stopped.await;
+        }));
+        let claims = |slice: serde_json::Value| -> Vec<u64> {
+            let slice: ResourceSlice = serde_json::from_value(slice).unwrap();
+            slice.spec.devices.iter().flatten().map(switchyard_api::sharing::claims_per_device).collect()
+        };
+
+        let first = next_apply(&mut applied).await;
+        assert_eq!(first["spec"]["pool"]["generation"], 1);
+        assert_eq!(claims(first), [1; 8]);
+        shares.send_replace(4);
+        let shared = next_apply(&mut applied).await;
+        assert_eq!(shared["spec"]["pool"]["generation"], 2);
+        assert_eq!(claims(shared), [4; 8]);
+        shares.send_replace(4);
+
+        stop.send(()).unwrap();
+        let last = next_apply(&mut applied).await;
+        assert_eq!(last["spec"]["pool"]["generation"], 3, "the same value again wrote nothing");
+        assert_eq!(
+            taints(&last, "gpu-0"),
+            [(format!("{DRIVER}/driver-unavailable"), "NoSchedule".to_string())]
+        );
+        assert_eq!(claims(last), [4; 8]);
+        task.await.unwrap().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

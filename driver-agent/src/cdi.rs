@@ -3,7 +3,7 @@
 //!
 //! One spec file per claim, `<driver with dots as dashes>-<claim uid>.json`, of kind
 //! `<driver>/gpu`. Each allocated device becomes a CDI device named `<claim uid>-<device>`, so the
-//! same GPU prepared for two claims (admin access) never collides. The spec-wide edits hold what
+//! same GPU prepared for two claims (shared by share ids, or with admin access) never collides. The spec-wide edits hold what
 //! every NVIDIA container needs whatever its devices are (the control and UVM nodes), and
 //! `NVIDIA_VISIBLE_DEVICES` with the UUIDs of all devices of the claim: per-device values would
 //! overwrite each other when a container gets more than one device.

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::agent::{Agent, Status};
 use crate::cdi;
-use crate::coexistence::{self, Guard};
+use crate::coexistence;
 use crate::discovery::Discovery;
 use crate::discovery::nvml::{Library, NvmlDiscovery};
 use crate::discovery::simulated::{self, SimulatedDiscovery};
@@ -24,6 +24,7 @@ use crate::error::Error;
 use crate::health::{DEFAULT_BENIGN_XIDS, HealthPolicy, HealthState};
 use crate::metrics::Metrics;
 use crate::node_events::NodeEvents;
+use crate::node_watch;
 use crate::plugin::registration::RegistrationWatch;
 use crate::plugin::{self, PluginConfig, RunningPlugin};
 use crate::publish::{Backoff, Publisher, SliceWatch};
@@ -79,6 +80,14 @@ pub struct Args {
     /// Pass an empty value to turn the interlock off.
     #[arg(long, value_delimiter = ',', default_value = coexistence::DEFAULT_RESOURCES)]
     pub device_plugin_resources: Vec<String>,
+    /// How many claims may share each GPU and MIG device this agent publishes, as the device
+    /// plugin's time-slicing replicas, except that every claim is a DRA allocation the scheduler
+    /// counts: each device is published with `allowMultipleAllocations` and a `shares` capacity of
+    /// this many, one per claim (NVIDIA's DRA driver's `--consumable-shares=<N>`). 1 publishes
+    /// devices that one claim holds whole. The node label `switchyard.dev/gpu-shares` overrides
+    /// it per node.
+    #[arg(long, env = "SHARES_PER_DEVICE", default_value_t = 1)]
+    pub shares_per_device: u32,
     /// Seconds a device must stay healthy before its health taints are removed.
     #[arg(long, default_value_t = 300)]
     pub health_hold_seconds: u64,
@@ -160,6 +169,11 @@ impl Args {
         {
             return Err(Error::Config(format!("--fault-listen must be a loopback address, got {a}")));
         }
+        if self.shares_per_device == 0 {
+            return Err(Error::Config(
+                "--shares-per-device must be at least 1 (1: each device goes whole to one claim)".into(),
+            ));
+        }
         if !self.dry_run && self.node_name.as_deref().is_none_or(str::is_empty) {
             return Err(Error::Config("--node-name (or NODE_NAME) is required".into()));
         }
@@ -189,7 +203,8 @@ pub fn render_yaml(slices: &[ResourceSlice]) -> Result<String, Error> {
     Ok(out)
 }
 
-/// What `--dry-run` prints: one discovery, no health events, generation 1.
+/// What `--dry-run` prints: one discovery, no health events, `--shares-per-device` (there is no
+/// Node to read the label from), generation 1.
 pub async fn dry_run(args: &Args) -> Result<String, Error> {
     args.validate()?;
     let inv = match args.inventory {
@@ -205,7 +220,7 @@ pub async fn dry_run(args: &Args) -> Result<String, Error> {
         node_uid: DRY_RUN_NODE_UID.into(),
         driver: args.driver_name.clone(),
     };
-    render_yaml(&desired_slices(&id, &inv, &HealthState::default(), &[], 1))
+    render_yaml(&desired_slices(&id, &inv, &HealthState::default(), &[], args.shares_per_device, 1))
 }
 
 fn http_router(metrics: Metrics, status: Status) -> Router {
@@ -378,10 +393,8 @@ async fn run_agent(
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
     let patterns = args.device_plugin_resource_patterns();
-    let coexistence = match patterns.is_empty() {
-        true => Guard::disabled(),
-        false => Guard::watch(client.clone(), id.node_name.clone(), patterns),
-    };
+    let (coexistence, shares) =
+        node_watch::watch(client.clone(), id.node_name.clone(), patterns, args.shares_per_device);
     let slices = SliceWatch::watch(client.clone(), &id);
     let client_for_events = client.clone();
     let publisher = Publisher::new(client, id.clone());
@@ -401,6 +414,7 @@ async fn run_agent(
                 metrics,
                 status,
                 coexistence,
+                shares,
                 registration,
                 slices,
                 node_events,
@@ -433,6 +447,7 @@ async fn run_agent(
                 metrics,
                 status,
                 coexistence,
+                shares,
                 registration,
                 slices,
                 node_events: None,
@@ -474,7 +489,9 @@ mod tests {
         assert_eq!(a.policy().hold, Duration::from_secs(300));
         assert_eq!(a.benign_xids, DEFAULT_BENIGN_XIDS);
         assert_eq!(a.dev_root(), None, "device nodes in the host's /dev");
+        assert_eq!(a.shares_per_device, 1, "devices go whole to one claim");
         assert!(a.validate().is_ok());
+        assert_eq!(parse(&["--node-name", "n1", "--shares-per-device=4"]).unwrap().shares_per_device, 4);
         for (flag, want) in [("/", None), ("//", None), ("/run/nvidia/driver", Some("/run/nvidia/driver"))] {
             let a = parse(&["--node-name", "n1", "--dev-root", flag]).unwrap();
             assert_eq!(a.dev_root().as_deref(), want, "--dev-root {flag}");
@@ -529,12 +546,14 @@ mod tests {
                 "10.0.0.1:9000",
             ],
             &["--node-name", "", "--inventory", "simulated", "--sim-config", "x"],
+            &["--node-name", "n1", "--shares-per-device", "0"],
         ];
         for c in cases {
             let a = parse(c).unwrap();
             assert!(matches!(a.validate(), Err(Error::Config(_))), "{c:?}");
         }
         assert!(parse(&["--inventory", "gpu"]).is_err());
+        assert!(parse(&["--node-name", "n1", "--shares-per-device", "-1"]).is_err());
         assert!(
             parse(&["--inventory", "simulated", "--sim-config", "x", "--dry-run"])
                 .unwrap()

@@ -4,18 +4,15 @@
 //! `status.allocatable` for that name is above zero. During a switch the device plugin's pod is
 //! stopping while this agent is starting, and the kubelet only drops the plugin's capacity a
 //! moment later; on a misconfigured node both may run for good. So the agent watches its own
-//! Node and, while any of the device plugin's GPU resources (by default `nvidia.com/gpu`,
+//! Node (`node_watch`) and, while any of the device plugin's GPU resources (by default `nvidia.com/gpu`,
 //! `nvidia.com/gpu.shared` and `nvidia.com/mig-*`) is still allocatable, publishes every device
 //! with a `<driver>/device-plugin-active` NoSchedule taint. The scheduler then allocates nothing
 //! from the DRA side until the device plugin is gone. Other `nvidia.com/*` resources, such as the
 //! NVIDIA Network Operator's SR-IOV and RDMA devices, stay on their node for good and are not
 //! GPUs: they do not hold the taint.
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::watcher;
-use kube::{Api, Client};
 use tokio::sync::watch;
 
 /// The device plugin's GPU resources the interlock watches by default, comma-separated.
@@ -64,46 +61,48 @@ impl Guard {
             std::future::pending::<()>().await;
         }
     }
+}
 
-    /// Watches `node` and keeps the guard current. Until the first observation the device
-    /// plugin is assumed active: publishing allocatable devices before knowing is what the
-    /// interlock exists to prevent.
-    pub fn watch(client: Client, node: String, patterns: Vec<String>) -> Self {
+/// The watching side of a [`Guard`]: the agent's one watch of its Node (`node_watch::watch`)
+/// hands it every observation.
+pub struct Interlock {
+    tx: watch::Sender<Option<Timestamp>>,
+    patterns: Vec<String>,
+}
+
+impl Interlock {
+    /// An interlock on the device plugin's resources `patterns`, and the guard that reads it.
+    /// Until the first observation the device plugin is assumed active: publishing allocatable
+    /// devices before knowing is what the interlock exists to prevent.
+    pub fn new(patterns: Vec<String>) -> (Self, Guard) {
         let (tx, rx) = watch::channel(Some(Timestamp::now()));
-        tokio::spawn(async move {
-            let api: Api<Node> = Api::all(client);
-            let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-            // Its own short backoff: without one, a failing watch retries in a tight loop.
-            let mut stream = switchyard_api::watch::backed_off(watcher(api, config)).boxed();
-            while let Some(event) = stream.next().await {
-                let n = match event {
-                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
-                    Ok(_) => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "watching the Node failed; the watcher retries");
-                        continue;
-                    }
-                };
-                let active = active_resources(&n, &patterns);
-                let was = *tx.borrow();
-                let now = match (active.is_empty(), was) {
-                    (true, _) => None,
-                    (false, Some(since)) => Some(since),
-                    (false, None) => Some(Timestamp::now()),
-                };
-                if now != was {
-                    if active.is_empty() {
-                        tracing::info!("no device-plugin resources on the node; devices are allocatable");
-                    } else {
-                        tracing::warn!(resources = ?active, "the node advertises device-plugin resources; devices stay tainted");
-                    }
-                    if tx.send(now).is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        Self { rx }
+        (Interlock { tx, patterns }, Guard { rx })
+    }
+
+    /// Fold one observation of the Node in; the guard changes (and a line is logged) only when
+    /// the device plugin comes or goes.
+    pub fn observe(&self, node: &Node) {
+        let active = active_resources(node, &self.patterns);
+        let was = *self.tx.borrow();
+        let now = match (active.is_empty(), was) {
+            (true, _) => None,
+            (false, Some(since)) => Some(since),
+            (false, None) => Some(Timestamp::now()),
+        };
+        if now == was {
+            return;
+        }
+        if active.is_empty() {
+            tracing::info!("no device-plugin resources on the node; devices are allocatable");
+        } else {
+            tracing::warn!(resources = ?active, "the node advertises device-plugin resources; devices stay tainted");
+        }
+        self.tx.send_replace(now);
+    }
+
+    /// Whether no guard reads it any more.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
     }
 }
 
@@ -145,6 +144,23 @@ mod tests {
         for (alloc, want) in cases {
             assert_eq!(active_resources(&node(alloc), &patterns), *want, "{alloc:?}");
         }
+    }
+
+    /// Active until the first observation says otherwise; the start of a device-plugin period is
+    /// kept while it lasts, and a new one begins after a gap.
+    #[test]
+    fn the_interlock_keeps_when_the_device_plugin_appeared() {
+        let (interlock, guard) = Interlock::new(vec!["nvidia.com/gpu".to_owned()]);
+        let assumed = guard.active_since().expect("active until the Node is seen");
+        interlock.observe(&node(&[("nvidia.com/gpu", "8")]));
+        assert_eq!(guard.active_since(), Some(assumed), "still the same period");
+        interlock.observe(&node(&[("nvidia.com/gpu", "0")]));
+        assert_eq!(guard.active_since(), None);
+        interlock.observe(&node(&[("nvidia.com/gpu", "8")]));
+        assert!(guard.active_since().is_some_and(|since| since >= assumed));
+        assert!(!interlock.is_closed());
+        drop(guard);
+        assert!(interlock.is_closed());
     }
 
     #[test]

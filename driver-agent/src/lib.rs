@@ -3,8 +3,9 @@
 //!
 //! Walk: [`discovery`] (what the node has) -> [`health`] (what is wrong with it) -> [`slices`]
 //! (pure: what to publish) -> [`publish`] (writing it) -> [`agent`] (the loop) -> [`cli`] (flags
-//! and wiring). Beside the loop, [`plugin`] is the DRA kubelet plugin: it prepares allocated claims
-//! for containers by writing [`cdi`] specs.
+//! and wiring). The loop also follows its own Node ([`node_watch`]): the device-plugin interlock
+//! ([`coexistence`]) and the per-node shares per device. Beside the loop, [`plugin`] is the DRA
+//! kubelet plugin: it prepares allocated claims for containers by writing [`cdi`] specs.
 
 pub mod agent;
 pub mod cdi;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod health;
 pub mod metrics;
 pub mod node_events;
+pub mod node_watch;
 pub mod plugin;
 pub mod publish;
 pub mod slices;

@@ -404,7 +404,7 @@ mod tests {
         let mut p = Publisher::new(client, id());
         p.init().await.unwrap();
         assert_eq!(p.generation(), 4);
-        let desired = desired_slices(&id(), &inventory(2), &HealthState::default(), &[], 0);
+        let desired = desired_slices(&id(), &inventory(2), &HealthState::default(), &[], 1, 0);
         assert!(p.publish(&desired).await.unwrap());
         assert_eq!(p.generation(), 5);
         let mut handle = server.await.unwrap();
@@ -545,7 +545,7 @@ mod tests {
             send.send_response(json(slice_list(vec![("node-a-gpu-switchyard-dev-0", 2)])));
         });
         let mut p = Publisher::new(client, id());
-        let desired = desired_slices(&id(), &inventory(1), &HealthState::default(), &[], 0);
+        let desired = desired_slices(&id(), &inventory(1), &HealthState::default(), &[], 1, 0);
         let err = p.publish(&desired).await.unwrap_err();
         assert!(matches!(err, Error::PublishSlice { .. }) && err.is_transient(), "{err}");
         assert!(!p.is_current(&desired));

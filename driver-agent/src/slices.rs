@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity, DeviceTaint,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -148,6 +149,59 @@ fn capacity(q: Quantity) -> DeviceCapacity {
     DeviceCapacity { value: q, ..Default::default() }
 }
 
+/// The step in which claims on a shared device ask for its `memory`, as NVIDIA's DRA driver
+/// publishes it. The API requires a range's max to be a multiple of its step, so a shared
+/// device's memory is published rounded down to it.
+pub const SHARED_MEMORY_STEP_BYTES: u64 = 1 << 20;
+
+/// A capacity of `value` on a device that allows multiple allocations: a claim takes `default`
+/// of it unless it asks for more, and may ask for `min` up to all of it, in steps of `step`.
+fn consumable(value: Quantity, default: Quantity, min: Quantity, step: Quantity) -> DeviceCapacity {
+    DeviceCapacity {
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(default),
+            valid_range: Some(CapacityRequestPolicyRange { min, max: Some(value.clone()), step: Some(step) }),
+            valid_values: None,
+        }),
+        value,
+    }
+}
+
+/// `memory` of `bytes`. Shared, it is rounded down to whole MiB, and a claim takes none of it
+/// unless it asks (in MiB). Less than 1 MiB gets no policy: the API refuses a range whose first
+/// step is above the capacity, and a claim then takes all of a capacity that is zero.
+fn memory_capacity(bytes: u64, shared: bool) -> DeviceCapacity {
+    let rounded = bytes - bytes % SHARED_MEMORY_STEP_BYTES;
+    match shared {
+        false => capacity(bytes_quantity(bytes)),
+        true if rounded == 0 => capacity(bytes_quantity(0)),
+        true => consumable(
+            bytes_quantity(rounded),
+            Quantity("0".into()),
+            Quantity("0".into()),
+            bytes_quantity(SHARED_MEMORY_STEP_BYTES),
+        ),
+    }
+}
+
+/// A MIG device's `multiprocessors`. Shared, a claim takes none of them unless it asks (a whole
+/// number); none at all gets no policy, as in [`memory_capacity`].
+fn multiprocessors_capacity(count: u32, shared: bool) -> DeviceCapacity {
+    let value = Quantity(count.to_string());
+    match shared && count > 0 {
+        false => capacity(value),
+        true => consumable(value, Quantity("0".into()), Quantity("0".into()), Quantity("1".into())),
+    }
+}
+
+/// The [`well_known::CAPACITY_SHARES`] capacity of a device shared by `shares` claims (at least 2):
+/// each claim takes 1 unless it asks for more, up to all of them. NVIDIA's DRA driver's
+/// `--consumable-shares=<N>` publishes the same.
+fn shares_capacity(shares: u32) -> DeviceCapacity {
+    let one = || Quantity("1".into());
+    consumable(Quantity(shares.to_string()), one(), one(), one())
+}
+
 /// `time_added` is kept to whole seconds, the precision the API stores.
 fn whole_seconds(t: Timestamp) -> Time {
     Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
@@ -185,11 +239,19 @@ impl NodeTaint {
 
 /// Devices of the node, in name order of the inventory, with health taints, plus every node-wide
 /// taint on every device.
+///
+/// `shares` is how many claims may share each device (`--shares-per-device`, or the node's
+/// [`well_known::LABEL_GPU_SHARES`]). 0 or 1: each device goes whole to one claim. Above 1, every
+/// device but a lost GPU is published as NVIDIA's DRA driver's `--consumable-shares=<N>` publishes
+/// it: `allowMultipleAllocations`, a `shares` capacity of N that each claim takes 1 of by default,
+/// and `memory` (rounded down to whole MiB) and a MIG device's `multiprocessors` that a claim takes
+/// none of unless it asks. [`switchyard_api::sharing::claims_per_device`] then reads N.
 pub fn build_devices(
     inv: &NodeGpus,
     health: &HealthState,
     driver: &str,
     node_taints: &[NodeTaint],
+    shares: u32,
 ) -> Vec<Device> {
     inv.named_devices()
         .into_iter()
@@ -200,6 +262,7 @@ pub fn build_devices(
             };
             let mut attributes = gpu_attributes(inv, gpu);
             let mut caps = BTreeMap::new();
+            let shared = shares > 1 && !gpu.lost;
             match d {
                 // Lost: only its type is known (see `Gpu::lost`); its taint keeps it out.
                 NamedDevice::Gpu(g) if g.lost => {
@@ -208,19 +271,22 @@ pub fn build_devices(
                 NamedDevice::Gpu(g) => {
                     attributes.insert("type".into(), string("gpu"));
                     attributes.insert("uuid".into(), string(&g.uuid));
-                    caps.insert("memory".into(), capacity(bytes_quantity(g.memory_bytes)));
+                    caps.insert("memory".into(), memory_capacity(g.memory_bytes, shared));
                 }
                 NamedDevice::Mig { parent, mig } => {
                     attributes.insert("type".into(), string("mig"));
                     attributes.insert("uuid".into(), string(&mig.uuid));
                     attributes.insert("parentUUID".into(), string(&parent.uuid));
                     attributes.insert("profile".into(), string(&mig.profile));
-                    caps.insert("memory".into(), capacity(bytes_quantity(mig.memory_bytes)));
+                    caps.insert("memory".into(), memory_capacity(mig.memory_bytes, shared));
                     caps.insert(
                         "multiprocessors".into(),
-                        capacity(Quantity(mig.multiprocessors.to_string())),
+                        multiprocessors_capacity(mig.multiprocessors, shared),
                     );
                 }
+            }
+            if shared {
+                caps.insert(well_known::CAPACITY_SHARES.into(), shares_capacity(shares));
             }
             let mut taints: Vec<DeviceTaint> = health
                 .taints_for(&name, parent_name.as_deref())
@@ -245,6 +311,7 @@ pub fn build_devices(
                 attributes: Some(attributes),
                 capacity: Some(caps),
                 taints: (!taints.is_empty()).then_some(taints),
+                allow_multiple_allocations: shared.then_some(true),
                 ..Default::default()
             }
         })
@@ -308,15 +375,17 @@ pub fn build_slices(
         .collect()
 }
 
-/// Everything the agent would publish for this inventory and health, at `generation`.
+/// Everything the agent would publish for this inventory and health, each device shared by
+/// `shares` claims (see [`build_devices`]), at `generation`.
 pub fn desired_slices(
     id: &PoolIdentity,
     inv: &NodeGpus,
     health: &HealthState,
     node_taints: &[NodeTaint],
+    shares: u32,
     generation: i64,
 ) -> Vec<ResourceSlice> {
-    let devices = build_devices(inv, health, &id.driver, node_taints);
+    let devices = build_devices(inv, health, &id.driver, node_taints, shares);
     build_slices(id, devices, &PoolSummary::of(inv), generation)
 }
 
@@ -359,6 +428,7 @@ mod tests {
     use super::*;
     use crate::discovery::MigDevice;
     use crate::health::{FaultKind, HealthEvent, HealthPolicy};
+    use switchyard_api::sharing::claims_per_device;
 
     fn id() -> PoolIdentity {
         PoolIdentity {
@@ -426,7 +496,8 @@ mod tests {
 
     #[test]
     fn full_gpu_device_carries_attributes_and_capacity() {
-        let devices = build_devices(&inv(vec![h100(0)]), &HealthState::default(), "gpu.switchyard.dev", &[]);
+        let devices =
+            build_devices(&inv(vec![h100(0)]), &HealthState::default(), "gpu.switchyard.dev", &[], 1);
         assert_eq!(devices.len(), 1);
         let d = &devices[0];
         assert_eq!(d.name, "gpu-0");
@@ -456,7 +527,7 @@ mod tests {
         g.pci_bus_id = None;
         g.pcie_root = None;
         g.numa_node = None;
-        let d = &build_devices(&inv(vec![g]), &HealthState::default(), "d", &[])[0];
+        let d = &build_devices(&inv(vec![g]), &HealthState::default(), "d", &[], 1)[0];
         let keys: Vec<&str> = d.attributes.as_ref().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, ["cudaDriverVersion", "driverVersion", "productName", "type", "uuid"]);
     }
@@ -484,7 +555,7 @@ mod tests {
                 ..Default::default()
             },
         ];
-        let devices = build_devices(&inv(vec![h100(0), g]), &HealthState::default(), "d", &[]);
+        let devices = build_devices(&inv(vec![h100(0), g]), &HealthState::default(), "d", &[], 1);
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-0", "gpu-1-mig-1g10gb-0"]);
         let m = &devices[2];
@@ -499,6 +570,153 @@ mod tests {
         assert_eq!(caps["multiprocessors"].value.0, "16");
     }
 
+    /// (capacity, value, and the policy's default, min, max, step), "-" where there is none.
+    fn capacity_rows(d: &Device) -> Vec<[String; 6]> {
+        let q = |q: Option<&Quantity>| q.map_or("-".to_string(), |q| q.0.clone());
+        d.capacity
+            .iter()
+            .flatten()
+            .map(|(name, c)| {
+                let p = c.request_policy.as_ref();
+                let r = p.and_then(|p| p.valid_range.as_ref());
+                [
+                    name.clone(),
+                    c.value.0.clone(),
+                    q(p.and_then(|p| p.default.as_ref())),
+                    q(r.map(|r| &r.min)),
+                    q(r.and_then(|r| r.max.as_ref())),
+                    q(r.and_then(|r| r.step.as_ref())),
+                ]
+            })
+            .collect()
+    }
+
+    /// Shared by N claims, every device of the simulated MIG node is published as NVIDIA's
+    /// `--consumable-shares=<N>` publishes it, and the allocator reads N claims per device; with 1
+    /// nothing of sharing is published. A lost GPU never gets sharing fields.
+    #[test]
+    fn shared_devices_take_n_claims_as_nvidias_consumable_shares() {
+        let mut inventory =
+            crate::discovery::simulated::parse(include_str!("../examples/sim-inventory-mig.yaml")).unwrap();
+        inventory.gpus.push(Gpu::lost(2));
+        let row = |cells: [&str; 6]| cells.map(str::to_owned);
+        for n in [1u32, 2, 4] {
+            let ns = n.to_string();
+            let shares = row(["shares", &ns, "1", "1", &ns, "1"]);
+            let memory = |v: &str| match n {
+                1 => row(["memory", v, "-", "-", "-", "-"]),
+                _ => row(["memory", v, "0", "0", v, "1Mi"]),
+            };
+            let sms = |v: &str| match n {
+                1 => row(["multiprocessors", v, "-", "-", "-", "-"]),
+                _ => row(["multiprocessors", v, "0", "0", v, "1"]),
+            };
+            let with_shares = |mut rows: Vec<[String; 6]>| {
+                if n > 1 {
+                    rows.push(shares.clone());
+                }
+                rows
+            };
+            let want: Vec<(&str, Vec<[String; 6]>)> = vec![
+                ("gpu-0", with_shares(vec![memory("80Gi")])),
+                ("gpu-1-mig-3g40gb-0", with_shares(vec![memory("40Gi"), sms("42")])),
+                ("gpu-1-mig-2g20gb-0", with_shares(vec![memory("20Gi"), sms("28")])),
+                ("gpu-1-mig-1g10gb-0", with_shares(vec![memory("10Gi"), sms("14")])),
+                ("gpu-1-mig-1g10gb-1", with_shares(vec![memory("10Gi"), sms("14")])),
+                ("gpu-2", vec![]),
+            ];
+            let devices = build_devices(&inventory, &HealthState::default(), "gpu.switchyard.dev", &[], n);
+            let got: Vec<(&str, Vec<[String; 6]>)> =
+                devices.iter().map(|d| (d.name.as_str(), capacity_rows(d))).collect();
+            assert_eq!(got, want, "{n} shares");
+            for d in &devices {
+                let lost = d.name == "gpu-2";
+                let want = if lost { 1 } else { u64::from(n) };
+                assert_eq!(claims_per_device(d), want, "{} with {n} shares", d.name);
+                let multiple = (n > 1 && !lost).then_some(true);
+                assert_eq!(d.allow_multiple_allocations, multiple, "{} with {n} shares", d.name);
+            }
+        }
+    }
+
+    /// The API's rules for a consumable capacity's validRange (Kubernetes 1.37,
+    /// `validateRequestPolicyRange`), on whole numbers: every shared capacity passes them, also
+    /// for memory that is no whole number of MiB, and one too small for a single step has no
+    /// policy (which the API accepts on any capacity of a shareable device).
+    #[test]
+    fn shared_capacities_pass_the_apis_range_rules() {
+        use switchyard_api::quantity::units;
+        let mut g = h100(1);
+        g.memory_bytes = (80 << 30) + 123;
+        g.mig = vec![
+            MigDevice {
+                uuid: "MIG-a".into(),
+                profile: "1g.10gb".into(),
+                memory_bytes: (9856 << 20) + 512,
+                multiprocessors: 16,
+                gi: 1,
+                ..Default::default()
+            },
+            MigDevice {
+                uuid: "MIG-b".into(),
+                profile: "1g.10gb".into(),
+                memory_bytes: 1000,
+                multiprocessors: 0,
+                gi: 2,
+                ..Default::default()
+            },
+        ];
+        let mut whole = h100(0);
+        whole.memory_bytes = (80 << 30) + 123;
+        let devices = build_devices(&inv(vec![whole, g]), &HealthState::default(), "d", &[], 3);
+        let caps = |name: &str| -> Vec<(String, String)> {
+            let d = devices.iter().find(|d| d.name == name).unwrap();
+            d.capacity.iter().flatten().map(|(k, c)| (k.clone(), c.value.0.clone())).collect()
+        };
+        assert_eq!(caps("gpu-0"), [("memory".into(), "80Gi".into()), ("shares".into(), "3".into())]);
+        assert_eq!(caps("gpu-1-mig-1g10gb-0")[0], ("memory".into(), "9856Mi".into()));
+        assert_eq!(
+            caps("gpu-1-mig-1g10gb-1"),
+            [
+                ("memory".into(), "0".into()),
+                ("multiprocessors".into(), "0".into()),
+                ("shares".into(), "3".into())
+            ]
+        );
+        let mut policies = 0;
+        for d in &devices {
+            assert_eq!(d.allow_multiple_allocations, Some(true), "{}", d.name);
+            for (name, c) in d.capacity.iter().flatten() {
+                let Some(p) = &c.request_policy else {
+                    assert_eq!(
+                        units(&c.value),
+                        Some(0),
+                        "{} {name}: only a zero capacity has no policy",
+                        d.name
+                    );
+                    continue;
+                };
+                policies += 1;
+                let r = p.valid_range.as_ref().unwrap();
+                let n = |q: &Quantity| units(q).unwrap();
+                let (value, default, min) = (n(&c.value), n(p.default.as_ref().unwrap()), n(&r.min));
+                let (max, step) = (n(r.max.as_ref().unwrap()), n(r.step.as_ref().unwrap()));
+                let at = format!("{} {name}", d.name);
+                assert!(p.valid_values.is_none(), "{at}");
+                assert!(step > 0 && min + step <= value, "{at}: one step fits");
+                assert!(
+                    min <= default && default <= max && max <= value,
+                    "{at}: min <= default <= max <= value"
+                );
+                assert_eq!(((default - min) % step, (max - min) % step), (0, 0), "{at}: multiples of step");
+            }
+        }
+        assert_eq!(
+            policies, 6,
+            "the GPU's memory and shares, the first MIG device's three, the second's shares"
+        );
+    }
+
     #[test]
     fn health_becomes_device_taints_and_shutdown_taints_everything() {
         let mut g = h100(1);
@@ -511,7 +729,7 @@ mod tests {
             &HealthPolicy::default(),
             &HealthEvent { device: "gpu-1".into(), kind: FaultKind::Xid { xid: 79 }, at },
         );
-        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", &[]);
+        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", &[], 1);
         assert!(devices[0].taints.is_none());
         let t = devices[1].taints.as_ref().expect("MIG device inherits the parent's fault");
         assert_eq!(t.len(), 1);
@@ -521,8 +739,13 @@ mod tests {
         assert_eq!(t[0].time_added, Some(Time(at)));
 
         let down = at.checked_add(k8s_openapi::jiff::SignedDuration::from_millis(1500)).unwrap();
-        let devices =
-            build_devices(&inventory, &health, "gpu.switchyard.dev", &[NodeTaint::driver_unavailable(down)]);
+        let devices = build_devices(
+            &inventory,
+            &health,
+            "gpu.switchyard.dev",
+            &[NodeTaint::driver_unavailable(down)],
+            1,
+        );
         for d in &devices {
             let last = d.taints.as_ref().unwrap().last().unwrap();
             assert_eq!(last.key, "gpu.switchyard.dev/driver-unavailable", "{}", d.name);
@@ -551,7 +774,7 @@ mod tests {
             NodeTaint::device_plugin_active(at(1)),
             NodeTaint::kubelet_plugin_not_registered(at(2), "pending"),
         ];
-        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", &node_taints);
+        let devices = build_devices(&inventory, &health, "gpu.switchyard.dev", &node_taints, 1);
         let row = |t: &DeviceTaint| {
             (t.key.clone(), t.value.clone(), t.effect.clone(), t.time_added.as_ref().map(|t| t.0))
         };
@@ -580,7 +803,7 @@ mod tests {
         let got: Vec<_> = devices[1].taints.as_ref().unwrap().iter().map(row).collect();
         assert_eq!(got, node_wide, "the MIG device of a healthy GPU");
 
-        let slices = desired_slices(&id(), &inventory, &HealthState::default(), &[], 1);
+        let slices = desired_slices(&id(), &inventory, &HealthState::default(), &[], 1, 1);
         assert!(slices[0].spec.devices.iter().flatten().all(|d| d.taints.is_none()));
     }
 
@@ -614,7 +837,7 @@ mod tests {
             NodeTaint::device_plugin_active(at(6)),
             NodeTaint::kubelet_plugin_not_registered(at(7), "refused"),
         ];
-        let mut published = desired_slices(&id(), &inventory, &health, &node_taints, 3);
+        let mut published = desired_slices(&id(), &inventory, &health, &node_taints, 1, 3);
         published[0].spec.devices.as_mut().unwrap()[0].taints.as_mut().unwrap().push(DeviceTaint {
             key: "other.example.com/xid".into(),
             value: Some("79".into()),
@@ -637,8 +860,8 @@ mod tests {
         let mut restored = HealthState::default();
         restored.restore(read);
         assert_eq!(
-            desired_slices(&id(), &inventory, &restored, &[], 0),
-            desired_slices(&id(), &inventory, &health, &[], 0)
+            desired_slices(&id(), &inventory, &restored, &[], 1, 0),
+            desired_slices(&id(), &inventory, &health, &[], 1, 0)
         );
         assert_eq!(restored.taints_for("gpu-1", None).len(), 1, "the ECC fault is the GPU's");
         assert_eq!(restored.taints_for("gpu-1-mig-1g10gb-0", None), []);
@@ -709,7 +932,7 @@ mod tests {
         assert_eq!(ann[well_known::ANNOTATION_SLICE_MIG_PROFILES], r#"{"1g.10gb":2,"2g.20gb":1}"#);
         assert_eq!(ann[well_known::ANNOTATION_SLICE_GPU_COUNT], "2");
         assert_eq!(PoolSummary::from_annotations(&ann), Some(s));
-        let slices = desired_slices(&id(), &inventory, &HealthState::default(), &[], 1);
+        let slices = desired_slices(&id(), &inventory, &HealthState::default(), &[], 1, 1);
         assert_eq!(slices[0].metadata.annotations.as_ref(), Some(&ann));
         assert_eq!(PoolSummary::from_annotations(&BTreeMap::new()), None);
     }

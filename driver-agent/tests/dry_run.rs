@@ -70,6 +70,24 @@ fn dry_run_names_mig_devices_and_honours_the_driver_name() {
     assert_eq!(ann["switchyard.dev/gpu-count"], "2");
 }
 
+/// `--shares-per-device` reaches the printed slices: every device takes that many claims, as the
+/// scheduler's allocator reads it; the default publishes devices one claim holds whole.
+#[test]
+fn dry_run_honours_shares_per_device() {
+    let sim = example("sim-inventory-mig.yaml");
+    let args = ["--dry-run", "--inventory", "simulated", "--sim-config", sim.as_str()];
+    for (extra, want) in [(None, 1), (Some("--shares-per-device=3"), 3)] {
+        let out = agent(&[&args[..], extra.as_slice()].concat());
+        assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        let devices = parse(&out.stdout).remove(0).spec.devices.unwrap();
+        let claims: Vec<u64> = devices.iter().map(switchyard_api::sharing::claims_per_device).collect();
+        assert_eq!(claims, [want; 5], "{extra:?}");
+    }
+    let out = agent(&[&args[..], &["--shares-per-device=0"]].concat());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--shares-per-device must be at least 1"));
+}
+
 #[test]
 fn dry_run_fails_clearly_on_a_bad_sim_file() {
     let out = agent(&["--dry-run", "--inventory", "simulated", "--sim-config", "/nonexistent/inv.yaml"]);

@@ -452,6 +452,12 @@ for kind in DaemonSet Service ValidatingAdmissionPolicy ValidatingAdmissionPolic
 done
 rejects "agent.enabled=maybe" "/agent/enabled" --set agent.enabled=maybe
 
+# --- agent.sharesPerDevice: each GPU shared N ways, only when set --------------------------------
+render shares --set agent.sharesPerDevice=4
+has shares agent "        - --shares-per-device=4"
+lacks default agent "--shares-per-device"
+rejects "agent.sharesPerDevice=0" "/agent/sharesPerDevice" --set agent.sharesPerDevice=0
+
 # --- everything at once passes helm lint --strict ----------------------------------------------
 "$helm" lint --strict "$chart" -f "$tmp/logging.values.yaml" -f "$tmp/selector.values.yaml" \
   -f "$tmp/op-sched.values.yaml" -f "$tmp/ag-sched.values.yaml" -f "$tmp/ag-extra.values.yaml" \

@@ -51,6 +51,13 @@ pub struct PreparedDevice {
     pub pool_name: String,
     pub device_name: String,
     pub cdi_device_ids: Vec<String>,
+    /// The allocation's share id, where the device is shared. Absent from checkpoints written
+    /// before devices could be shared: those allocations were exclusive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// Whether the allocation has admin access (it keeps no device busy). Absent: it has not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_access: bool,
 }
 
 /// The checkpoint at a path.
@@ -117,6 +124,8 @@ mod tests {
                     pool_name: "node-a".into(),
                     device_name: "gpu-0".into(),
                     cdi_device_ids: vec!["d/gpu=uid-1-gpu-0".into()],
+                    share_id: Some("9f0e3c1a-0000-4000-8000-000000000001".into()),
+                    admin_access: false,
                 }],
                 spec: cdi::claim_spec("d", "uid-1", &[], &cdi::DeviceNodes::HostLookup),
             },
@@ -128,5 +137,36 @@ mod tests {
         std::fs::write(file.path(), r#"{"version": 9, "claims": {}}"#).unwrap();
         assert!(matches!(file.load(), Err(Error::Checkpoint { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A checkpoint written before devices could be shared loads unchanged: no share id, no admin
+    /// access, and it is written back in the same form.
+    #[test]
+    fn a_checkpoint_from_before_sharing_loads_unchanged() {
+        let old = r#"{
+  "version": 1,
+  "claims": {
+    "uid-1": {
+      "namespace": "ns",
+      "name": "c",
+      "devices": [
+        {
+          "requestNames": ["gpu"],
+          "poolName": "node-a",
+          "deviceName": "gpu-0",
+          "cdiDeviceIds": ["gpu.switchyard.dev/gpu=uid-1-gpu-0"]
+        }
+      ],
+      "spec": {"cdiVersion": "0.6.0", "kind": "gpu.switchyard.dev/gpu", "devices": []}
+    }
+  }
+}"#;
+        let cp: Checkpoint = serde_json::from_str(old).unwrap();
+        let d = &cp.claims["uid-1"].devices[0];
+        assert_eq!((d.device_name.as_str(), d.share_id.as_deref(), d.admin_access), ("gpu-0", None, false));
+        let written = serde_json::to_value(&cp).unwrap();
+        let mut want: serde_json::Value = serde_json::from_str(old).unwrap();
+        want["claims"]["uid-1"]["spec"]["containerEdits"] = serde_json::json!({});
+        assert_eq!(written, want);
     }
 }

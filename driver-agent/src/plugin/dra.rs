@@ -4,6 +4,11 @@
 //! Both operations are idempotent and answer per claim: one bad claim in a batch does not fail
 //! the others. A claim found in the checkpoint is answered from there, so the answer survives
 //! agent restarts and does not change with the API or the inventory.
+//!
+//! A device published shareable (`--shares-per-device`) is prepared for every claim the
+//! scheduler allocated it to: each such allocation carries a share id. One that does not, while
+//! another claim has the device prepared, is refused until that claim is unprepared (see
+//! [`conflicts`]); the kubelet retries.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -45,16 +50,24 @@ impl ClaimSource for kube::Client {
     }
 }
 
-/// A device of ours in a claim's allocation, with every request it was allocated for.
+/// A device of ours in a claim's allocation, with every request it was allocated for under one
+/// share id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocated {
     pub request_names: Vec<String>,
     pub device: String,
+    /// The allocation's `shareID`: set where the device allows multiple allocations (it is
+    /// shared), one per allocation of it.
+    pub share_id: Option<String>,
+    /// The allocation's `adminAccess`: access to a device whatever else holds it (monitoring),
+    /// which never makes the device busy nor waits for it.
+    pub admin_access: bool,
 }
 
-/// Pure: the devices `driver` must prepare on node `node` for `claim`, in allocation order.
-/// Results of other drivers are left to them; a result of ours from another pool means the claim
-/// was sent to the wrong node. Err carries the reason for the kubelet.
+/// Pure: the devices `driver` must prepare on node `node` for `claim`, in allocation order, one
+/// per (device, share id). Results of other drivers are left to them; a result of ours from
+/// another pool means the claim was sent to the wrong node. Err carries the reason for the
+/// kubelet.
 pub fn allocated_devices(driver: &str, node: &str, claim: &ResourceClaim) -> Result<Vec<Allocated>, String> {
     let results = claim
         .status
@@ -73,9 +86,17 @@ pub fn allocated_devices(driver: &str, node: &str, claim: &ResourceClaim) -> Res
                 r.device, r.pool
             ));
         }
-        match out.iter_mut().find(|a| a.device == r.device) {
-            Some(a) => a.request_names.push(r.request.clone()),
-            None => out.push(Allocated { request_names: vec![r.request.clone()], device: r.device.clone() }),
+        match out.iter_mut().find(|a| a.device == r.device && a.share_id == r.share_id) {
+            Some(a) => {
+                a.request_names.push(r.request.clone());
+                a.admin_access |= r.admin_access == Some(true);
+            }
+            None => out.push(Allocated {
+                request_names: vec![r.request.clone()],
+                device: r.device.clone(),
+                share_id: r.share_id.clone(),
+                admin_access: r.admin_access == Some(true),
+            }),
         }
     }
     if out.is_empty() {
@@ -86,14 +107,41 @@ pub fn allocated_devices(driver: &str, node: &str, claim: &ResourceClaim) -> Res
     Ok(out)
 }
 
-/// Pure: the inventory device behind each allocated name.
+/// Pure: Err when a device of `allocated` (claim `uid`'s devices) is prepared in `state` for
+/// another claim and the two may not share it. A device may be prepared for several claims only
+/// when it is shared: both allocations carry a share id. An allocation with admin access neither
+/// waits for a device nor keeps one busy. Err carries the reason for the kubelet, which retries.
+pub fn conflicts(state: &Checkpoint, uid: &str, allocated: &[Allocated]) -> Result<(), String> {
+    for a in allocated.iter().filter(|a| !a.admin_access) {
+        let holders = state.claims.iter().filter(|(other, _)| *other != uid);
+        for (_, claim) in holders {
+            let exclusive = claim
+                .devices
+                .iter()
+                .filter(|p| p.device_name == a.device && !p.admin_access)
+                .any(|p| p.share_id.is_none() || a.share_id.is_none());
+            if exclusive {
+                return Err(format!(
+                    "device {} is prepared for claim {}/{} and is not shared (an allocation without a shareID)",
+                    a.device, claim.namespace, claim.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pure: the inventory device behind each allocated name, each device once (a shared device may
+/// be allocated to one claim more than once), in allocation order.
 pub fn resolve<'a>(
     inv: &'a NodeGpus,
     allocated: &[Allocated],
 ) -> Result<Vec<(String, NamedDevice<'a>)>, String> {
     let named = inv.named_devices();
+    let mut seen = std::collections::BTreeSet::new();
     allocated
         .iter()
+        .filter(|a| seen.insert(a.device.as_str()))
         .map(|a| {
             let (n, d) = named
                 .iter()
@@ -228,6 +276,7 @@ impl DraService {
         let invalid = |reason: String| Error::InvalidClaim { claim: key.clone(), reason };
         let allocated =
             allocated_devices(&self.config.driver, &self.config.node_name, &rc).map_err(invalid)?;
+        conflicts(&state, &claim.uid, &allocated).map_err(invalid)?;
         let inv = self.inventory.discover().await?;
         let devices = resolve(&inv, &allocated).map_err(invalid)?;
         // Real device nodes are looked up on the host (under --dev-root where the driver made them
@@ -249,6 +298,8 @@ impl DraService {
                     pool_name: self.config.node_name.clone(),
                     device_name: a.device.clone(),
                     cdi_device_ids: vec![cdi::qualified_id(&self.config.driver, &claim.uid, &a.device)],
+                    share_id: a.share_id.clone(),
+                    admin_access: a.admin_access,
                 })
                 .collect(),
             spec,
@@ -318,7 +369,7 @@ fn to_pb(d: &PreparedDevice) -> pb::Device {
         pool_name: d.pool_name.clone(),
         device_name: d.device_name.clone(),
         cdi_device_ids: d.cdi_device_ids.clone(),
-        share_id: None,
+        share_id: d.share_id.clone(),
     }
 }
 
@@ -359,60 +410,291 @@ impl pb::dra_plugin_server::DraPlugin for DraGrpc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn claim(results: serde_json::Value) -> ResourceClaim {
-        serde_json::from_value(serde_json::json!({
+    const DRIVER: &str = "gpu.switchyard.dev";
+
+    fn named_claim(name: &str, uid: &str, results: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {},
             "status": {"allocation": {"devices": {"results": results}}}
         }))
         .unwrap()
     }
 
+    fn claim(results: serde_json::Value) -> ResourceClaim {
+        named_claim("c", "u", results)
+    }
+
     fn r(request: &str, driver: &str, pool: &str, device: &str) -> serde_json::Value {
-        serde_json::json!({"request": request, "driver": driver, "pool": pool, "device": device})
+        json!({"request": request, "driver": driver, "pool": pool, "device": device})
+    }
+
+    /// A result of ours on node-a, with a share id where `share` is given.
+    fn ours(request: &str, device: &str, share: Option<&str>) -> serde_json::Value {
+        let mut v = r(request, DRIVER, "node-a", device);
+        if let Some(s) = share {
+            v["shareID"] = json!(s);
+        }
+        v
+    }
+
+    fn allocated(device: &str, share: Option<&str>) -> Allocated {
+        Allocated {
+            request_names: vec!["r".into()],
+            device: device.into(),
+            share_id: share.map(str::to_owned),
+            admin_access: false,
+        }
     }
 
     #[test]
     fn allocation_checks() {
-        let d = "gpu.switchyard.dev";
-        let ok = claim(serde_json::json!([
+        let d = DRIVER;
+        let ok = claim(json!([
             r("a", d, "node-a", "gpu-0"),
             r("nic", "nic.example", "node-a", "eth0"),
             r("b", d, "node-a", "gpu-1"),
             r("c", d, "node-a", "gpu-0"),
         ]));
+        let whole = |requests: &[&str], device: &str| Allocated {
+            request_names: requests.iter().map(|r| r.to_string()).collect(),
+            ..allocated(device, None)
+        };
         assert_eq!(
             allocated_devices(d, "node-a", &ok).unwrap(),
-            [
-                Allocated { request_names: vec!["a".into(), "c".into()], device: "gpu-0".into() },
-                Allocated { request_names: vec!["b".into()], device: "gpu-1".into() },
-            ]
+            [whole(&["a", "c"], "gpu-0"), whole(&["b"], "gpu-1")]
         );
         let cases = [
-            (claim(serde_json::json!([r("a", d, "node-b", "gpu-0")])), "this node's pool"),
-            (claim(serde_json::json!([r("a", "other.example", "node-a", "x")])), "has no devices of driver"),
-            (claim(serde_json::json!([])), "has no devices of driver"),
+            (claim(json!([r("a", d, "node-b", "gpu-0")])), "this node's pool"),
+            (claim(json!([r("a", "other.example", "node-a", "x")])), "has no devices of driver"),
+            (claim(json!([])), "has no devices of driver"),
         ];
         for (c, want) in cases {
             let e = allocated_devices(d, "node-a", &c).unwrap_err();
             assert!(e.contains(want), "{e}");
         }
-        let mut unallocated = claim(serde_json::json!([]));
+        let mut unallocated = claim(json!([]));
         unallocated.status = None;
         assert_eq!(allocated_devices(d, "node-a", &unallocated).unwrap_err(), "is not allocated");
+    }
+
+    /// A shared device allocated to one claim twice (two requests, two share ids) is two
+    /// prepared devices; requests under one share id are one.
+    #[test]
+    fn allocations_group_by_device_and_share_id() {
+        let mut admin = r("watch", DRIVER, "node-a", "gpu-1");
+        admin["adminAccess"] = json!(true);
+        let c = claim(json!([
+            ours("a", "gpu-0", Some("s1")),
+            ours("b", "gpu-0", Some("s2")),
+            ours("c", "gpu-0", Some("s1")),
+            admin,
+        ]));
+        let got: Vec<(Vec<String>, String, Option<String>, bool)> = allocated_devices(DRIVER, "node-a", &c)
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.request_names, a.device, a.share_id, a.admin_access))
+            .collect();
+        let row = |requests: &[&str], device: &str, share: Option<&str>, admin: bool| {
+            (
+                requests.iter().map(|r| r.to_string()).collect(),
+                device.to_string(),
+                share.map(str::to_owned),
+                admin,
+            )
+        };
+        assert_eq!(
+            got,
+            [
+                row(&["a", "c"], "gpu-0", Some("s1"), false),
+                row(&["b"], "gpu-0", Some("s2"), false),
+                row(&["watch"], "gpu-1", None, true),
+            ]
+        );
+    }
+
+    /// Claims already prepared: `ns/a` on gpu-0 and `ns/m` on gpu-1-mig-1g10gb-0, by share id or
+    /// whole, and `ns/watch` with admin access on gpu-1-mig-3g40gb-0.
+    fn prepared(a_share: Option<&str>) -> Checkpoint {
+        let device = |name: &str, share: Option<&str>, admin_access: bool| PreparedDevice {
+            request_names: vec!["r".into()],
+            pool_name: "node-a".into(),
+            device_name: name.into(),
+            cdi_device_ids: vec![],
+            share_id: share.map(str::to_owned),
+            admin_access,
+        };
+        let claim = |name: &str, devices| PreparedClaim {
+            namespace: "ns".into(),
+            name: name.into(),
+            devices,
+            spec: cdi::claim_spec(DRIVER, name, &[], &cdi::DeviceNodes::Described),
+        };
+        let mut cp = Checkpoint::default();
+        cp.claims.insert("uid-a".into(), claim("a", vec![device("gpu-0", a_share, false)]));
+        cp.claims.insert("uid-m".into(), claim("m", vec![device("gpu-1-mig-1g10gb-0", None, false)]));
+        cp.claims.insert("uid-w".into(), claim("watch", vec![device("gpu-1-mig-3g40gb-0", None, true)]));
+        cp
+    }
+
+    /// The share id ns/a was prepared with, the uid of the claim being prepared, its allocation,
+    /// and the claim the refusal names (none: prepared).
+    type ConflictCase = (Option<&'static str>, &'static str, Vec<Allocated>, Option<&'static str>);
+
+    #[test]
+    fn a_device_is_prepared_for_several_claims_only_when_every_allocation_is_shared() {
+        let admin = |device: &str| Allocated { admin_access: true, ..allocated(device, None) };
+        let cases: Vec<ConflictCase> = vec![
+            (Some("s1"), "uid-b", vec![allocated("gpu-0", Some("s2"))], None),
+            (Some("s1"), "uid-b", vec![allocated("gpu-0", None)], Some("ns/a")),
+            (None, "uid-b", vec![allocated("gpu-0", Some("s2"))], Some("ns/a")),
+            (None, "uid-b", vec![allocated("gpu-0", None)], Some("ns/a")),
+            (None, "uid-b", vec![allocated("gpu-1-mig-1g10gb-1", None)], None),
+            (
+                None,
+                "uid-b",
+                vec![allocated("gpu-1-mig-2g20gb-0", None), allocated("gpu-1-mig-1g10gb-0", None)],
+                Some("ns/m"),
+            ),
+            (None, "uid-a", vec![allocated("gpu-0", None)], None),
+            (None, "uid-b", vec![admin("gpu-0")], None),
+            (None, "uid-b", vec![allocated("gpu-1-mig-3g40gb-0", None)], None),
+        ];
+        for (a_share, uid, allocation, want) in cases {
+            let got = conflicts(&prepared(a_share), uid, &allocation);
+            let case = format!("ns/a shared as {a_share:?}, {uid} allocated {allocation:?}");
+            match want {
+                None => assert_eq!(got, Ok(()), "{case}"),
+                Some(holder) => {
+                    let e = got.unwrap_err();
+                    let device = &allocation.last().unwrap().device;
+                    let want = format!(
+                        "device {device} is prepared for claim {holder} and is not shared (an allocation without a shareID)"
+                    );
+                    assert_eq!(e, want, "{case}");
+                }
+            }
+        }
     }
 
     #[test]
     fn resolve_finds_gpus_and_mig_devices_by_name() {
         let inv = crate::discovery::simulated::parse(include_str!("../../examples/sim-inventory-mig.yaml"))
             .unwrap();
-        let a = |n: &str| Allocated { request_names: vec!["r".into()], device: n.into() };
+        let a = |n: &str| allocated(n, None);
         let got = resolve(&inv, &[a("gpu-0"), a("gpu-1-mig-1g10gb-1")]).unwrap();
         assert!(matches!(got[0].1, NamedDevice::Gpu(g) if g.index == 0));
         assert!(matches!(got[1].1, NamedDevice::Mig { mig, .. } if mig.gi == 10));
         assert!(resolve(&inv, &[a("gpu-1")]).unwrap_err().contains("not on this node"), "a GPU in MIG mode");
         assert!(resolve(&inv, &[a("gpu-9")]).is_err());
+        let twice = resolve(&inv, &[allocated("gpu-0", Some("s1")), allocated("gpu-0", Some("s2"))]).unwrap();
+        assert_eq!(twice.len(), 1, "one CDI device for one GPU, however often the claim has it");
+    }
+
+    /// Claims by namespace/name.
+    #[derive(Default)]
+    struct Claims(std::sync::Mutex<HashMap<String, ResourceClaim>>);
+
+    impl Claims {
+        fn add(&self, c: ResourceClaim) {
+            let key = format!(
+                "{}/{}",
+                c.metadata.namespace.as_deref().unwrap(),
+                c.metadata.name.as_deref().unwrap()
+            );
+            self.0.lock().unwrap().insert(key, c);
+        }
+    }
+
+    impl ClaimSource for Claims {
+        fn get<'a>(
+            &'a self,
+            namespace: &'a str,
+            name: &'a str,
+        ) -> BoxFuture<'a, Result<Option<ResourceClaim>, kube::Error>> {
+            let c = self.0.lock().unwrap().get(&format!("{namespace}/{name}")).cloned();
+            async move { Ok(c) }.boxed()
+        }
+    }
+
+    /// The simulated MIG node (gpu-0 whole, gpu-1 in MIG mode), the same on every discovery.
+    struct Inventory(NodeGpus);
+
+    impl Discovery for Inventory {
+        fn discover(&self) -> BoxFuture<'_, Result<NodeGpus, Error>> {
+            let inv = self.0.clone();
+            async move { Ok(inv) }.boxed()
+        }
+    }
+
+    /// A service over `claims` with its CDI specs and checkpoint in a fresh directory.
+    fn service(test: &str, claims: Arc<Claims>) -> (DraService, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("sy-dra-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = DraConfig {
+            driver: DRIVER.into(),
+            node_name: "node-a".into(),
+            cdi_dir: dir.join("cdi"),
+            checkpoint: dir.join("checkpoint.json"),
+            dev_root: None,
+        };
+        let inv = crate::discovery::simulated::parse(include_str!("../../examples/sim-inventory-mig.yaml"))
+            .unwrap();
+        let svc = DraService::new(config, claims, Arc::new(Inventory(inv)), Metrics::default()).unwrap();
+        (svc, dir)
+    }
+
+    fn wire(name: &str) -> pb::Claim {
+        pb::Claim { namespace: "ns".into(), uid: format!("uid-{name}"), name: name.into() }
+    }
+
+    /// Two claims that the scheduler allocated gpu-0 to with share ids both prepare, each with its
+    /// own CDI spec that hands the container that GPU; a claim that holds gpu-0 whole waits until
+    /// both are unprepared.
+    #[tokio::test]
+    async fn a_shared_gpu_is_prepared_for_each_claim_and_an_exclusive_one_waits() {
+        let claims = Arc::new(Claims::default());
+        claims.add(named_claim("a", "uid-a", json!([ours("gpu", "gpu-0", Some("share-a"))])));
+        claims.add(named_claim("b", "uid-b", json!([ours("gpu", "gpu-0", Some("share-b"))])));
+        claims.add(named_claim("x", "uid-x", json!([ours("gpu", "gpu-0", None)])));
+        let (svc, dir) = service("shared", claims);
+
+        for (name, share) in [("a", "share-a"), ("b", "share-b")] {
+            let devices = svc.prepare(&wire(name)).await.unwrap();
+            assert_eq!(devices.len(), 1);
+            assert_eq!(devices[0].device_name, "gpu-0");
+            assert_eq!(devices[0].share_id.as_deref(), Some(share));
+            assert_eq!(devices[0].cdi_device_ids, [format!("{DRIVER}/gpu=uid-{name}-gpu-0")]);
+            let path = svc.config().cdi_dir.join(cdi::spec_file_name(DRIVER, &format!("uid-{name}")));
+            let spec: cdi::Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let nodes: Vec<&str> =
+                spec.devices[0].container_edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
+            assert_eq!(nodes, ["/dev/nvidia0"], "{name}");
+            assert_eq!(
+                spec.container_edits.env,
+                ["NVIDIA_VISIBLE_DEVICES=GPU-ee5f6d81-849d-5d95-8688-ce03f2fa8c81"]
+            );
+        }
+        let again = svc.prepare(&wire("a")).await.unwrap();
+        assert_eq!(again[0].share_id.as_deref(), Some("share-a"), "answered from the checkpoint");
+
+        for holder in ["a", "b"] {
+            let e = svc.prepare(&wire("x")).await.unwrap_err();
+            assert!(matches!(e, Error::InvalidClaim { .. }), "{e:?}");
+            assert!(
+                e.chain()
+                    .contains(&format!("device gpu-0 is prepared for claim ns/{holder} and is not shared")),
+                "{}",
+                e.chain()
+            );
+            svc.unprepare(&wire(holder)).await.unwrap();
+        }
+        let devices = svc.prepare(&wire("x")).await.unwrap();
+        assert_eq!((devices[0].device_name.as_str(), devices[0].share_id.as_deref()), ("gpu-0", None));
+        assert_eq!(svc.prepared_claims().await, ["uid-x"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -53,7 +53,7 @@ async fn a_gpu_lost_before_the_agent_starts_is_published_tainted_and_recovers() 
     for e in &events {
         health.apply(&policy, e);
     }
-    let devices = build_devices(&inv, &health, "gpu.example.com", &[]);
+    let devices = build_devices(&inv, &health, "gpu.example.com", &[], 1);
     let lost = devices.iter().find(|d| d.name == "gpu-1").expect("gpu-1 is published");
     let attributes: Vec<&String> = lost.attributes.as_ref().unwrap().keys().collect();
     assert_eq!(attributes, ["type"], "nothing but its type is known");
@@ -63,7 +63,12 @@ async fn a_gpu_lost_before_the_agent_starts_is_published_tainted_and_recovers() 
     let whole = devices.iter().find(|d| d.name == "gpu-0").expect("gpu-0 is published");
     assert!(whole.taints.is_none(), "{whole:?}");
     // A claim that tolerates the taint still cannot have it prepared.
-    let a = |d: &str| Allocated { request_names: vec!["r".into()], device: d.into() };
+    let a = |d: &str| Allocated {
+        request_names: vec!["r".into()],
+        device: d.into(),
+        share_id: None,
+        admin_access: false,
+    };
     let err = resolve(&inv, &[a("gpu-1")]).map(|_| ()).unwrap_err();
     assert!(err.contains("gpu-1 is lost"), "{err}");
     assert!(resolve(&inv, &[a("gpu-0")]).is_ok());

@@ -25,24 +25,32 @@
 //!   once it answers again the pod that waited for it runs: no pod is lost or left on a node no
 //!   backend serves, and no node is left cordoned;
 //! - each node's `gpus-before` record is its physical GPUs, not the time-sliced replicas.
+//!
+//! A second scenario, on the same two nodes, keeps the slots instead of acknowledging their loss:
+//! Switchyard's agent shares each GPU 2 ways (its per-node label `switchyard.dev/gpu-shares`, a
+//! `shares` capacity with `allowMultipleAllocations`) and the migration says so
+//! (`spec.driver.sharesPerDevice: 2`): nothing to acknowledge, the plan says "no loss", 4 pods on
+//! each node before and after, each through a generated claim holding a share of one of the node's
+//! 2 GPUs (never a third claim on one), a 5th pod left Pending by the shares, and a rollback gives
+//! the device plugin's 4 slots back; the sampler sees no node served by both backends.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use switchyard_e2e::pool::allocatable;
+use switchyard_e2e::pool::{Sampler, allocatable};
 use switchyard_e2e::real::{
     self, LABEL_DEVICE_PLUGIN_CONFIG, LABEL_GPU_PRESENT, NVIDIA_DEVICE_PLUGIN_DS, NVIDIA_DEVICE_PLUGIN_NS,
 };
 use switchyard_e2e::{cluster, wait};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
-use switchyard_operator::well_known::ANNOTATION_MIGRATION_STATE;
+use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_GPU_SHARES};
 
 const DRIVER: &str = "gpu.switchyard.dev";
 /// Switchyard's DeviceClass for the renamed resource.
@@ -54,6 +62,12 @@ use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
 #[tokio::test]
 async fn time_sliced_gpus_labelled_by_nvidias_gfd_move_once_acknowledged() -> anyhow::Result<()> {
     real::alone_on_real_nodes("shared", scenario, diagnostics, cleanup).await
+}
+
+#[tokio::test]
+async fn time_sliced_gpus_keep_their_slots_on_an_agent_that_shares_each_gpu_as_many_ways()
+-> anyhow::Result<()> {
+    real::alone_on_real_nodes("shares", keeps_slots, diagnostics, cleanup).await
 }
 
 /// Two real nodes, `nvidia.com/gpu` and `nvidia.com/gpu.shared` each through a DeviceClass of
@@ -86,6 +100,24 @@ fn gfd_labels(node: &Node) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Waits until migration `id` reads `phase`, failing at once if it reads Failed.
+async fn reaches(
+    migrations: &Api<GpuPoolMigration>,
+    id: &str,
+    phase: Phase,
+) -> anyhow::Result<GpuPoolMigration> {
+    wait::until(&format!("the migration to read {phase:?}"), Duration::from_secs(480), || {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(id).await?;
+            let now = g.status.as_ref().and_then(|s| s.phase);
+            anyhow::ensure!(now != Some(Phase::Failed), "migration failed: {:?}", g.status);
+            Ok((now == Some(phase)).then_some(g))
+        }
+    })
+    .await
+}
+
 /// `switchyard plan <id> -o json`: exit code and report.
 fn plan(id: &str) -> anyhow::Result<(i32, serde_json::Value)> {
     let out = std::process::Command::new(cluster::cli_bin())
@@ -108,7 +140,24 @@ async fn pods_of(client: &Client, ns: &str, app: &str) -> anyhow::Result<(Vec<Po
     Ok((ready, unscheduled))
 }
 
-async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+/// The two nodes of both scenarios, as NVIDIA's chart leaves them: `sliced` advertises
+/// `nvidia.com/gpu` twice per GPU, `renamed` `nvidia.com/gpu.shared` twice per GPU, and GFD's labels
+/// (through nfd-master) say so. `labels` go on both nodes before anything is installed.
+struct Shared {
+    sliced: String,
+    renamed: String,
+    pool: [String; 2],
+    gpus: Vec<real::MockGpu>,
+    physical: i64,
+    node_api: Api<Node>,
+}
+
+async fn set_up(
+    client: &Client,
+    id: &str,
+    names: &[String],
+    labels: serde_json::Value,
+) -> anyhow::Result<Shared> {
     anyhow::ensure!(names.len() >= 2, "two real nodes needed, found {names:?}");
     let (sliced, renamed) = (names[0].clone(), names[1].clone());
     let pool = [sliced.clone(), renamed.clone()];
@@ -118,6 +167,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 
     for n in &pool {
         real::label(client, n, json!({"pool": id, LABEL_GPU_PRESENT: "true"})).await?;
+        real::label(client, n, labels.clone()).await?;
     }
     real::label(client, &renamed, json!({LABEL_DEVICE_PLUGIN_CONFIG: "renamed"})).await?;
     real::install_nfd(client).await?;
@@ -167,6 +217,12 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     }
     let features = real::kubectl(&["-n", NVIDIA_DEVICE_PLUGIN_NS, "get", "nodefeatures", "-o", "name"])?;
     assert_eq!(features.lines().count(), pool.len(), "one NodeFeature per node from GFD: {features}");
+    Ok(Shared { sliced, renamed, pool, gpus, physical, node_api })
+}
+
+async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let Shared { sliced, renamed, pool, gpus, physical, node_api } =
+        set_up(client, id, names, json!({})).await?;
 
     cluster::create_namespace(client, id).await?;
     real::gpu_workload_of(client, id, "sliced", physical as i32, Some(&sliced), GPU).await?;
@@ -237,16 +293,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     .await?;
     real::raise_gpu_fault(&renamed, &lost, "lost", 0)?;
 
-    let done = wait::until("the migration to complete", Duration::from_secs(480), || {
-        let migrations = migrations.clone();
-        async move {
-            let g = migrations.get(id).await?;
-            let phase = g.status.as_ref().and_then(|s| s.phase);
-            anyhow::ensure!(phase != Some(Phase::Failed), "migration failed: {:?}", g.status);
-            Ok((phase == Some(Phase::Completed)).then_some(g))
-        }
-    })
-    .await?;
+    let done = reaches(&migrations, id, Phase::Completed).await?;
     assert_eq!(done.status.as_ref().map(|s| s.nodes.migrated), Some(pool.len() as i32));
 
     // The switch said which device and why.
@@ -339,6 +386,192 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     Ok(())
 }
 
+/// How many claims per GPU the agent publishes in [`keeps_slots`]: as many as the chart's
+/// time-slicing replicas.
+const SHARES: i64 = 2;
+
+/// The same two nodes, with Switchyard's agent sharing each GPU 2 ways (the node label
+/// `switchyard.dev/gpu-shares`) and the migration saying so (`spec.driver.sharesPerDevice: 2`):
+/// nothing to acknowledge, 4 pods on each node before and after, each through a generated claim
+/// holding a share of one of the node's 2 GPUs and never a third claim on one GPU, a 5th pod left
+/// Pending by the shares, no node served by both backends; a rollback gives the device plugin's 4
+/// slots back.
+async fn keeps_slots(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let Shared { sliced, renamed, pool, gpus, physical, node_api } =
+        set_up(client, id, names, json!({LABEL_GPU_SHARES: SHARES.to_string()})).await?;
+    let slots = (SHARES * physical) as usize;
+    cluster::create_namespace(client, id).await?;
+    real::gpu_workload_of(client, id, "sliced", slots as i32, Some(&sliced), GPU).await?;
+    real::gpu_workload_of(client, id, "renamed", slots as i32, Some(&renamed), SHARED).await?;
+    real::wait_workload(client, id, "sliced", slots, Duration::from_secs(120)).await?;
+    real::wait_workload(client, id, "renamed", slots, Duration::from_secs(120)).await?;
+
+    let samplers = [GPU, SHARED].map(|r| {
+        Sampler::watch(client.clone(), id.to_owned(), DRIVER.to_owned(), id.to_owned(), r.to_owned())
+    });
+    let mut m = migration(id)?;
+    m.spec.driver.shares_per_device = Some(SHARES as i32);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    migrations.create(&PostParams::default(), &m).await?;
+
+    // 1. Nothing to acknowledge: the condition and the plan say the slots are kept.
+    let (status, reason, message) =
+        wait::until("PrerequisitesMet judged with the pool's sharing", Duration::from_secs(120), || {
+            let migrations = migrations.clone();
+            async move {
+                let g = migrations.get(id).await?;
+                let Some(p) = prerequisites(&g) else { return Ok(None) };
+                anyhow::ensure!(p.1 != "GpuSharingNotAcknowledged", "the shares were not counted: {}", p.2);
+                Ok((p.0 == "True").then_some(p))
+            }
+        })
+        .await?;
+    assert_eq!(status, "True", "{reason}: {message}");
+    for want in [
+        format!(
+            "{GPU} time-sliced 2x -> {SHARES} shares per GPU (spec.driver.sharesPerDevice): no loss, {slots} pods' slots before and after on 1 node(s)"
+        ),
+        format!("{SHARED} time-sliced 2x -> {SHARES} shares per GPU"),
+    ] {
+        assert!(message.contains(&want), "no {want:?} in {message}");
+    }
+    let (code, report) = plan(id)?;
+    let said = report["prerequisites"]["message"].to_string();
+    assert!(
+        said.contains(&format!("{GPU} time-sliced 2x -> {SHARES} shares per GPU")),
+        "plan ({code}): {said}"
+    );
+    assert!(!report["blockers"].to_string().contains("capacity drops"), "{}", report["blockers"]);
+
+    let done = reaches(&migrations, id, Phase::Completed).await?;
+    assert_eq!(done.status.as_ref().map(|s| s.nodes.migrated), Some(pool.len() as i32));
+    assert!(!done.spec.acknowledge.gpu_sharing_loss, "nothing was acknowledged");
+
+    // 2. The agent publishes each GPU for 2 claims; gpus-before stays the physical GPUs.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    for n in &pool {
+        let node = node_api.get(n).await?;
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
+        assert_eq!(allocatable(&node, GPU) + allocatable(&node, SHARED), 0, "{n}: the device plugin left");
+        let before: BTreeMap<String, i64> = serde_json::from_str(
+            &node.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE],
+        )?;
+        assert_eq!(before.values().sum::<i64>(), physical, "{n}: gpus-before counts the physical GPUs");
+        let devices: Vec<(String, u64)> = slices
+            .list(&ListParams::default().fields(&format!("spec.nodeName={n},spec.driver={DRIVER}")))
+            .await?
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| (d.name.clone(), switchyard_api::sharing::claims_per_device(d)))
+            .collect();
+        assert_eq!(devices.len() as i64, physical, "{n}: {devices:?}");
+        assert!(
+            devices.iter().all(|(_, c)| *c == SHARES as u64),
+            "{n}: each GPU takes {SHARES} claims: {devices:?}"
+        );
+    }
+
+    // 3. The same pods per node as before, each through a generated claim holding a share of one
+    //    of its node's GPUs, each GPU shared by exactly 2 claims, and each container seeing it.
+    for (app, node) in [("sliced", &sliced), ("renamed", &renamed)] {
+        let pods = real::wait_workload(client, id, app, slots, Duration::from_secs(180)).await?;
+        let mut per_device: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for p in &pods {
+            assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(node.as_str()));
+            let status = p
+                .status
+                .as_ref()
+                .and_then(|s| s.extended_resource_claim_status.as_ref())
+                .ok_or_else(|| anyhow::anyhow!("{}: no generated claim", p.name_any()))?;
+            let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+                Api::namespaced(client.clone(), id);
+            let claim = claims.get(&status.resource_claim_name).await?;
+            let results = claim
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .and_then(|d| d.results)
+                .unwrap_or_default();
+            assert_eq!(results.len(), 1, "{}: one device: {results:?}", p.name_any());
+            let r = &results[0];
+            assert_eq!((r.driver.as_str(), r.pool.as_str()), (DRIVER, node.as_str()), "{}", p.name_any());
+            assert!(r.share_id.is_some(), "{}: a share of {}, not the whole device", p.name_any(), r.device);
+            per_device.entry(r.device.clone()).or_default().push(p.name_any());
+            let (_, dev) = real::what_the_container_saw(&real::logs(id, &p.name_any())?);
+            assert_eq!(dev.len(), 1, "{}: the container sees one GPU: {dev:?}", p.name_any());
+            *seen.entry(dev[0].clone()).or_default() += 1;
+        }
+        assert_eq!(per_device.len() as i64, physical, "{app}: both GPUs serve: {per_device:?}");
+        assert!(
+            per_device.values().all(|c| c.len() == SHARES as usize),
+            "{app}: {SHARES} claims per GPU: {per_device:?}"
+        );
+        assert!(
+            seen.values().all(|c| *c == SHARES as usize),
+            "{app}: each GPU in {SHARES} containers: {seen:?}"
+        );
+    }
+    assert_eq!(gpus.len() as i64, physical);
+
+    // 4. A 5th pod on the time-sliced node stays Pending: the shares are the limit.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), id);
+    let scale = |n: usize| Patch::Merge(json!({"spec": {"replicas": n}}));
+    deployments.patch("sliced", &PatchParams::default(), &scale(slots + 1)).await?;
+    let pending = wait::until("the 5th pod to be Unschedulable", Duration::from_secs(60), || async {
+        let (ready, unscheduled) = pods_of(client, id, "sliced").await?;
+        anyhow::ensure!(ready.len() <= slots, "{} pods Ready on {slots} shares", ready.len());
+        let unschedulable = unscheduled.into_iter().find(|p| {
+            p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                c.iter().any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+            })
+        });
+        Ok(unschedulable)
+    })
+    .await?;
+    let (ready, unscheduled) = pods_of(client, id, "sliced").await?;
+    assert_eq!((ready.len(), unscheduled.len()), (slots, 1), "{} stays Pending", pending.name_any());
+    deployments.patch("sliced", &PatchParams::default(), &scale(slots)).await?;
+
+    // 5. Rolled back: the device plugin's 4 slots per node, and the pods on them.
+    migrations
+        .patch(id, &PatchParams::default(), &Patch::Merge(json!({"spec": {"direction": "Rollback"}})))
+        .await?;
+    reaches(&migrations, id, Phase::RolledBack).await?;
+    real::wait_allocatable(
+        client,
+        std::slice::from_ref(&sliced),
+        GPU,
+        SHARES * physical,
+        Duration::from_secs(120),
+    )
+    .await?;
+    real::wait_allocatable(
+        client,
+        std::slice::from_ref(&renamed),
+        SHARED,
+        SHARES * physical,
+        Duration::from_secs(120),
+    )
+    .await?;
+    for app in ["sliced", "renamed"] {
+        for p in real::wait_workload(client, id, app, slots, Duration::from_secs(180)).await? {
+            assert!(
+                p.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_none(),
+                "{}: back on the device plugin",
+                p.name_any()
+            );
+        }
+    }
+    for s in samplers {
+        let samples = s.stop();
+        assert!(samples.events > 0, "the sampler saw the migration");
+        assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
+    }
+    Ok(())
+}
+
 fn diagnostics(id: &str) -> String {
     real::diagnostics(
         id,
@@ -386,7 +619,7 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
     for class in [DRIVER, SHARED_CLASS] {
         let _ = classes.delete(class, &DeleteParams::default()).await;
     }
-    real::release_nodes(client, names, &["pool", LABEL_GPU_PRESENT, LABEL_DEVICE_PLUGIN_CONFIG, BACKEND])
-        .await?;
+    let labels = ["pool", LABEL_GPU_PRESENT, LABEL_DEVICE_PLUGIN_CONFIG, BACKEND, LABEL_GPU_SHARES];
+    real::release_nodes(client, names, &labels).await?;
     unlabelled
 }

@@ -454,7 +454,7 @@ mod tests {
             let got = crate::pool::overlap::device_plugin_gpus(&n, &res);
             assert_eq!([got[res[0]], got[res[1]]], dp, "{status}");
             assert_eq!(crate::pool::overlap::allocatable_total(&n, &res), alloc, "{status}");
-            let check = crate::pool::capacity::check([&n], &res[..1], &[], None);
+            let check = crate::pool::capacity::check([&n], &res[..1], &[], None, 1);
             assert_eq!(check.unmapped.keys().map(String::as_str).collect::<Vec<_>>(), unmapped, "{status}");
         }
     }

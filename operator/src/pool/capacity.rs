@@ -1,6 +1,9 @@
 //! What the pool's nodes advertise that the move would change: resources no `spec.resources`
 //! entry maps (their pods would be stranded on DRA nodes), and GPUs the device plugin shares by
-//! time-slicing or MPS (after the move each GPU serves one pod). Pure: the operator's
+//! time-slicing or MPS (after the move each GPU serves as many pods as the DRA driver lets claims
+//! share it, `spec.driver.sharesPerDevice`: one unless the driver publishes shareable devices). A
+//! time-sliced node keeps its pods per GPU when the driver shares each device at least as many
+//! ways; MPS never counts as kept (the driver shares by time-slicing, without MPS's limits). Pure: the operator's
 //! PrerequisitesMet gate and `switchyard plan` both judge a pool through [`check`] and
 //! [`blocker`], so the two never disagree.
 //!
@@ -36,7 +39,8 @@ const NAMED: usize = 5;
 pub enum Block {
     /// A pool node advertises an `nvidia.com/*` resource that no `spec.resources` entry maps.
     UnmappedResources,
-    /// A pool node's device plugin shares GPUs and `spec.acknowledge.gpuSharingLoss` is not set.
+    /// A pool node's device plugin shares GPUs more ways than the DRA driver will
+    /// (`spec.driver.sharesPerDevice`) and `spec.acknowledge.gpuSharingLoss` is not set.
     GpuSharingNotAcknowledged,
 }
 
@@ -61,17 +65,55 @@ pub struct SharedNode {
     pub physical: u64,
     /// How it was told: `time-slicing, 4 replicas per GPU`.
     pub how: String,
+    /// Shared through MPS: a driver that shares by time-slicing does not keep it.
+    pub mps: bool,
+    /// Whether `physical` was told (GFD's `.count` or `.replicas`, the plugin's config); else it is
+    /// `advertised`, and how many ways the devices are shared is unknown.
+    pub known: bool,
+}
+
+impl SharedNode {
+    /// The claims the DRA driver can hold on this node's devices, each shared `shares` ways.
+    pub fn after(&self, shares: u64) -> u64 {
+        self.physical.saturating_mul(shares)
+    }
+
+    /// Whether the driver, sharing each device `shares` ways, keeps every slot the device plugin
+    /// advertises: time-slicing (not MPS), a known device count, and room for as many claims.
+    pub fn kept_by(&self, shares: u64) -> bool {
+        !self.mps && self.known && self.after(shares) >= self.advertised
+    }
 }
 
 /// The result of [`check`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Check {
     /// Unmapped resource → the nodes that advertise it, by name.
     pub unmapped: BTreeMap<String, Vec<String>>,
+    /// Shared resources whose slots the move loses: the device plugin shares them more ways than
+    /// the driver will.
     pub shared: Vec<SharedNode>,
+    /// Shared resources the driver shares as many ways or more (`spec.driver.sharesPerDevice`):
+    /// every slot is kept.
+    pub kept: Vec<SharedNode>,
+    /// `spec.driver.sharesPerDevice`: what [`check`] judged against.
+    pub shares: u64,
     /// Why the device plugin's config could not be judged for nodes GFD does not label, by why:
     /// the nodes. Their sharing shows only at the switch.
     pub unjudged: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for Check {
+    /// Nothing found, against devices that each serve one claim.
+    fn default() -> Self {
+        Check {
+            unmapped: BTreeMap::new(),
+            shared: Vec::new(),
+            kept: Vec::new(),
+            shares: 1,
+            unjudged: BTreeMap::new(),
+        }
+    }
 }
 
 fn label_u64(node: &SlimNode, key: &str) -> Option<u64> {
@@ -111,6 +153,7 @@ pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
     let number = |suffix: &str| label(suffix).and_then(|v| v.parse::<u64>().ok()).filter(|n| *n > 0);
     let now = advertised(node, resource);
     let strategy = label("sharing-strategy");
+    let strategy_is_mps = strategy.as_deref() == Some("mps");
     let replicas = number("replicas");
     let count = number("count");
     // GFD's labels outlive a device-plugin restart, while the node advertises 0 for a moment
@@ -156,6 +199,8 @@ pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
         advertised,
         physical,
         how: how.join(", "),
+        mps: strategy_is_mps,
+        known: count.is_some() || replicas.is_some(),
     })
 }
 
@@ -182,8 +227,10 @@ pub fn check<'a>(
     mapped: &[&str],
     gpu_resources: &[String],
     config: Option<&PluginConfig>,
+    shares: u64,
 ) -> Check {
-    let mut out = Check::default();
+    let shares = shares.max(1);
+    let mut out = Check { shares, ..Check::default() };
     for node in nodes {
         if node_backend(node) != Backend::DevicePlugin {
             continue;
@@ -218,7 +265,12 @@ pub fn check<'a>(
         nodes.sort();
         nodes.dedup();
     }
-    out.shared.sort_by(|a, b| (&a.resource, &a.node).cmp(&(&b.resource, &b.node)));
+    let (kept, lost): (Vec<SharedNode>, Vec<SharedNode>) =
+        std::mem::take(&mut out.shared).into_iter().partition(|s| s.kept_by(shares));
+    (out.kept, out.shared) = (kept, lost);
+    for list in [&mut out.shared, &mut out.kept] {
+        list.sort_by(|a, b| (&a.resource, &a.node).cmp(&(&b.resource, &b.node)));
+    }
     out
 }
 
@@ -230,35 +282,91 @@ pub(crate) fn names(nodes: &[String]) -> String {
     s
 }
 
+/// The shared nodes by resource, in name order.
+fn by_resource(shared: &[SharedNode]) -> BTreeMap<&str, Vec<&SharedNode>> {
+    let mut out: BTreeMap<&str, Vec<&SharedNode>> = BTreeMap::new();
+    for s in shared {
+        out.entry(s.resource.as_str()).or_default().push(s);
+    }
+    out
+}
+
+fn unit_of(resource: &str) -> (&'static str, &'static str) {
+    if resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource) == NVIDIA_GPU_RESOURCE {
+        ("GPU", "GPU(s)")
+    } else {
+        ("device", "device(s)")
+    }
+}
+
+/// Up to [`NAMED`] nodes' details, `node: 16 on 4 GPU(s), time-slicing, 4 replicas per GPU`, and
+/// how many more.
+fn node_details(resource: &str, nodes: &[&SharedNode]) -> String {
+    let (_, unit) = unit_of(resource);
+    let detail: Vec<String> = nodes
+        .iter()
+        .take(NAMED)
+        .map(|s| format!("{}: {} on {} {unit}, {}", s.node, s.advertised, s.physical, s.how))
+        .collect();
+    let more =
+        if nodes.len() > NAMED { format!("; and {} more", nodes.len() - NAMED) } else { String::new() };
+    format!("{}{more}", detail.join("; "))
+}
+
 /// What sharing costs the pool, a clause per shared resource: `nvidia.com/gpu capacity drops
 /// from 32 to 8 on 2 node(s) that share it through the device plugin (gpu-1: 16 on 4 GPU(s),
-/// time-sliced, 4 replicas per device; ...)`.
-pub fn sharing_summary(shared: &[SharedNode]) -> String {
-    let mut by_resource: BTreeMap<&str, Vec<&SharedNode>> = BTreeMap::new();
-    for s in shared {
-        by_resource.entry(s.resource.as_str()).or_default().push(s);
+/// time-sliced, 4 replicas per device; ...)`, then what each device serves after the move
+/// (`shares`, `spec.driver.sharesPerDevice`).
+pub fn sharing_summary(shared: &[SharedNode], shares: u64) -> String {
+    let mut clauses = Vec::new();
+    for (resource, nodes) in by_resource(shared) {
+        let (mps, sliced): (Vec<&SharedNode>, Vec<&SharedNode>) = nodes.into_iter().partition(|s| s.mps);
+        if !sliced.is_empty() {
+            let before: u64 = sliced.iter().map(|s| s.advertised).sum();
+            let after: u64 = sliced.iter().map(|s| s.after(shares).min(s.advertised)).sum();
+            clauses.push(format!(
+                "{resource} capacity drops from {before} to {after} on {} node(s) that share it through the device plugin ({})",
+                sliced.len(),
+                node_details(resource, &sliced)
+            ));
+        }
+        if !mps.is_empty() {
+            let after: u64 = mps.iter().map(|s| s.after(shares).min(s.advertised)).sum();
+            clauses.push(format!(
+                "{resource} is shared through MPS on {} node(s) ({}): the DRA driver shares by time-slicing, without MPS's per-client memory and compute limits, so {after} claim(s) remain and MPS is lost",
+                mps.len(),
+                node_details(resource, &mps)
+            ));
+        }
     }
-    let clauses: Vec<String> = by_resource
+    let after = match shares {
+        1 => "after the move each device serves one pod".to_string(),
+        n => format!(
+            "after the move each device serves {n} pods (spec.driver.sharesPerDevice), and MPS or sharing of unknown ways is not kept"
+        ),
+    };
+    format!("{}: {after}", clauses.join("; "))
+}
+
+/// What the driver's shares keep, a clause per resource: `nvidia.com/gpu time-sliced 2x -> 2 shares
+/// per GPU (spec.driver.sharesPerDevice): no loss, 8 pods' slots before and after on 2 node(s)
+/// (...)`. `None` when nothing shared is kept.
+pub fn kept_summary(c: &Check) -> Option<String> {
+    let clauses: Vec<String> = by_resource(&c.kept)
         .into_iter()
         .map(|(resource, nodes)| {
-            let before: u64 = nodes.iter().map(|s| s.advertised).sum();
-            let after: u64 = nodes.iter().map(|s| s.physical).sum();
-            let unit = if resource == NVIDIA_GPU_RESOURCE { "GPU(s)" } else { "device(s)" };
-            let detail: Vec<String> = nodes
-                .iter()
-                .take(NAMED)
-                .map(|s| format!("{}: {} on {} {unit}, {}", s.node, s.advertised, s.physical, s.how))
-                .collect();
-            let more =
-                if nodes.len() > NAMED { format!("; and {} more", nodes.len() - NAMED) } else { String::new() };
+            let (one, _) = unit_of(resource);
+            let ways = nodes.iter().map(|s| s.advertised.div_ceil(s.physical.max(1))).max().unwrap_or(1);
+            let slots: u64 = nodes.iter().map(|s| s.advertised).sum();
             format!(
-                "{resource} capacity drops from {before} to {after} on {} node(s) that share it through the device plugin ({}{more})",
+                "{resource} time-sliced {ways}x -> {} shares per {one} (spec.driver.sharesPerDevice): no loss, {slots} pods' slots before and after on {} node(s) ({})",
+                c.shares,
                 nodes.len(),
-                detail.join("; ")
+                node_details(resource, &nodes)
             )
         })
         .collect();
-    format!("{}: after the move each device serves one pod", clauses.join("; "))
+    (!clauses.is_empty()).then(|| clauses.join("; "))
 }
 
 /// The reason and message that keep the pool from starting, or `None`. Unmapped resources come
@@ -279,8 +387,9 @@ pub fn blocker(c: &Check, sharing_acknowledged: bool) -> Option<(Block, String)>
         return Some((
             Block::GpuSharingNotAcknowledged,
             format!(
-                "{}. Set spec.acknowledge.gpuSharingLoss: true to migrate anyway",
-                sharing_summary(&c.shared)
+                "{}. Have the DRA driver share each device as many ways and set spec.driver.sharesPerDevice to that number (Switchyard's agent: --shares-per-device or the node label {}; NVIDIA's: --consumable-shares), or set spec.acknowledge.gpuSharingLoss: true to migrate anyway",
+                sharing_summary(&c.shared, c.shares),
+                crate::well_known::LABEL_GPU_SHARES
             ),
         ));
     }
@@ -416,7 +525,7 @@ mod tests {
             gfd_labels("v0.19.3-two-h100-time-sliced-4-renamed.labels"),
             json!({"nvidia.com/gpu.shared": "8"}),
         );
-        let c = check([&same, &renamed], &mapped, &[], None);
+        let c = check([&same, &renamed], &mapped, &[], None, 1);
         let judged: Vec<(&str, &str, u64, u64)> = c
             .shared
             .iter()
@@ -557,9 +666,9 @@ mod tests {
             json!({"nvidia.com/gpu.shared": "2", "nvidia.com/mig-1g.10gb.shared": "4"}),
         );
         let mapped = ["nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb.shared"];
-        let c = check([&mixed], &mapped, &[], None);
+        let c = check([&mixed], &mapped, &[], None, 1);
         assert_eq!(c.shared.len(), 2, "{:?}", c.shared);
-        let summary = sharing_summary(&c.shared);
+        let summary = sharing_summary(&c.shared, c.shares);
         assert!(
             summary.contains("nvidia.com/gpu.shared capacity drops from 2 to 1 on 1 node(s)"),
             "{summary}"
@@ -582,7 +691,7 @@ mod tests {
                    "nvidia.com/a100": "8", "nvidia.com/mig-1g.10gb.shared": "14"}),
         );
         let unmapped =
-            |extra: &[String]| check([&n], MAPPED, extra, None).unmapped.into_keys().collect::<Vec<_>>();
+            |extra: &[String]| check([&n], MAPPED, extra, None, 1).unmapped.into_keys().collect::<Vec<_>>();
         assert_eq!(unmapped(&[]), ["nvidia.com/mig-1g.10gb.shared"], "network resources are not GPUs");
         // A GPU the device plugin's config renames is one once the spec says so.
         assert_eq!(
@@ -602,7 +711,7 @@ mod tests {
                 json!({"nvidia.com/gpu": "16", "example.com/fpga": "1"}),
             ),
         ];
-        let c = check(&nodes, MAPPED, &[], None);
+        let c = check(&nodes, MAPPED, &[], None, 1);
         assert_eq!(c.unmapped.len(), 1, "zero quantities and other vendors do not count: {:?}", c.unmapped);
         assert_eq!(c.unmapped["nvidia.com/mig-1g.10gb"], ["a", "b"]);
         assert_eq!(c.shared.len(), 1);
@@ -612,7 +721,7 @@ mod tests {
         assert!(message.contains("spec.resources"), "{message}");
 
         let mapped = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
-        let c = check(&nodes, &mapped, &[], None);
+        let c = check(&nodes, &mapped, &[], None, 1);
         let (block, message) = blocker(&c, false).unwrap();
         assert_eq!(block, Block::GpuSharingNotAcknowledged);
         assert!(message.contains("from 16 to 4 on 1 node(s)"), "{message}");
@@ -621,12 +730,144 @@ mod tests {
         assert_eq!(blocker(&c, true), None);
     }
 
+    /// (case, labels, advertised resources, mapped, sharesPerDevice, kept, lost, the blocker's
+    /// numbers or the kept line's).
+    type SharesCase = (
+        &'static str,
+        serde_json::Value,
+        serde_json::Value,
+        &'static [&'static str],
+        u64,
+        usize,
+        usize,
+        &'static str,
+    );
+
+    #[test]
+    fn the_drivers_shares_keep_or_lose_the_device_plugins_slots() {
+        let ts = |replicas: &str, count: &str| {
+            json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": replicas,
+                "nvidia.com/gpu.count": count})
+        };
+        let cases: &[SharesCase] = &[
+            (
+                "equal: 2 GPUs sliced 4 ways, 4 shares",
+                ts("4", "2"),
+                json!({"nvidia.com/gpu": "8"}),
+                MAPPED,
+                4,
+                1,
+                0,
+                "nvidia.com/gpu time-sliced 4x -> 4 shares per GPU (spec.driver.sharesPerDevice): no loss, 8 pods' slots before and after on 1 node(s)",
+            ),
+            (
+                "more shares than replicas",
+                ts("2", "2"),
+                json!({"nvidia.com/gpu": "4"}),
+                MAPPED,
+                8,
+                1,
+                0,
+                "time-sliced 2x -> 8 shares per GPU",
+            ),
+            (
+                "fewer: sliced 4 ways, 2 shares",
+                ts("4", "2"),
+                json!({"nvidia.com/gpu": "8"}),
+                MAPPED,
+                2,
+                0,
+                1,
+                "capacity drops from 8 to 4 on 1 node(s)",
+            ),
+            (
+                "no shares: today's loss",
+                ts("4", "2"),
+                json!({"nvidia.com/gpu": "8"}),
+                MAPPED,
+                1,
+                0,
+                1,
+                "capacity drops from 8 to 2 on 1 node(s)",
+            ),
+            (
+                "MPS is never kept by time-sliced shares",
+                json!({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.count": "2"}),
+                json!({"nvidia.com/gpu": "8"}),
+                MAPPED,
+                4,
+                0,
+                1,
+                "shared through MPS on 1 node(s) (n: 8 on 2 GPU(s), mps, 4 replicas per GPU): the DRA driver shares by time-slicing",
+            ),
+            (
+                "renamed, ways unknown: not kept",
+                json!({}),
+                json!({"nvidia.com/gpu.shared": "8"}),
+                &["nvidia.com/gpu.shared"],
+                4,
+                0,
+                1,
+                "replicas unknown",
+            ),
+            (
+                "renamed with GFD's labels: kept under its own name",
+                json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "2",
+                    "nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "H100"}),
+                json!({"nvidia.com/gpu.shared": "4"}),
+                &["nvidia.com/gpu.shared"],
+                2,
+                1,
+                0,
+                "nvidia.com/gpu.shared time-sliced 2x -> 2 shares per GPU",
+            ),
+            (
+                "a MIG profile sliced 2 ways, its devices shared 2 ways",
+                json!({"nvidia.com/mig-1g.10gb.sharing-strategy": "time-slicing",
+                    "nvidia.com/mig-1g.10gb.replicas": "2", "nvidia.com/mig-1g.10gb.count": "7"}),
+                json!({"nvidia.com/mig-1g.10gb": "14"}),
+                &["nvidia.com/mig-1g.10gb"],
+                2,
+                1,
+                0,
+                "nvidia.com/mig-1g.10gb time-sliced 2x -> 2 shares per device",
+            ),
+            (
+                "a MIG profile sliced 3 ways, 2 shares",
+                json!({"nvidia.com/mig-1g.10gb.sharing-strategy": "time-slicing",
+                    "nvidia.com/mig-1g.10gb.replicas": "3", "nvidia.com/mig-1g.10gb.count": "7"}),
+                json!({"nvidia.com/mig-1g.10gb": "21"}),
+                &["nvidia.com/mig-1g.10gb"],
+                2,
+                0,
+                1,
+                "nvidia.com/mig-1g.10gb capacity drops from 21 to 14",
+            ),
+        ];
+        for (case, labels, advertised, mapped, shares, kept, lost, text) in cases {
+            let n = node("n", labels.clone(), advertised.clone());
+            let c = check([&n], mapped, &[], None, *shares);
+            assert_eq!((c.kept.len(), c.shared.len()), (*kept, *lost), "{case}: {c:?}");
+            let said = match blocker(&c, false) {
+                Some((block, message)) => {
+                    assert_eq!(block, Block::GpuSharingNotAcknowledged, "{case}");
+                    assert!(message.contains("spec.driver.sharesPerDevice"), "{case}: {message}");
+                    message
+                }
+                None => kept_summary(&c).expect("a kept line"),
+            };
+            assert!(said.contains(text), "{case}: {said}");
+            // Acknowledged, nothing blocks; kept, nothing needed acknowledging.
+            assert_eq!(blocker(&c, true), None, "{case}");
+        }
+    }
+
     #[test]
     fn nodes_already_on_dra_are_not_judged() {
         let mut moved =
             node("m", json!({"nvidia.com/gpu.replicas": "4"}), json!({"nvidia.com/mig-1g.10gb": "7"}));
         moved.labels_mut().insert(crate::well_known::LABEL_GPU_BACKEND.into(), "dra".into());
-        assert_eq!(check([&moved], MAPPED, &[], None), Check::default());
+        assert_eq!(check([&moved], MAPPED, &[], None, 1), Check::default());
     }
 
     #[test]

@@ -72,6 +72,7 @@ pub fn pool_verdict(
             &resources(spec),
             &spec.device_plugin.gpu_resources,
             plugin_config,
+            spec.driver.shares(),
         ),
         // Rollback returns nodes to the device plugin, which serves whatever it served before.
         Direction::Rollback => crate::pool::capacity::Check::default(),

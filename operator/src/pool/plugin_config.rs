@@ -284,6 +284,8 @@ impl PluginConfig {
             advertised: now,
             physical: physical.min(now),
             how: format!("{}, {} replicas per {one}{subset} ({})", s.strategy, s.replicas, self.named(&key)),
+            mps: s.strategy == "mps",
+            known: true,
         }))
     }
 }

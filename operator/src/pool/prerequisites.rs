@@ -515,8 +515,13 @@ pub fn with_capacity(v: Verdict, c: &crate::pool::capacity::Check, sharing_ackno
         ));
     }
     if !c.shared.is_empty() {
-        v.warnings
-            .push(format!("{} ({SHARING_ACKNOWLEDGED})", crate::pool::capacity::sharing_summary(&c.shared)));
+        v.warnings.push(format!(
+            "{} ({SHARING_ACKNOWLEDGED})",
+            crate::pool::capacity::sharing_summary(&c.shared, c.shares)
+        ));
+    }
+    if let Some(kept) = crate::pool::capacity::kept_summary(c) {
+        v.message = format!("{}; {kept}", v.message);
     }
     v
 }
@@ -740,7 +745,10 @@ mod tests {
                 advertised: 32,
                 physical: 8,
                 how: "time-slicing".into(),
+                mps: false,
+                known: true,
             }],
+            shares: 1,
             ..Default::default()
         };
         let v = with_capacity(check(&good()), &shared, false);
@@ -752,6 +760,12 @@ mod tests {
         let old = ClusterFacts { server_git_version: "v1.35.0".into(), ..good() };
         assert_ne!(with_capacity(check(&old), &shared, false).reason, "GpuSharingNotAcknowledged");
         assert_eq!(with_capacity(check(&good()), &Check::default(), false), check(&good()));
+        // A driver that shares each GPU as many ways keeps the slots: met, and the message says so.
+        let kept = Check { kept: shared.shared.clone(), shares: 4, ..Default::default() };
+        let v = with_capacity(check(&good()), &kept, false);
+        assert!(v.met, "{v:?}");
+        assert!(v.message.contains("time-sliced 4x -> 4 shares per GPU"), "{}", v.message);
+        assert!(v.message.contains("no loss"), "{}", v.message);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::core::cel::KubeCelExt;
 use kube::core::cel::cel::{Context, Program, Value};
+use switchyard_api::sharing::{claims_per_device, describe};
 
 use crate::api::v1alpha1::GpuPoolMigrationSpec;
 use crate::pool::device_classes::selector_expression;
@@ -78,6 +79,9 @@ pub struct ClassMatch {
     pub first_error: Option<String>,
     /// The selector could not be compiled here; every device counts as selected.
     pub uncompiled: Option<String>,
+    /// The fewest claims one selected device can be allocated to
+    /// ([`switchyard_api::sharing::claims_per_device`]); `None` when none is selected.
+    pub fewest_claims: Option<u64>,
 }
 
 /// What a switching node's DRA devices give the pool, for [`crate::node::state::Observed`].
@@ -100,6 +104,8 @@ pub struct Published {
     pub complete: bool,
     /// `spec.acknowledge.gpuSharingLoss`.
     pub sharing_acknowledged: bool,
+    /// `spec.driver.sharesPerDevice`: each selected device must take this many claims.
+    pub shares: u64,
 }
 
 impl Selectors {
@@ -125,8 +131,10 @@ impl Selectors {
 
     /// Evaluates every class on `devices`, in `spec.resources` order.
     pub fn evaluate<'d>(&self, devices: impl IntoIterator<Item = &'d Device>) -> Vec<ClassMatch> {
-        let values: Vec<(&str, Value)> =
-            devices.into_iter().map(|d| (d.name.as_str(), self.device_value(d))).collect();
+        let (values, claims): (Vec<(&str, Value)>, Vec<u64>) = devices
+            .into_iter()
+            .map(|d| ((d.name.as_str(), self.device_value(d)), claims_per_device(d)))
+            .unzip();
         self.classes
             .iter()
             .map(|c| {
@@ -135,15 +143,19 @@ impl Selectors {
                     Ok(p) => p,
                     Err(e) => {
                         m.selected = m.devices;
+                        m.fewest_claims = claims.iter().copied().min();
                         m.uncompiled = Some(e.clone());
                         return m;
                     }
                 };
-                for (name, device) in &values {
+                for ((name, device), claims) in values.iter().zip(&claims) {
                     let mut scope = self.root.new_inner_scope();
                     scope.add_variable_from_value("device", device.clone());
                     match program.execute(&scope) {
-                        Ok(Value::Bool(true)) => m.selected += 1,
+                        Ok(Value::Bool(true)) => {
+                            m.selected += 1;
+                            m.fewest_claims = Some(m.fewest_claims.map_or(*claims, |f| f.min(*claims)));
+                        }
                         Ok(Value::Bool(false)) => {}
                         Ok(other) => {
                             m.first_error.get_or_insert_with(|| {
@@ -196,8 +208,36 @@ impl Selectors {
         let mut short = Vec::new();
         for (c, m) in self.classes.iter().zip(&matches) {
             let need = before.get(&c.resource).copied().unwrap_or(0);
+            let claims = m.fewest_claims.unwrap_or(1);
+            if published.shares > 1 && m.selected > 0 && claims < published.shares {
+                // Devices that share fewer ways than the pool was judged by would lose slots the
+                // capacity check counted as kept: they do not count until the driver shares more.
+                short.push(format!(
+                    "DeviceClass {} selects {} device(s) for {}, but one of them can be allocated to only {}, and spec.driver.sharesPerDevice is {}: configure the driver to share each device {} ways (Switchyard's agent: --shares-per-device or the node label {}; NVIDIA's: --consumable-shares)",
+                    c.class,
+                    m.selected,
+                    c.resource,
+                    describe(claims),
+                    published.shares,
+                    published.shares,
+                    crate::well_known::LABEL_GPU_SHARES
+                ));
+                continue;
+            }
             let ways = (published.complete && m.selected > 0 && m.selected < need && need % m.selected == 0)
                 .then(|| need / m.selected);
+            if let Some(k) = ways.filter(|k| claims >= *k) {
+                // Shared without labels to say so, and the driver shares each device as many ways.
+                out.counted += need;
+                out.shared.push(format!(
+                    "{} was advertised {need} times on the {} device(s) DeviceClass {} selects, each of which can be allocated to {}: the {k}-way sharing is kept",
+                    c.resource,
+                    m.selected,
+                    c.class,
+                    describe(claims)
+                ));
+                continue;
+            }
             if let Some(k) = ways {
                 let line = format!(
                     "{} was advertised {need} times on the {} device(s) DeviceClass {} selects: shared {k} ways without labels to say so (or {} device(s) are missing)",
@@ -505,6 +545,51 @@ mod tests {
         );
     }
 
+    /// `gpu(name)` published the way `--consumable-shares=<n>` publishes it.
+    fn shared_gpu(name: &str, n: &str) -> Device {
+        let mut d = gpu(name, "570.1.0");
+        d.allow_multiple_allocations = Some(true);
+        d.capacity = Some(serde_json::from_value(json!({
+            "shares": {"value": n, "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": n, "step": "1"}}},
+            "memory": {"value": "80Gi", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "80Gi", "step": "1Mi"}}},
+        })).unwrap());
+        d
+    }
+
+    #[test]
+    fn the_switch_counts_devices_only_when_they_share_as_many_ways_as_declared() {
+        let s =
+            spec(NV, &[("nvidia.com/gpu", "gpu", Some("device.attributes['gpu.nvidia.com'].type == 'gpu'"))]);
+        let sel = Selectors::new(&s);
+        // GFD said 2 GPUs time-sliced 2 ways: gpus-before is the physical 2.
+        let before = BTreeMap::from([("nvidia.com/gpu".to_string(), 2)]);
+        let shares = |shares| Published { complete: true, sharing_acknowledged: false, shares };
+        let two = [shared_gpu("a", "2"), shared_gpu("b", "2")];
+        assert_eq!(
+            sel.for_switch(two.iter(), &before, shares(2)),
+            Selected { counted: 2, ..Default::default() }
+        );
+        assert_eq!(sel.evaluate(two.iter())[0].fewest_claims, Some(2));
+        // One device shares fewer ways than declared: none counts, and the note says what to set.
+        let mixed = [shared_gpu("a", "2"), gpu("b", "570.1.0")];
+        let got = sel.for_switch(mixed.iter(), &before, shares(2));
+        assert_eq!(got.counted, 0);
+        assert!(
+            got.note.contains("can be allocated to only 1 claim, and spec.driver.sharesPerDevice is 2"),
+            "{}",
+            got.note
+        );
+        assert!(got.note.contains("--shares-per-device"), "{}", got.note);
+        // Nothing declared: whole devices count as they always did.
+        assert_eq!(sel.for_switch(mixed.iter(), &before, shares(1)).counted, 2);
+        // Sharing found only at the switch (no labels: the plugin advertised 4 on 2 GPUs) is kept
+        // when the devices take as many claims each.
+        let four = BTreeMap::from([("nvidia.com/gpu".to_string(), 4)]);
+        let kept = sel.for_switch(two.iter(), &four, shares(1));
+        assert_eq!((kept.counted, kept.note.as_str()), (4, ""));
+        assert!(kept.shared[0].contains("the 2-way sharing is kept"), "{:?}", kept.shared);
+    }
+
     #[test]
     fn sharing_without_labels_is_found_at_the_switch_and_counts_only_when_acknowledged() {
         let s =
@@ -513,7 +598,8 @@ mod tests {
         let sel = Selectors::new(&s);
         // The device plugin advertised 4 on these 2 GPUs: time-sliced 2 ways, no GFD labels.
         let before = BTreeMap::from([("nvidia.com/gpu".to_string(), 4)]);
-        let published = |complete, sharing_acknowledged| Published { complete, sharing_acknowledged };
+        let published =
+            |complete, sharing_acknowledged| Published { complete, sharing_acknowledged, shares: 1 };
         let waiting = sel.for_switch(devices.iter(), &before, published(true, false));
         assert_eq!(waiting.counted, 2);
         assert!(

@@ -433,6 +433,7 @@ fn switch_devices(
                 Published {
                     complete: overlap::pool_complete(slices, &spec.driver.name, name),
                     sharing_acknowledged: spec.acknowledge.gpu_sharing_loss,
+                    shares: spec.driver.shares(),
                 },
             ),
             overlap::unhealthy(slices, &spec.driver.name, name),
