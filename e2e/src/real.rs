@@ -78,6 +78,30 @@ pub fn raise_gpu_fault(node: &str, uuid: &str, kind: &str, xid: u64) -> anyhow::
     Ok(())
 }
 
+/// What the driver root's `nvidia-smi` (the mock's) was asked on `node` since the last
+/// [`forget_nvidia_smi_calls`], where the caller could write to the driver root: one line per call,
+/// `answered <args>` or `refused <args>`.
+pub fn nvidia_smi_calls(node: &str) -> anyhow::Result<Vec<String>> {
+    let path = node_dir(node).join(NVIDIA_SMI_CALLS);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(anyhow::anyhow!("{}: {e}", path.display())),
+    }
+}
+
+/// Starts a new record of [`nvidia_smi_calls`] on `node`.
+pub fn forget_nvidia_smi_calls(node: &str) -> anyhow::Result<()> {
+    let path = node_dir(node).join(NVIDIA_SMI_CALLS);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(anyhow::anyhow!("{}: {e}", path.display())),
+        _ => Ok(()),
+    }
+}
+
+/// Where the mock's `nvidia-smi` records its calls, under a node's directory.
+const NVIDIA_SMI_CALLS: &str = "driver-root/usr/lib64/nvidia-smi.calls";
+
 /// Every GPU of `nodes` answers again: a fault a failed scenario raised and did not clear (a lost
 /// GPU) would otherwise stay in the mock's state for the next one, and NVIDIA's components exit on
 /// a lost GPU at start.
@@ -223,11 +247,13 @@ fn rendered(name: &str) -> PathBuf {
 fn install_rendered(
     name: &str,
     ns: &str,
+    args: &[&str],
     edit: impl FnOnce(Vec<serde_json::Value>) -> anyhow::Result<Vec<serde_json::Value>>,
 ) -> anyhow::Result<()> {
     let script = format!("e2e/hack/render-{name}.sh");
     let out = Command::new("bash")
         .arg(cluster::repo_root().join(&script))
+        .args(args)
         .current_dir(cluster::repo_root())
         .output()?;
     anyhow::ensure!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
@@ -256,7 +282,12 @@ fn uninstall_rendered(name: &str, ns: &str) -> anyhow::Result<()> {
 /// Installs NVIDIA's DRA driver as `helm install` of its chart would: its namespace, then every
 /// object the chart renders (e2e/hack/render-nvidia-dra.sh), applied unchanged.
 pub fn install_nvidia_dra() -> anyhow::Result<()> {
-    install_rendered("nvidia-dra", NVIDIA_DRA_NS, Ok)
+    install_nvidia_dra_with(&[])
+}
+
+/// [`install_nvidia_dra`] with `extra` values for its chart (`--set consumableShares=2`, ...).
+pub fn install_nvidia_dra_with(extra: &[&str]) -> anyhow::Result<()> {
+    install_rendered("nvidia-dra", NVIDIA_DRA_NS, extra, Ok)
 }
 
 /// Removes NVIDIA's DRA driver: the chart's objects, its namespace, and the ResourceSlices its
@@ -272,7 +303,7 @@ pub const NFD_NS: &str = "node-feature-discovery";
 /// Installs Node Feature Discovery's master from its own chart (e2e/hack/render-nfd.sh: CRDs
 /// included, applied unchanged) and waits until it is Ready.
 pub async fn install_nfd(client: &Client) -> anyhow::Result<()> {
-    install_rendered("nfd", NFD_NS, Ok)?;
+    install_rendered("nfd", NFD_NS, &[], Ok)?;
     wait_deployment_ready(client, NFD_NS, "node-feature-discovery-master", Duration::from_secs(120)).await
 }
 
@@ -299,7 +330,7 @@ pub const LABEL_DEVICE_PLUGIN_CONFIG: &str = "nvidia.com/device-plugin.config";
 /// finds the library there through `LD_LIBRARY_PATH`, as the toolkit would have put it. The device
 /// plugin needs no such change: it opens the library under its mounted driver root itself.
 pub fn install_nvidia_device_plugin_chart() -> anyhow::Result<()> {
-    install_rendered("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_NS, |mut objects| {
+    install_rendered("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_NS, &[], |mut objects| {
         let gfd = format!("{NVIDIA_DEVICE_PLUGIN_DS}-gpu-feature-discovery");
         let ds = objects
             .iter_mut()
@@ -701,7 +732,7 @@ pub const KUEUE_NS: &str = "kueue-system";
 /// unchanged), then waits until its manager is Ready and the API server gets answers from its
 /// webhooks: a server-side dry run of a ResourceFlavor passes Kueue's validating webhook.
 pub async fn install_kueue(client: &Client) -> anyhow::Result<()> {
-    install_rendered("kueue", KUEUE_NS, Ok)?;
+    install_rendered("kueue", KUEUE_NS, &[], Ok)?;
     wait_deployment_ready(client, KUEUE_NS, "kueue-controller-manager", Duration::from_secs(180)).await?;
     let probe = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                        "metadata": {"name": "switchyard-e2e-webhook-probe"}});

@@ -40,13 +40,14 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use switchyard_e2e::pool::{Sampler, allocatable};
 use switchyard_e2e::real::{
     self, LABEL_DEVICE_PLUGIN_CONFIG, LABEL_GPU_PRESENT, NVIDIA_DEVICE_PLUGIN_DS, NVIDIA_DEVICE_PLUGIN_NS,
+    NVIDIA_DRA_KUBELET_PLUGIN, NVIDIA_DRA_NS,
 };
 use switchyard_e2e::{cluster, wait};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
@@ -68,6 +69,12 @@ async fn time_sliced_gpus_labelled_by_nvidias_gfd_move_once_acknowledged() -> an
 async fn time_sliced_gpus_keep_their_slots_on_an_agent_that_shares_each_gpu_as_many_ways()
 -> anyhow::Result<()> {
     real::alone_on_real_nodes("shares", keeps_slots, diagnostics, cleanup).await
+}
+
+#[tokio::test]
+async fn time_sliced_gpus_keep_their_slots_on_nvidias_dra_driver_with_consumable_shares() -> anyhow::Result<()>
+{
+    real::alone_on_real_nodes("nvshares", keeps_slots_on_nvidias_driver, diagnostics, cleanup_nvidia).await
 }
 
 /// Two real nodes, `nvidia.com/gpu` and `nvidia.com/gpu.shared` each through a DeviceClass of
@@ -142,7 +149,8 @@ async fn pods_of(client: &Client, ns: &str, app: &str) -> anyhow::Result<(Vec<Po
 
 /// The two nodes of both scenarios, as NVIDIA's chart leaves them: `sliced` advertises
 /// `nvidia.com/gpu` twice per GPU, `renamed` `nvidia.com/gpu.shared` twice per GPU, and GFD's labels
-/// (through nfd-master) say so. `labels` go on both nodes before anything is installed.
+/// (through nfd-master) say so. `labels` go on both nodes before anything is installed; Switchyard
+/// is installed from `overlay` where one is given (without its agent, say).
 struct Shared {
     sliced: String,
     renamed: String,
@@ -157,6 +165,7 @@ async fn set_up(
     id: &str,
     names: &[String],
     labels: serde_json::Value,
+    overlay: Option<&str>,
 ) -> anyhow::Result<Shared> {
     anyhow::ensure!(names.len() >= 2, "two real nodes needed, found {names:?}");
     let (sliced, renamed) = (names[0].clone(), names[1].clone());
@@ -172,7 +181,10 @@ async fn set_up(
     real::label(client, &renamed, json!({LABEL_DEVICE_PLUGIN_CONFIG: "renamed"})).await?;
     real::install_nfd(client).await?;
     real::install_nvidia_device_plugin_chart()?;
-    real::install_switchyard(client).await?;
+    match overlay {
+        None => real::install_switchyard(client).await?,
+        Some(o) => real::install_switchyard_from(client, o).await?,
+    }
 
     // 1. NVIDIA's config-manager gave each node its config; the plugin advertises the replicas.
     real::wait_allocatable(
@@ -222,7 +234,7 @@ async fn set_up(
 
 async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
     let Shared { sliced, renamed, pool, gpus, physical, node_api } =
-        set_up(client, id, names, json!({})).await?;
+        set_up(client, id, names, json!({}), None).await?;
 
     cluster::create_namespace(client, id).await?;
     real::gpu_workload_of(client, id, "sliced", physical as i32, Some(&sliced), GPU).await?;
@@ -386,35 +398,89 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     Ok(())
 }
 
-/// How many claims per GPU the agent publishes in [`keeps_slots`]: as many as the chart's
-/// time-slicing replicas.
-const SHARES: i64 = 2;
-
-/// The same two nodes, with Switchyard's agent sharing each GPU 2 ways (the node label
-/// `switchyard.dev/gpu-shares`) and the migration saying so (`spec.driver.sharesPerDevice: 2`):
-/// nothing to acknowledge, 4 pods on each node before and after, each through a generated claim
-/// holding a share of one of the node's 2 GPUs and never a third claim on one GPU, a 5th pod left
-/// Pending by the shares, no node served by both backends; a rollback gives the device plugin's 4
-/// slots back.
-async fn keeps_slots(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
-    let Shared { sliced, renamed, pool, gpus, physical, node_api } =
-        set_up(client, id, names, json!({LABEL_GPU_SHARES: SHARES.to_string()})).await?;
+/// A pool moved to `driver` sharing each GPU [`SHARES`] ways: on each node no cordon, no
+/// device-plugin GPUs, `gpus-before` the physical GPUs and the driver's devices each taking
+/// [`SHARES`] claims; the workloads `sliced` and `renamed` run as many pods as before on their
+/// node, each through a generated claim holding a share (a share id) of one of its node's GPUs,
+/// exactly [`SHARES`] claims per GPU, and each container sees one GPU, [`SHARES`] containers
+/// each.
+async fn moved_with_shares(
+    client: &Client,
+    id: &str,
+    node_api: &Api<Node>,
+    (sliced, renamed): (&String, &String),
+    driver: &str,
+    physical: i64,
+) -> anyhow::Result<()> {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    for n in [sliced, renamed] {
+        let node = node_api.get(n).await?;
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
+        assert_eq!(allocatable(&node, GPU) + allocatable(&node, SHARED), 0, "{n}: the device plugin left");
+        let before: BTreeMap<String, i64> = serde_json::from_str(
+            &node.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE],
+        )?;
+        assert_eq!(before.values().sum::<i64>(), physical, "{n}: gpus-before counts the physical GPUs");
+        let devices: Vec<(String, u64)> = slices
+            .list(&ListParams::default().fields(&format!("spec.nodeName={n},spec.driver={driver}")))
+            .await?
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| (d.name.clone(), switchyard_api::sharing::claims_per_device(d)))
+            .collect();
+        assert_eq!(devices.len() as i64, physical, "{n}: {devices:?}");
+        assert!(
+            devices.iter().all(|(_, c)| *c == SHARES as u64),
+            "{n}: each GPU takes {SHARES} claims: {devices:?}"
+        );
+    }
     let slots = (SHARES * physical) as usize;
-    cluster::create_namespace(client, id).await?;
-    real::gpu_workload_of(client, id, "sliced", slots as i32, Some(&sliced), GPU).await?;
-    real::gpu_workload_of(client, id, "renamed", slots as i32, Some(&renamed), SHARED).await?;
-    real::wait_workload(client, id, "sliced", slots, Duration::from_secs(120)).await?;
-    real::wait_workload(client, id, "renamed", slots, Duration::from_secs(120)).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    for (app, node) in [("sliced", sliced), ("renamed", renamed)] {
+        let pods = real::wait_workload(client, id, app, slots, Duration::from_secs(180)).await?;
+        let mut per_device: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for p in &pods {
+            assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(node.as_str()));
+            let status = p
+                .status
+                .as_ref()
+                .and_then(|s| s.extended_resource_claim_status.as_ref())
+                .ok_or_else(|| anyhow::anyhow!("{}: no generated claim", p.name_any()))?;
+            let claim = claims.get(&status.resource_claim_name).await?;
+            let results = claim
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .and_then(|d| d.results)
+                .unwrap_or_default();
+            assert_eq!(results.len(), 1, "{}: one device: {results:?}", p.name_any());
+            let r = &results[0];
+            assert_eq!((r.driver.as_str(), r.pool.as_str()), (driver, node.as_str()), "{}", p.name_any());
+            assert!(r.share_id.is_some(), "{}: a share of {}, not the whole device", p.name_any(), r.device);
+            per_device.entry(r.device.clone()).or_default().push(p.name_any());
+            let (_, dev) = real::what_the_container_saw(&real::logs(id, &p.name_any())?);
+            assert_eq!(dev.len(), 1, "{}: the container sees one GPU: {dev:?}", p.name_any());
+            *seen.entry(dev[0].clone()).or_default() += 1;
+        }
+        assert_eq!(per_device.len() as i64, physical, "{app}: both GPUs serve: {per_device:?}");
+        assert!(
+            per_device.values().all(|c| c.len() == SHARES as usize),
+            "{app}: {SHARES} claims per GPU: {per_device:?}"
+        );
+        assert!(
+            seen.values().all(|c| *c == SHARES as usize),
+            "{app}: each GPU in {SHARES} containers: {seen:?}"
+        );
+    }
+    Ok(())
+}
 
-    let samplers = [GPU, SHARED].map(|r| {
-        Sampler::watch(client.clone(), id.to_owned(), DRIVER.to_owned(), id.to_owned(), r.to_owned())
-    });
-    let mut m = migration(id)?;
-    m.spec.driver.shares_per_device = Some(SHARES as i32);
-    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
-    migrations.create(&PostParams::default(), &m).await?;
-
-    // 1. Nothing to acknowledge: the condition and the plan say the slots are kept.
+/// Waits until the migration's PrerequisitesMet is True, failing at once on
+/// `GpuSharingNotAcknowledged`, and checks that it and `switchyard plan` say the slots of both
+/// resources are kept.
+async fn slots_kept(migrations: &Api<GpuPoolMigration>, id: &str, slots: usize) -> anyhow::Result<()> {
     let (status, reason, message) =
         wait::until("PrerequisitesMet judged with the pool's sharing", Duration::from_secs(120), || {
             let migrations = migrations.clone();
@@ -442,78 +508,47 @@ async fn keeps_slots(client: &Client, id: &str, names: &[String]) -> anyhow::Res
         "plan ({code}): {said}"
     );
     assert!(!report["blockers"].to_string().contains("capacity drops"), "{}", report["blockers"]);
+    Ok(())
+}
+
+/// How many claims per GPU the agent publishes in [`keeps_slots`]: as many as the chart's
+/// time-slicing replicas.
+const SHARES: i64 = 2;
+
+/// The same two nodes, with Switchyard's agent sharing each GPU 2 ways (the node label
+/// `switchyard.dev/gpu-shares`) and the migration saying so (`spec.driver.sharesPerDevice: 2`):
+/// nothing to acknowledge, 4 pods on each node before and after, each through a generated claim
+/// holding a share of one of the node's 2 GPUs and never a third claim on one GPU, a 5th pod left
+/// Pending by the shares, no node served by both backends; a rollback gives the device plugin's 4
+/// slots back.
+async fn keeps_slots(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let Shared { sliced, renamed, pool, physical, node_api, .. } =
+        set_up(client, id, names, json!({LABEL_GPU_SHARES: SHARES.to_string()}), None).await?;
+    let slots = (SHARES * physical) as usize;
+    cluster::create_namespace(client, id).await?;
+    real::gpu_workload_of(client, id, "sliced", slots as i32, Some(&sliced), GPU).await?;
+    real::gpu_workload_of(client, id, "renamed", slots as i32, Some(&renamed), SHARED).await?;
+    real::wait_workload(client, id, "sliced", slots, Duration::from_secs(120)).await?;
+    real::wait_workload(client, id, "renamed", slots, Duration::from_secs(120)).await?;
+
+    let samplers = [GPU, SHARED].map(|r| {
+        Sampler::watch(client.clone(), id.to_owned(), DRIVER.to_owned(), id.to_owned(), r.to_owned())
+    });
+    let mut m = migration(id)?;
+    m.spec.driver.shares_per_device = Some(SHARES as i32);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    migrations.create(&PostParams::default(), &m).await?;
+
+    // 1. Nothing to acknowledge: the condition and the plan say the slots are kept.
+    slots_kept(&migrations, id, slots).await?;
 
     let done = reaches(&migrations, id, Phase::Completed).await?;
     assert_eq!(done.status.as_ref().map(|s| s.nodes.migrated), Some(pool.len() as i32));
     assert!(!done.spec.acknowledge.gpu_sharing_loss, "nothing was acknowledged");
 
-    // 2. The agent publishes each GPU for 2 claims; gpus-before stays the physical GPUs.
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    for n in &pool {
-        let node = node_api.get(n).await?;
-        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
-        assert_eq!(allocatable(&node, GPU) + allocatable(&node, SHARED), 0, "{n}: the device plugin left");
-        let before: BTreeMap<String, i64> = serde_json::from_str(
-            &node.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE],
-        )?;
-        assert_eq!(before.values().sum::<i64>(), physical, "{n}: gpus-before counts the physical GPUs");
-        let devices: Vec<(String, u64)> = slices
-            .list(&ListParams::default().fields(&format!("spec.nodeName={n},spec.driver={DRIVER}")))
-            .await?
-            .items
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .map(|d| (d.name.clone(), switchyard_api::sharing::claims_per_device(d)))
-            .collect();
-        assert_eq!(devices.len() as i64, physical, "{n}: {devices:?}");
-        assert!(
-            devices.iter().all(|(_, c)| *c == SHARES as u64),
-            "{n}: each GPU takes {SHARES} claims: {devices:?}"
-        );
-    }
-
-    // 3. The same pods per node as before, each through a generated claim holding a share of one
-    //    of its node's GPUs, each GPU shared by exactly 2 claims, and each container seeing it.
-    for (app, node) in [("sliced", &sliced), ("renamed", &renamed)] {
-        let pods = real::wait_workload(client, id, app, slots, Duration::from_secs(180)).await?;
-        let mut per_device: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-        for p in &pods {
-            assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(node.as_str()));
-            let status = p
-                .status
-                .as_ref()
-                .and_then(|s| s.extended_resource_claim_status.as_ref())
-                .ok_or_else(|| anyhow::anyhow!("{}: no generated claim", p.name_any()))?;
-            let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-                Api::namespaced(client.clone(), id);
-            let claim = claims.get(&status.resource_claim_name).await?;
-            let results = claim
-                .status
-                .and_then(|s| s.allocation)
-                .and_then(|a| a.devices)
-                .and_then(|d| d.results)
-                .unwrap_or_default();
-            assert_eq!(results.len(), 1, "{}: one device: {results:?}", p.name_any());
-            let r = &results[0];
-            assert_eq!((r.driver.as_str(), r.pool.as_str()), (DRIVER, node.as_str()), "{}", p.name_any());
-            assert!(r.share_id.is_some(), "{}: a share of {}, not the whole device", p.name_any(), r.device);
-            per_device.entry(r.device.clone()).or_default().push(p.name_any());
-            let (_, dev) = real::what_the_container_saw(&real::logs(id, &p.name_any())?);
-            assert_eq!(dev.len(), 1, "{}: the container sees one GPU: {dev:?}", p.name_any());
-            *seen.entry(dev[0].clone()).or_default() += 1;
-        }
-        assert_eq!(per_device.len() as i64, physical, "{app}: both GPUs serve: {per_device:?}");
-        assert!(
-            per_device.values().all(|c| c.len() == SHARES as usize),
-            "{app}: {SHARES} claims per GPU: {per_device:?}"
-        );
-        assert!(
-            seen.values().all(|c| *c == SHARES as usize),
-            "{app}: each GPU in {SHARES} containers: {seen:?}"
-        );
-    }
-    assert_eq!(gpus.len() as i64, physical);
+    // 2. The agent publishes each GPU for 2 claims; gpus-before stays the physical GPUs. 3. The
+    //    same pods per node as before, each holding a share of one of its node's GPUs.
+    moved_with_shares(client, id, &node_api, (&sliced, &renamed), DRIVER, physical).await?;
 
     // 4. A 5th pod on the time-sliced node stays Pending: the shares are the limit.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), id);
@@ -572,6 +607,107 @@ async fn keeps_slots(client: &Client, id: &str, names: &[String]) -> anyhow::Res
     Ok(())
 }
 
+/// NVIDIA's DRA driver for GPUs.
+const NVIDIA_DRIVER: &str = "gpu.nvidia.com";
+
+/// The same two nodes moved to NVIDIA's DRA driver (v0.5.0, its chart with `consumableShares: 2`
+/// and its `ConsumableShares` feature gate), Switchyard without its agent: nothing to acknowledge,
+/// 4 pods on each node before and after, each through a generated claim holding a share of one of
+/// the node's 2 GPUs as NVIDIA's kubelet plugin prepared it, never a third claim on one GPU; the
+/// sampler sees no node served by both backends.
+async fn keeps_slots_on_nvidias_driver(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let Shared { sliced, renamed, pool, physical, node_api, .. } =
+        set_up(client, id, names, json!({}), Some(real::SWITCHYARD_WITHOUT_AGENT_OVERLAY)).await?;
+    let shares = SHARES.to_string();
+    real::install_nvidia_dra_with(&[
+        "--set",
+        &format!("consumableShares={shares}"),
+        "--set",
+        "featureGates.ConsumableShares=true",
+    ])?;
+    for n in &pool {
+        real::forget_nvidia_smi_calls(n)?;
+    }
+    let slots = (SHARES * physical) as usize;
+    cluster::create_namespace(client, id).await?;
+    real::gpu_workload_of(client, id, "sliced", slots as i32, Some(&sliced), GPU).await?;
+    real::gpu_workload_of(client, id, "renamed", slots as i32, Some(&renamed), SHARED).await?;
+    real::wait_workload(client, id, "sliced", slots, Duration::from_secs(120)).await?;
+    real::wait_workload(client, id, "renamed", slots, Duration::from_secs(120)).await?;
+
+    let samplers = [GPU, SHARED].map(|r| {
+        Sampler::watch_driver(
+            client.clone(),
+            id.to_owned(),
+            NVIDIA_DRIVER.to_owned(),
+            NVIDIA_DRA_KUBELET_PLUGIN.to_owned(),
+            id.to_owned(),
+            r.to_owned(),
+        )
+    });
+    let mut m = real::pool_migration(
+        id,
+        NVIDIA_DRIVER,
+        NVIDIA_CLASS,
+        (NVIDIA_DRA_NS, NVIDIA_DRA_KUBELET_PLUGIN),
+        "Managed",
+    );
+    m["spec"]["resources"].as_array_mut().expect("resources").push(json!({
+        "extendedResourceName": SHARED, "deviceClassName": NVIDIA_SHARED_CLASS,
+        "selector": format!("device.attributes['{NVIDIA_DRIVER}'].type == 'gpu'"),
+    }));
+    m["spec"]["devicePlugin"] =
+        json!({"daemonSet": {"namespace": NVIDIA_DEVICE_PLUGIN_NS, "name": NVIDIA_DEVICE_PLUGIN_DS}});
+    m["spec"]["driver"]["sharesPerDevice"] = json!(SHARES);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    migrations.create(&PostParams::default(), &serde_json::from_value(m)?).await?;
+    slots_kept(&migrations, id, slots).await?;
+    let done = reaches(&migrations, id, Phase::Completed).await?;
+    assert_eq!(done.status.as_ref().map(|s| s.nodes.migrated), Some(pool.len() as i32));
+    assert!(!done.spec.acknowledge.gpu_sharing_loss, "nothing was acknowledged");
+    moved_with_shares(client, id, &node_api, (&sliced, &renamed), NVIDIA_DRIVER, physical).await?;
+    // What NVIDIA's kubelet plugin asked the driver root's nvidia-smi while it prepared the shared
+    // claims: nothing the mock could not answer.
+    for n in &pool {
+        let calls = real::nvidia_smi_calls(n)?;
+        assert!(calls.iter().all(|c| c.starts_with("answered ")), "{n}: nvidia-smi was asked {calls:?}");
+        eprintln!("{n}: NVIDIA's kubelet plugin ran nvidia-smi {} time(s): {calls:?}", calls.len());
+    }
+    for s in samplers {
+        let samples = s.stop();
+        assert!(samples.events > 0, "the sampler saw the migration");
+        assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
+    }
+    Ok(())
+}
+
+/// Switchyard's DeviceClasses for the two resources on NVIDIA's driver.
+const NVIDIA_CLASS: &str = "gpu.nvidia.switchyard.dev";
+const NVIDIA_SHARED_CLASS: &str = "gpu-shared.nvidia.switchyard.dev";
+
+/// [`cleanup`] after [`keeps_slots_on_nvidias_driver`]: the workload first (a DRA plugin must
+/// outlive the pods whose claims it prepared), then NVIDIA's DRA driver and Switchyard without
+/// its agent, then what [`cleanup`] removes.
+async fn cleanup_nvidia(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let mut first = Ok(());
+    let mut keep = |r: anyhow::Result<()>| {
+        if first.is_ok() {
+            first = r;
+        }
+    };
+    keep(real::delete_migration(client, id).await);
+    keep(real::delete_namespace(client, id).await);
+    keep(real::uninstall_nvidia_dra());
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    for class in [NVIDIA_CLASS, NVIDIA_SHARED_CLASS] {
+        let _ = classes.delete(class, &DeleteParams::default()).await;
+    }
+    // The rest as after the other scenarios: Switchyard (its whole install, the agent-less one
+    // included), NVIDIA's chart, NFD, the nodes' labels.
+    keep(cleanup(client, id, names).await);
+    first
+}
+
 fn diagnostics(id: &str) -> String {
     real::diagnostics(
         id,
@@ -590,36 +726,56 @@ fn diagnostics(id: &str) -> String {
                 "--prefix",
             ],
             &["-n", real::NFD_NS, "logs", "deploy/node-feature-discovery-master", "--tail=30"],
+            &[
+                "-n",
+                NVIDIA_DRA_NS,
+                "logs",
+                "-l",
+                "dra-driver-nvidia-gpu-component=kubelet-plugin",
+                "--all-containers",
+                "--tail=30",
+                "--prefix",
+            ],
         ],
     )
 }
 
+/// Removes what the scenarios installed, every step tried even when one before it failed (the
+/// next scenario needs the nodes released), and answers the first failure.
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
-    real::delete_migration(client, id).await?;
-    real::delete_namespace(client, id).await?;
-    real::uninstall_switchyard()?;
+    let mut first = Ok(());
+    let mut keep = |r: anyhow::Result<()>| {
+        if first.is_ok() {
+            first = r;
+        }
+    };
+    keep(real::delete_migration(client, id).await);
+    keep(real::delete_namespace(client, id).await);
+    keep(real::uninstall_switchyard());
     // GFD's NodeFeature objects go with the chart's namespace; nfd-master, still running, then
     // takes their labels off the nodes.
-    real::uninstall_nvidia_device_plugin_chart()?;
+    keep(real::uninstall_nvidia_device_plugin_chart());
     let node_api: Api<Node> = Api::all(client.clone());
-    let unlabelled = wait::until("nfd-master to take GFD's labels off", Duration::from_secs(60), || {
-        let node_api = node_api.clone();
-        async move {
-            for n in names {
-                if !gfd_labels(&node_api.get(n).await?).is_empty() {
-                    return Ok(None);
+    keep(
+        wait::until("nfd-master to take GFD's labels off", Duration::from_secs(60), || {
+            let node_api = node_api.clone();
+            async move {
+                for n in names {
+                    if !gfd_labels(&node_api.get(n).await?).is_empty() {
+                        return Ok(None);
+                    }
                 }
+                Ok(Some(()))
             }
-            Ok(Some(()))
-        }
-    })
-    .await;
-    real::uninstall_nfd()?;
+        })
+        .await,
+    );
+    keep(real::uninstall_nfd());
     let classes: Api<DeviceClass> = Api::all(client.clone());
     for class in [DRIVER, SHARED_CLASS] {
         let _ = classes.delete(class, &DeleteParams::default()).await;
     }
     let labels = ["pool", LABEL_GPU_PRESENT, LABEL_DEVICE_PLUGIN_CONFIG, BACKEND, LABEL_GPU_SHARES];
-    real::release_nodes(client, names, &labels).await?;
-    unlabelled
+    keep(real::release_nodes(client, names, &labels).await);
+    first
 }

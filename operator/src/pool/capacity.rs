@@ -147,6 +147,9 @@ const SHARED_SUFFIX: &str = ".shared";
 /// tells which by `<name>.product`, which ends in `-SHARED` when the shared devices keep their
 /// name and does not when `renameByDefault` renamed them.
 pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
+    if stale_name(node, resource) {
+        return None;
+    }
     let base = resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource);
     let renamed = base != resource;
     let label = |suffix: &str| node.labels().get(&format!("{base}.{suffix}")).map(|v| v.trim().to_string());
@@ -202,6 +205,24 @@ pub fn sharing_of(node: &SlimNode, resource: &str) -> Option<SharedNode> {
         mps: strategy_is_mps,
         known: count.is_some() || replicas.is_some(),
     })
+}
+
+/// Whether `resource`'s count on `node` is the kubelet's memory of an endpoint the device plugin
+/// no longer serves, by GFD's labels: the node is labelled shared, GFD's `<base>.product` says the
+/// shared devices are advertised under the other of `<base>` and `<base>.shared` (it ends in
+/// `-SHARED` only where they keep their name), and that other name is advertised. NVIDIA's
+/// config-manager leaves `nvidia.com/gpu` capacity beside `nvidia.com/gpu.shared` on a node whose
+/// config renames its GPUs; while the plugin's pod restarts (Managed placement restarts each one
+/// once) neither is allocatable, so only the labels tell the stale name from the served one.
+fn stale_name(node: &SlimNode, resource: &str) -> bool {
+    let base = resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource);
+    let renamed = base != resource;
+    let label = |suffix: &str| node.labels().get(&format!("{base}.{suffix}")).map(|v| v.trim().to_string());
+    let labelled = matches!(label("sharing-strategy").as_deref(), Some(s) if !s.is_empty() && s != "none")
+        || label("replicas").and_then(|r| r.parse::<u64>().ok()).is_some_and(|r| r > 1);
+    let Some(product) = label("product") else { return false };
+    let other = if renamed { base.to_string() } else { format!("{base}{SHARED_SUFFIX}") };
+    labelled && product.ends_with("-SHARED") == renamed && advertised(node, &other) > 0
 }
 
 /// Whether GFD labels `resource` on `node` (its `.count`, `.replicas` or `.sharing-strategy`): it
@@ -411,6 +432,10 @@ pub fn gpus_to_publish(
     let unserved = counts.values().all(|&n| n == 0);
     let full_gpu = full_gpu_resource(resources);
     for (resource, n) in counts.iter_mut() {
+        if stale_name(node, resource) {
+            *n = 0;
+            continue;
+        }
         let by_config = || {
             config
                 .filter(|_| !gfd_labelled(node, resource))
@@ -860,6 +885,32 @@ mod tests {
             // Acknowledged, nothing blocks; kept, nothing needed acknowledging.
             assert_eq!(blocker(&c, true), None, "{case}");
         }
+    }
+
+    #[test]
+    fn a_renamed_node_restarting_its_plugin_counts_only_the_name_it_serves() {
+        // NVIDIA's config-manager started the plugin on the default config, then on `renamed`:
+        // the kubelet keeps nvidia.com/gpu capacity for 5 minutes. While the plugin's pod restarts
+        // (Managed placement), neither name is allocatable; GFD's product says which is served.
+        let labels = json!({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "2",
+            "nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"});
+        let restarting: SlimNode = serde_json::from_value(json!({
+            "metadata": {"name": "renamed", "labels": labels},
+            "status": {"capacity": {"nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "4"},
+                       "allocatable": {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "0"}},
+        }))
+        .unwrap();
+        let mapped = ["nvidia.com/gpu", "nvidia.com/gpu.shared"];
+        assert_eq!(
+            gpus_to_publish(&restarting, &mapped, None),
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 0), ("nvidia.com/gpu.shared".to_string(), 2)])
+        );
+        assert_eq!(sharing_of(&restarting, "nvidia.com/gpu"), None);
+        assert_eq!(sharing_of(&restarting, "nvidia.com/gpu.shared").map(|s| s.physical), Some(2));
+        // The time-sliced node that keeps the name: its product says so, nothing is stale.
+        let mut kept = restarting.clone();
+        kept.labels_mut().insert("nvidia.com/gpu.product".into(), "NVIDIA-H100-80GB-HBM3-SHARED".into());
+        assert_eq!(gpus_to_publish(&kept, &mapped, None)["nvidia.com/gpu"], 2);
     }
 
     #[test]

@@ -8,7 +8,12 @@
 //!
 //! The library is `../lib64/libnvidia-ml.so.1` from this binary (a driver root's `usr/bin` and
 //! `usr/lib64`), else `libnvidia-ml.so.1` from the loader's path. Exit status 0 on success; 9 when
-//! NVML cannot initialize, as `nvidia-smi` exits without a driver.
+//! NVML cannot initialize, as `nvidia-smi` exits without a driver; 2 for anything else asked.
+//!
+//! Every call is recorded, one line each, in `../lib64/nvidia-smi.calls` beside the library
+//! (`answered --version`, `refused compute-policy -i GPU-... --set-timeslice 1`), where the driver
+//! root is writable to the caller (NVIDIA's GPU kubelet plugin mounts it so): an e2e scenario
+//! reads it from the node's driver root to see what NVIDIA's prepare path asked.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -18,11 +23,29 @@ use nvml_wrapper::Nvml;
 
 const NO_DRIVER: u8 = 9;
 
-fn library() -> OsString {
-    let beside = std::env::current_exe()
+/// `usr/lib64` of the driver root this binary lies in, where it does.
+fn lib_dir() -> Option<PathBuf> {
+    std::env::current_exe()
         .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("lib64/libnvidia-ml.so.1")))
-        .filter(|p| p.exists());
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("lib64")))
+        .filter(|d| d.is_dir())
+}
+
+/// Appends `<outcome> <args>` to the calls file; a driver root mounted read-only records nothing.
+fn record(outcome: &str, args: &[String]) {
+    use std::io::Write;
+    let Some(dir) = lib_dir() else { return };
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(CALLS));
+    if let Ok(mut f) = file {
+        let _ = writeln!(f, "{outcome} {}", args.join(" "));
+    }
+}
+
+/// The calls file's name beside the library.
+const CALLS: &str = "nvidia-smi.calls";
+
+fn library() -> OsString {
+    let beside = lib_dir().map(|d| d.join("libnvidia-ml.so.1")).filter(|p| p.exists());
     beside.map_or_else(|| "libnvidia-ml.so.1".into(), PathBuf::into_os_string)
 }
 
@@ -50,11 +73,14 @@ fn run(nvml: &Nvml, arg: &str) -> Result<(), nvml_wrapper::error::NvmlError> {
 }
 
 fn main() -> ExitCode {
-    let arg = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = args.first().cloned().unwrap_or_default();
     if !matches!(arg.as_str(), "--version" | "-L" | "--list-gpus") {
-        eprintln!("nvidia-smi (NVML mock): only --version and -L are answered, not {arg:?}");
+        record("refused", &args);
+        eprintln!("nvidia-smi (NVML mock): only --version and -L are answered, not {args:?}");
         return ExitCode::from(2);
     }
+    record("answered", &args);
     let nvml = match Nvml::builder().lib_path(&library()).init() {
         Ok(nvml) => nvml,
         Err(e) => {
