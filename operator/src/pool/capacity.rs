@@ -312,18 +312,21 @@ fn by_resource(shared: &[SharedNode]) -> BTreeMap<&str, Vec<&SharedNode>> {
     out
 }
 
-fn unit_of(resource: &str) -> (&'static str, &'static str) {
+/// What one device of `resource` is called: a GPU for `nvidia.com/gpu` and its renamed
+/// `.shared`, else a device (a MIG profile's).
+fn device_of(resource: &str) -> &'static str {
     if resource.strip_suffix(SHARED_SUFFIX).unwrap_or(resource) == NVIDIA_GPU_RESOURCE {
-        ("GPU", "GPU(s)")
+        "GPU"
     } else {
-        ("device", "device(s)")
+        "device"
     }
 }
 
 /// Up to [`NAMED`] nodes' details, `node: 16 on 4 GPU(s), time-slicing, 4 replicas per GPU`, and
 /// how many more.
 fn node_details(resource: &str, nodes: &[&SharedNode]) -> String {
-    let (_, unit) = unit_of(resource);
+    // As the messages have always said it: a renamed resource's devices are devices.
+    let unit = if resource == NVIDIA_GPU_RESOURCE { "GPU(s)" } else { "device(s)" };
     let detail: Vec<String> = nodes
         .iter()
         .take(NAMED)
@@ -376,7 +379,7 @@ pub fn kept_summary(c: &Check) -> Option<String> {
     let clauses: Vec<String> = by_resource(&c.kept)
         .into_iter()
         .map(|(resource, nodes)| {
-            let (one, _) = unit_of(resource);
+            let one = device_of(resource);
             let ways = nodes.iter().map(|s| s.advertised.div_ceil(s.physical.max(1))).max().unwrap_or(1);
             let slots: u64 = nodes.iter().map(|s| s.advertised).sum();
             format!(
