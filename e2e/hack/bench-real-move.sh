@@ -3,9 +3,16 @@
 # e2e/overlays/real-nodes, a migration selecting one node) beside the kubectl runbook
 # (e2e/hack/runbook-kubectl.sh) on the other node, in the same run, each node on NVIDIA's device
 # plugin with one GPU pod that the move evicts and that comes back through a generated claim.
-# Usage: bench-real-move.sh [runs] [node|pool] (default 5 runs of the node shape). Needs the running
-# e2e cluster with its real nodes (cluster-up.sh; SWITCHYARD_KEEP_CLUSTER=1 keeps one) and nothing
-# else installed on it.
+# Usage: bench-real-move.sh [runs] [node|pool] [agent|nvidia] (default 5 runs of the node shape onto
+# Switchyard's agent). Needs the running e2e cluster with its real nodes (cluster-up.sh;
+# SWITCHYARD_KEEP_CLUSTER=1 keeps one) and nothing else installed on it.
+#
+# The target: `agent` is Switchyard's driver agent (the packaged operator and agent,
+# e2e/overlays/real-nodes); `nvidia` is NVIDIA's DRA driver v0.5.0 from its own chart
+# (e2e/hack/render-nvidia-dra.sh, its kubelet plugin on nodes labelled `dra`) with the operator
+# alone (e2e/overlays/nvidia-dra). NVIDIA's driver has no device-plugin interlock: Switchyard
+# switches in sequence (label `none`, allocatable 0, then `dra`); the runbook labels `dra` at once,
+# as the seed articles do, and the bench reports whether that let a node be served by both.
 #
 # The pool shape is the demo's: all three real nodes (2 GPUs each) with 4 GPU pods of one
 # Deployment behind a PodDisruptionBudget of minAvailable 3 (grace period 30 s) and 2 web pods, the
@@ -37,17 +44,28 @@ set -euo pipefail
 
 runs=${1:-5}
 shape=${2:-node}
+target=${3:-agent}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 state="$root/e2e/.cluster"
 cd "$root"
 bin=$(bash e2e/hack/build-controlplane.sh)
 k() { "$bin/kubectl" --kubeconfig "$state/kubeconfig" "$@"; }
 ns=bench-move
-driver=gpu.switchyard.dev
+usage() { echo "usage: bench-real-move.sh [runs] [node|pool] [agent|nvidia]" >&2; exit 2; }
 case "$shape" in
   node) nodes=(real-node-1 real-node-2) ;;
   pool) nodes=(real-node-1 real-node-2 real-node-3) ;;
-  *) echo "usage: bench-real-move.sh [runs] [node|pool]" >&2; exit 2 ;;
+  *) usage ;;
+esac
+# The driver, Switchyard's DeviceClass for nvidia.com/gpu on it, its kubelet plugin's DaemonSet,
+# and the overlay Switchyard is installed from.
+nvidia_ns=nvidia-dra-driver-gpu
+case "$target" in
+  agent) driver=gpu.switchyard.dev class=gpu.switchyard.dev driver_ds=(switchyard-system switchyard-driver-agent)
+    overlay=e2e/overlays/real-nodes ;;
+  nvidia) driver=gpu.nvidia.com class=gpu.nvidia.switchyard.dev driver_ds=("$nvidia_ns" dra-driver-nvidia-gpu-kubelet-plugin)
+    overlay=e2e/overlays/nvidia-dra ;;
+  *) usage ;;
 esac
 # The pool shape's nodes carry this label; its workloads and its migration select them by it.
 pool_label=e2e.switchyard.dev/bench-pool
@@ -67,9 +85,14 @@ cleanup() {
   # the agent, which must outlive the pods whose claims it prepared.
   k delete gpm -l e2e.switchyard.dev/bench=move --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
   k delete namespace "$ns" --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
-  k delete --ignore-not-found --wait --timeout=120s -k e2e/overlays/real-nodes >/dev/null 2>&1 || true
+  k delete --ignore-not-found --wait --timeout=120s -k "$overlay" >/dev/null 2>&1 || true
+  if [ "$target" = nvidia ]; then
+    k delete namespace "$nvidia_ns" --ignore-not-found --wait --timeout=120s >/dev/null 2>&1 || true
+    k delete --ignore-not-found -f "$work/nvidia-dra.yaml" >/dev/null 2>&1 || true
+    k delete resourceslices --field-selector "spec.driver=$driver" >/dev/null 2>&1 || true
+  fi
   k delete --ignore-not-found --wait --timeout=60s -f e2e/manifests/nvidia-device-plugin.yaml >/dev/null 2>&1 || true
-  k delete --ignore-not-found deviceclass "$driver" >/dev/null 2>&1 || true
+  k delete --ignore-not-found deviceclass "$class" >/dev/null 2>&1 || true
   for n in "${nodes[@]}"; do
     k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- "$pool_label-" >/dev/null 2>&1 || true
     k uncordon "$n" >/dev/null 2>&1 || true
@@ -83,7 +106,7 @@ fail() { echo "bench-real-move: $*" >&2; exit 1; }
 gpms=$(k get gpm -A -o name 2>/dev/null || true)
 [ -z "$gpms" ] || fail "migrations exist already: $(tr '\n' ' ' <<<"$gpms")"
 others=$(k get pods -A --no-headers -o custom-columns=NS:.metadata.namespace,NAME:.metadata.name 2>/dev/null |
-  awk '$1 == "switchyard-system" || $1 == "kube-system" || $1 == "'"$ns"'"' || true)
+  awk '$1 == "switchyard-system" || $1 == "kube-system" || $1 == "'"$ns"'" || $1 == "'"$nvidia_ns"'"' || true)
 [ -z "$others" ] || fail "pods run already where the bench installs its own: $others"
 trap cleanup EXIT
 
@@ -93,7 +116,12 @@ done
 # The device plugin only where the agent is not, as Managed placement would arrange it.
 sed 's/^      nodeSelector:$/      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: switchyard.dev\/gpu-backend, operator: NotIn, values: [dra]}]}]}}}\n      nodeSelector:/' \
   e2e/manifests/nvidia-device-plugin.yaml | k apply --server-side --force-conflicts -f - >/dev/null
-k apply --server-side --force-conflicts -k e2e/overlays/real-nodes >/dev/null
+k apply --server-side --force-conflicts -k "$overlay" >/dev/null
+if [ "$target" = nvidia ]; then
+  bash e2e/hack/render-nvidia-dra.sh > "$work/nvidia-dra.yaml"
+  k create namespace "$nvidia_ns" --dry-run=client -o yaml | k apply -f - >/dev/null
+  k apply --server-side --force-conflicts -f "$work/nvidia-dra.yaml" >/dev/null
+fi
 until k -n switchyard-system get lease switchyard-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null | grep -q .; do sleep 1; done
 k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null
 if [ "$shape" = node ]; then
@@ -339,8 +367,8 @@ metadata: {name: $gpm, labels: {e2e.switchyard.dev/bench: move}}
 spec:
   nodeSelector: {matchLabels: {kubernetes.io/hostname: $sy}}
   resources:
-  - {extendedResourceName: nvidia.com/gpu, deviceClassName: $driver, selector: "device.attributes['$driver'].type == 'gpu'"}
-  driver: {name: $driver, daemonSet: {namespace: switchyard-system, name: switchyard-driver-agent}}
+  - {extendedResourceName: nvidia.com/gpu, deviceClassName: $class, selector: "device.attributes['$driver'].type == 'gpu'"}
+  driver: {name: $driver, daemonSet: {namespace: ${driver_ds[0]}, name: ${driver_ds[1]}}}
   devicePlugin: {daemonSet: {namespace: kube-system, name: nvidia-device-plugin-daemonset}}
   placement: Managed
   strategy: {maxUnavailable: 1, drain: {gracePeriodSeconds: 5, timeoutSeconds: 180}}
@@ -386,7 +414,7 @@ YAML
   echo "  served by both backends (the runbook): ${both:-never}"
 done
 
-echo "summary over $runs runs (Switchyard and the runbook alternate between real-node-1 and real-node-2):"
+echo "summary over $runs runs onto $driver (Switchyard and the runbook alternate between real-node-1 and real-node-2):"
 echo " Switchyard:"; summary "$work/sy.tsv" "$sy_cols"
 echo " kubectl runbook:"; summary "$work/rb.tsv" "$rb_cols"
 sy_total=$(med "$work/sy.tsv" 13) rb_total=$(med "$work/rb.tsv" 11)
@@ -426,8 +454,8 @@ metadata: {name: $gpm, labels: {e2e.switchyard.dev/bench: move}}
 spec:
   nodeSelector: {matchLabels: {$pool_label: "true"}}
   resources:
-  - {extendedResourceName: nvidia.com/gpu, deviceClassName: $driver, selector: "device.attributes['$driver'].type == 'gpu'"}
-  driver: {name: $driver, daemonSet: {namespace: switchyard-system, name: switchyard-driver-agent}}
+  - {extendedResourceName: nvidia.com/gpu, deviceClassName: $class, selector: "device.attributes['$driver'].type == 'gpu'"}
+  driver: {name: $driver, daemonSet: {namespace: ${driver_ds[0]}, name: ${driver_ds[1]}}}
   devicePlugin: {daemonSet: {namespace: kube-system, name: nvidia-device-plugin-daemonset}}
   placement: Managed
   strategy:
@@ -503,7 +531,7 @@ if [ "$shape" = pool ]; then
     pool_to_device_plugin
     pool_runbook "$run"
   done
-  echo "summary over $runs runs of the pool shape (3 nodes, 4 GPU pods, PDB minAvailable 3; Switchyard with a canary per node):"
+  echo "summary over $runs runs of the pool shape onto $driver (3 nodes, 4 GPU pods, PDB minAvailable 3; Switchyard with a canary per node):"
   echo " Switchyard:"; summary "$work/pool-sy.tsv" "$pool_sy_cols"
   echo " kubectl runbook:"; summary "$work/pool-rb.tsv" "$pool_rb_cols"
   sy_total=$(med "$work/pool-sy.tsv" 9) rb_total=$(med "$work/pool-rb.tsv" 9)

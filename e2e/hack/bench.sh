@@ -44,6 +44,10 @@ echo "== real nodes: one node's move, Switchyard beside the kubectl runbook, ste
 bash "$root/e2e/hack/bench-real-move.sh" 5
 echo "== real nodes: the demo's shape (3 nodes, 4 GPU pods, a PDB, a canary), Switchyard beside the kubectl runbook (5 runs)" >&2
 bash "$root/e2e/hack/bench-real-move.sh" 5 pool
+echo "== real nodes: one node's move onto NVIDIA's DRA driver (no interlock: Switchyard switches in sequence), beside the runbook (5 runs)" >&2
+bash "$root/e2e/hack/bench-real-move.sh" 5 node nvidia
+echo "== real nodes: the demo's shape onto NVIDIA's DRA driver, beside the runbook (5 runs)" >&2
+bash "$root/e2e/hack/bench-real-move.sh" 5 pool nvidia
 
 echo "== driver agent: event to taint, memory, idle CPU (8 GPUs x 7 MIG devices)" >&2
 cd "$root"
