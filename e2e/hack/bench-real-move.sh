@@ -77,6 +77,7 @@ load() { echo "load $(cut -d' ' -f1-3 /proc/loadavg), rustc $(pgrep -x rustc | g
 stop_watchers() {
   for p in "${watchers[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${watchers[@]}"; do wait "$p" 2>/dev/null || true; done
+  sleep 0.3 # the stampers behind them write what they still hold
   watchers=()
 }
 cleanup() {
@@ -97,7 +98,7 @@ cleanup() {
     k label node "$n" nvidia.com/gpu.present- switchyard.dev/gpu-backend- "$pool_label-" >/dev/null 2>&1 || true
     k uncordon "$n" >/dev/null 2>&1 || true
   done
-  rm -rf "$work"
+  if [ -n "${BENCH_KEEP_WORK:-}" ]; then echo "bench-real-move: kept $work" >&2; else rm -rf "$work"; fi
 }
 fail() { echo "bench-real-move: $*" >&2; exit 1; }
 
@@ -248,12 +249,21 @@ watch_to() { # file, kubectl get arguments
   "$bin/kubectl" --kubeconfig "$state/kubeconfig" get "$@" -w --output-watch-events > >(stamp > "$f") 2>/dev/null &
   watchers+=($!)
 }
+# Every ResourceSlice event as "<type> <node> <driver> <name> devs=<device>:<taint key>,...;...".
+# Through jq, not a jsonpath template: kubectl's watch prints a template with `range` for its
+# first event only and then nothing more, so a slice's later changes (a taint lifted) went unseen.
+watch_slices_to() { # file
+  "$bin/kubectl" --kubeconfig "$state/kubeconfig" get resourceslices -w --output-watch-events -o json \
+    > >(jq --unbuffered -r '"\(.type) \(.object.spec.nodeName // "-") \(.object.spec.driver) \(.object.metadata.name) devs=\([.object.spec.devices[]? | "\(.name):\([.taints[]?.key + ","] | join(""));"] | join(""))"' |
+      stamp > "$1") 2>/dev/null &
+  watchers+=($!)
+}
 start_watchers() { # node, or "" for every node of the pool shape
   local nodes_sel=(node "$1") plugin_sel=(--field-selector "spec.nodeName=$1") pods_sel=(-l "node=$1")
   if [ -z "$1" ]; then nodes_sel=(nodes -l "$pool_label=true") plugin_sel=() pods_sel=(-l app=bench-trainer); fi
   watch_to "$work/node" "${nodes_sel[@]}" -o jsonpath='{.type} gpu={.object.status.allocatable.nvidia\.com/gpu} unsched={.object.spec.unschedulable} {.object.metadata.name}{"\n"}'
   watch_to "$work/plugin" -n kube-system pods -l name=nvidia-device-plugin-ds "${plugin_sel[@]}" -o jsonpath='{.type} {.object.metadata.name} del={.object.metadata.deletionTimestamp} {.object.spec.nodeName}{"\n"}'
-  watch_to "$work/slices" resourceslices -o jsonpath='{.type} {.object.spec.nodeName} {.object.spec.driver} {.object.metadata.name} devs={range .object.spec.devices[*]}{.name}:{range .taints[*]}{.key},{end};{end}{"\n"}'
+  watch_slices_to "$work/slices"
   watch_to "$work/pods" -n "$ns" pods "${pods_sel[@]}" -o jsonpath='{.type} {.object.metadata.name} {.object.status.phase} claim={.object.status.extendedResourceClaimStatus.resourceClaimName}{"\n"}'
   watch_to "$work/gpm" gpm -o jsonpath='{.type} {.object.metadata.name} {.object.status.phase}{"\n"}'
   # The node's and the pods' have listed what is there (the others may list nothing), and every
