@@ -155,7 +155,8 @@ import_images() { # index
 
 # The node's NVIDIA driver root (see the top of this file): the mock as libnvidia-ml.so.<version>
 # with the usual .so.1 link, its inventory beside it, the device nodes a driver makes, and
-# usr/bin/nvidia-smi (the mock's NVML client: --version and -L), which NVIDIA's DRA driver runs to
+# usr/bin/nvidia-smi (the mock's NVML client: --version and -L; it records each call in
+# usr/lib64/nvidia-smi.calls where it can write), which NVIDIA's DRA driver runs to
 # check the driver root before its kubelet plugin starts.
 lay_out_driver_root() { # dir
   local r=$1 lib=usr/lib64 minor

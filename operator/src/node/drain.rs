@@ -265,6 +265,18 @@ pub fn holds_driver_device(pod: &Pod, claims: &ClaimDevices, driver: &str) -> bo
         && claim_names(pod).iter().filter_map(|c| claims.get(c)).flatten().any(|(d, _)| d == driver)
 }
 
+/// Whether `pod` is on its way out with claims that no longer name a device: finished or
+/// terminating, being deleted, every claim it names deallocated or gone. The claim controller
+/// deallocates a terminated pod's claims while the kubelet may still have to unprepare them, and
+/// the kubelet keeps the pod until the driver that prepared them answers; a rollback that takes
+/// the driver away first leaves the pod stuck in deletion. Which driver prepared them can no longer
+/// be read, so any such pod counts, for the seconds until the kubelet has removed it. Pure.
+pub fn unpreparing(pod: &Pod, claims: &ClaimDevices) -> bool {
+    holds_dra_claim(pod)
+        && pod.metadata.deletion_timestamp.is_some()
+        && claim_names(pod).iter().all(|c| claims.get(c).is_none_or(Vec::is_empty))
+}
+
 /// The pods of `pods` that [`holds_driver_device`], with those whose device is in a pool other
 /// than `node` (the rollback's DeviceTaintRule selects the pool named after the node, so it cannot
 /// evict them) said apart: `(holders, out of the rule's reach)`.
@@ -424,7 +436,26 @@ mod tests {
             json!({"status": {"phase": "Succeeded", "extendedResourceClaimStatus": {"resourceClaimName": "gpu-claim", "requestMappings": []}}}),
         );
         assert!(!holds_driver_device(&done, &claims, DRIVER));
+        assert!(!unpreparing(&done, &claims), "nobody deletes it: the kubelet unprepared it");
         assert_eq!(claim_names(&with_listed("x", "c")), ["ml/c"]);
+        // Evicted: finished and being deleted, its claim already deallocated by the claim
+        // controller while the kubelet may still unprepare it: it holds no device any more, but
+        // the driver must stay until the pod is gone.
+        let leaving = |claim: &str| {
+            pod(
+                "leaving",
+                json!({"metadata": {"deletionTimestamp": "2026-12-07T13:00:00Z"},
+                       "status": {"phase": "Succeeded", "extendedResourceClaimStatus": {"resourceClaimName": claim, "requestMappings": []}}}),
+            )
+        };
+        for claim in ["unallocated", "deleted-claim"] {
+            assert!(!holds_driver_device(&leaving(claim), &claims, DRIVER), "{claim}");
+            assert!(unpreparing(&leaving(claim), &claims), "{claim}");
+        }
+        // Still allocated: a holder as before (of this driver), or another driver's pod.
+        assert!(holds_driver_device(&leaving("gpu-claim"), &claims, DRIVER));
+        assert!(!unpreparing(&leaving("gpu-claim"), &claims));
+        assert!(!unpreparing(&with_claim("pending", "unallocated"), &claims), "not being deleted");
     }
 
     #[test]

@@ -539,11 +539,16 @@ fn pods_in_play(
         }
         NodeState::RollingBack => {
             // The holders drain as a forward drain would, whatever pods it selects: each holds
-            // a device the device plugin is about to serve again.
+            // a device the device plugin is about to serve again. A pod still being deleted
+            // after its claims were deallocated counts too: the kubelet may still have to ask
+            // the driver to unprepare them, and the driver must not leave before.
             let holding: Vec<Pod> = reads
                 .pods
                 .iter()
-                .filter(|p| drain::holds_driver_device(p, &reads.claims, &spec.driver.name))
+                .filter(|p| {
+                    drain::holds_driver_device(p, &reads.claims, &spec.driver.name)
+                        || drain::unpreparing(p, &reads.claims)
+                })
                 .cloned()
                 .collect();
             let every_pod = DrainSpec { pod_selection: PodSelection::All, ..spec.strategy.drain.clone() };
@@ -551,7 +556,8 @@ fn pods_in_play(
             selection.daemon_set_gpu_holders = drain::daemon_set_pods(&holding);
             let (holders, out_of_reach) =
                 drain::driver_device_holders(&holding, &reads.claims, &spec.driver.name, node);
-            let count = holders.len();
+            let count =
+                holders.len() + holding.iter().filter(|p| drain::unpreparing(p, &reads.claims)).count();
             selection.claim_holders = holders;
             selection.claim_holders_out_of_reach = out_of_reach;
             (selection, count)
