@@ -476,8 +476,12 @@ async fn a_node_relabelled_out_of_the_pool_while_draining_goes_back_to_service()
             released.annotations()
         );
         assert_eq!(backend(&released), "device-plugin", "it never switched");
-        let events = object_events(pool, "Node", &leaving).await?;
-        assert!(events.iter().any(|(r, n)| r == "NodeLeftPool" && n.contains("Draining")), "{events:?}");
+        // The event is written after the node's patch lands: wait for it rather than read once.
+        switchyard_e2e::wait::until("the NodeLeftPool event", MIGRATION, || async {
+            let events = object_events(pool, "Node", &leaving).await?;
+            Ok(events.iter().any(|(r, n)| r == "NodeLeftPool" && n.contains("Draining")).then_some(()))
+        })
+        .await?;
         // The pinned pod was never evicted, and the rest of the pool moves.
         let still = pool.wait_running(1).await?;
         assert_eq!(still[0].uid(), pinned[0].uid());
