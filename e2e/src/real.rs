@@ -519,6 +519,18 @@ pub fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
     (visible, gpus)
 }
 
+/// The identity of a device node from the workload's `ls -l` line: `195:1 /dev/nvidia1`. The
+/// line's time is when the runtime created the node in that container, so two containers that share
+/// one GPU can print different lines for it.
+pub fn device_node(ls_line: &str) -> Option<String> {
+    let fields: Vec<&str> = ls_line.split_whitespace().collect();
+    let at =
+        fields.iter().position(|f| f.ends_with(',') && f.trim_end_matches(',').parse::<u32>().is_ok())?;
+    let major = fields[at].trim_end_matches(',');
+    let minor: u32 = fields.get(at + 1)?.parse().ok()?;
+    Some(format!("{major}:{minor} {}", fields.last()?))
+}
+
 /// `kubectl logs` of a pod: through the API server to the kubelet on its node.
 pub fn logs(ns: &str, pod: &str) -> anyhow::Result<String> {
     kubectl(&["-n", ns, "logs", pod])
@@ -804,4 +816,19 @@ pub fn pool_migration(
 fn delete_file(path: &std::path::Path) -> anyhow::Result<()> {
     kubectl(&["delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", &path.to_string_lossy()])
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_node;
+
+    #[test]
+    fn a_device_node_is_its_numbers_and_path_whatever_its_time() {
+        let a = "crw-rw-rw-    1 0        0         195,   1 Dec  7 14:58 /dev/nvidia1";
+        let b = "crw-rw-rw-    1 0        0         195,   1 Dec  7 14:59 /dev/nvidia1";
+        assert_eq!(device_node(a).as_deref(), Some("195:1 /dev/nvidia1"));
+        assert_eq!(device_node(a), device_node(b));
+        assert_ne!(device_node(a), device_node("crw-rw-rw- 1 0 0 195, 0 Dec  7 14:58 /dev/nvidia0"));
+        assert_eq!(device_node("-rw-r--r-- 1 0 0 12 Dec  7 14:58 /dev/nvidia1"), None);
+    }
 }

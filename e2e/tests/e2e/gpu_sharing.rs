@@ -462,7 +462,9 @@ async fn moved_with_shares(
             per_device.entry(r.device.clone()).or_default().push(p.name_any());
             let (_, dev) = real::what_the_container_saw(&real::logs(id, &p.name_any())?);
             assert_eq!(dev.len(), 1, "{}: the container sees one GPU: {dev:?}", p.name_any());
-            *seen.entry(dev[0].clone()).or_default() += 1;
+            let identity = real::device_node(&dev[0])
+                .ok_or_else(|| anyhow::anyhow!("{}: not a device node line: {:?}", p.name_any(), dev[0]))?;
+            *seen.entry(identity).or_default() += 1;
         }
         assert_eq!(per_device.len() as i64, physical, "{app}: both GPUs serve: {per_device:?}");
         assert!(
