@@ -196,6 +196,7 @@ apiserver=("$bin/kube-apiserver" \
   --service-account-issuer https://kubernetes.default.svc \
   --service-cluster-ip-range 10.96.0.0/16 \
   --authorization-mode Node,RBAC \
+  --feature-gates CoordinatedLeaderElection=true --runtime-config coordination.k8s.io/v1beta1=true \
   --allow-privileged=true \
   --enable-aggregator-routing=true \
   --requestheader-client-ca-file "$pki/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
@@ -231,17 +232,30 @@ launch kube-controller-manager "$bin/kube-controller-manager" "${qps_flags[@]}" 
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
   --use-service-account-credentials --leader-elect=false \
   --service-cluster-ip-range 10.96.0.0/16
+# The scheduler runs with coordinated leader election, as a control plane that turned it on does:
+# it writes a LeaseCandidate in kube-system (its binary and emulation versions), from which the
+# operator and `switchyard plan` read its version, and the API server's election controller
+# names it the holder of its lease. The long lease outlasts the API server's restart in the
+# restart scenario (a scheduler that cannot renew within the deadline exits). The controller
+# manager stays without leader election: no pod or LeaseCandidate shows its version, the case of
+# a managed control plane.
 launch kube-scheduler "$bin/kube-scheduler" "${qps_flags[@]}" \
   --kubeconfig "$state/scheduler.kubeconfig" \
   --authentication-kubeconfig "$state/scheduler.kubeconfig" \
   --authorization-kubeconfig "$state/scheduler.kubeconfig" \
-  --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=false
+  --bind-address 127.0.0.1 --secure-port "$sched_port" \
+  --feature-gates CoordinatedLeaderElection=true --leader-elect=true \
+  --leader-elect-lease-duration 120s --leader-elect-renew-deadline 90s --leader-elect-retry-period 2s
 
 wait_for kube-controller-manager 60 curl -skf "https://127.0.0.1:$kcm_port/healthz"
 wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$sched_port/healthz"
 # The default ServiceAccount appears once the controller manager's token controllers run; pods
 # in the default namespace cannot be created before it.
 wait_for kube-controller-manager 60 kubectl -n default get serviceaccount default
+# The scheduler schedules once the API server's election controller names it the holder of its
+# lease (after asking every candidate for 5 s).
+scheduler_leads() { [ -n "$(kubectl -n kube-system get lease kube-scheduler -o jsonpath='{.spec.holderIdentity}')" ]; }
+wait_for kube-scheduler 60 scheduler_leads
 
 elapsed=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $start}")
 echo "$elapsed" > "$state/startup-seconds"

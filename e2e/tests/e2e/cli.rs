@@ -234,8 +234,10 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
     let plan: Value = serde_json::from_str(&run.stdout)?;
     assert_eq!(plan["exists"], false);
     assert_eq!(plan["prerequisites"]["met"], true, "{}", plan["prerequisites"]);
-    // This control plane runs its components as processes, not pods, with coordinated leader
-    // election off (the default): like a managed one, it shows only the API server's version.
+    // This control plane runs its components as processes, not pods. Its scheduler runs with
+    // coordinated leader election, so its LeaseCandidate in kube-system shows the version it runs
+    // (binary 1.37.2, emulation 1.37.0: the binary's patch counts); its controller manager runs
+    // without leader election and, as on a managed control plane, shows none.
     let control_plane: Vec<&str> =
         plan["prerequisites"]["controlPlane"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert_eq!(
@@ -243,7 +245,7 @@ async fn scenario(pool: &mut Pool) -> anyhow::Result<()> {
         [
             "kube-apiserver v1.37.2",
             "kube-controller-manager unknown (no pod or LeaseCandidate in kube-system shows it; a managed control plane hides it)",
-            "kube-scheduler unknown (no pod or LeaseCandidate in kube-system shows it; a managed control plane hides it)",
+            "kube-scheduler 1.37.2 (its LeaseCandidate)",
         ]
     );
     let planned: Vec<(&str, u64, u64, &str)> = plan["nodes"]

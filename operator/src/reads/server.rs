@@ -98,8 +98,11 @@ pub fn from_pods(component: &'static str, pods: &[Pod]) -> ComponentVersion {
     ComponentVersion { component, version, source }
 }
 
-/// `component`'s version from the LeaseCandidates that name its lease: the version each runs
-/// (its `emulationVersion` where set, else its `binaryVersion`), the oldest of them. Pure.
+/// `component`'s version from the LeaseCandidates that name its lease: the version each runs,
+/// the oldest of them. Pure. That is its `emulationVersion` where it emulates an older minor,
+/// else its `binaryVersion`: a component that emulates nothing writes its own minor with patch 0
+/// (`binaryVersion: 1.37.2`, `emulationVersion: 1.37.0`), and the patch that decides
+/// kubernetes/kubernetes#141290 is the binary's.
 pub fn from_lease_candidates(component: &'static str, candidates: &[LeaseCandidate]) -> ComponentVersion {
     let oldest = candidates
         .iter()
@@ -108,12 +111,11 @@ pub fn from_lease_candidates(component: &'static str, candidates: &[LeaseCandida
         .filter_map(|s| {
             let binary = s.binary_version.trim();
             let emulation = s.emulation_version.as_deref().map(str::trim).filter(|e| !e.is_empty());
-            let runs = emulation.unwrap_or(binary);
+            let emulated = emulation
+                .filter(|e| prerequisites::parse_major_minor(e) != prerequisites::parse_major_minor(binary));
+            let runs = emulated.unwrap_or(binary);
             prerequisites::parse_major_minor(runs)?;
-            let emulating = emulation.is_some_and(|e| {
-                prerequisites::parse_major_minor(e) != prerequisites::parse_major_minor(binary)
-            });
-            Some((runs.to_string(), binary.to_string(), emulating))
+            Some((runs.to_string(), binary.to_string(), emulated.is_some()))
         })
         .min_by_key(|(runs, _, _)| version_key(runs));
     match oldest {
@@ -287,10 +289,19 @@ mod tests {
                 lc("1.37.2", true),
             ),
             (
-                "an emulation version equal to its binary's is no emulation",
+                "an emulation version of its binary's minor is no emulation: the binary's patch counts",
                 vec![candidate("kube-controller-manager", "1.37.2", Some("1.37"))],
                 "kube-controller-manager",
-                Some("1.37"),
+                Some("1.37.2"),
+                lc("1.37.2", false),
+            ),
+            (
+                // What kube-scheduler v1.37.2 writes with coordinated leader election on (the e2e
+                // control plane's): its emulation version is its own minor, patch 0.
+                "a component that emulates nothing writes patch 0",
+                vec![candidate("kube-scheduler", "1.37.2", Some("1.37.0"))],
+                "kube-scheduler",
+                Some("1.37.2"),
                 lc("1.37.2", false),
             ),
             (
@@ -319,5 +330,13 @@ mod tests {
         let emulating =
             from_lease_candidates("kube-scheduler", &[candidate("kube-scheduler", "1.37.2", Some("1.36"))]);
         assert_eq!(emulating.describe(), "kube-scheduler 1.37.2 emulating 1.36 (its LeaseCandidate)");
+        // A v1.37.2 controller manager that emulates nothing has the fix for
+        // kubernetes/kubernetes#141290, though its emulation version reads 1.37.0.
+        let kcm = from_lease_candidates(
+            "kube-controller-manager",
+            &[candidate("kube-controller-manager", "1.37.2", Some("1.37.0"))],
+        );
+        assert_eq!(kcm.describe(), "kube-controller-manager 1.37.2 (its LeaseCandidate)");
+        assert_eq!(prerequisites::taint_eviction_reaches_extended_claims(&[kcm]), Ok(()));
     }
 }
