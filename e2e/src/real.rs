@@ -452,6 +452,19 @@ pub async fn gpu_workload_of(
     node: Option<&str>,
     resource: &str,
 ) -> anyhow::Result<()> {
+    gpu_workload_asking(client, ns, name, replicas, node, resource, 1).await
+}
+
+/// [`gpu_workload_of`] whose pods each ask for `count` of `resource`.
+pub async fn gpu_workload_asking(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    node: Option<&str>,
+    resource: &str,
+    count: u32,
+) -> anyhow::Result<()> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let node_selector = node.map(|n| json!({"kubernetes.io/hostname": n})).unwrap_or(json!({}));
     let d: Deployment = serde_json::from_value(json!({
@@ -459,16 +472,21 @@ pub async fn gpu_workload_of(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": gpu_pod_template(name, node_selector, resource),
+            "template": gpu_pod_template(name, node_selector, resource, count),
         },
     }))?;
     api.create(&PostParams::default(), &d).await?;
     Ok(())
 }
 
-/// The pod template of a GPU workload labelled `app: <app>`: the workload image asking for one
-/// `resource` the plain way (a limit), on the nodes `node_selector` selects.
-fn gpu_pod_template(app: &str, node_selector: serde_json::Value, resource: &str) -> serde_json::Value {
+/// The pod template of a GPU workload labelled `app: <app>`: the workload image asking for
+/// `count` of `resource` the plain way (a limit), on the nodes `node_selector` selects.
+fn gpu_pod_template(
+    app: &str,
+    node_selector: serde_json::Value,
+    resource: &str,
+    count: u32,
+) -> serde_json::Value {
     json!({
         "metadata": {"labels": {"app": app}},
         "spec": {
@@ -476,7 +494,7 @@ fn gpu_pod_template(app: &str, node_selector: serde_json::Value, resource: &str)
             "nodeSelector": node_selector,
             "containers": [{
                 "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-                "resources": {"limits": {resource: "1"}},
+                "resources": {"limits": {resource: count.to_string()}},
             }],
         },
     })
@@ -491,7 +509,7 @@ pub async fn gpu_daemon_set(client: &Client, ns: &str, name: &str, pool: &str) -
         "metadata": {"name": name},
         "spec": {
             "selector": {"matchLabels": {"app": name}},
-            "template": gpu_pod_template(name, json!({"pool": pool}), "nvidia.com/gpu"),
+            "template": gpu_pod_template(name, json!({"pool": pool}), "nvidia.com/gpu", 1),
         },
     }))?;
     api.create(&PostParams::default(), &ds).await?;

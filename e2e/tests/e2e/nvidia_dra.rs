@@ -28,6 +28,10 @@
 //! - a rollback (`direction: Rollback`) returns every node to NVIDIA's device plugin: the claim
 //!   holders are evicted while NVIDIA's kubelet plugin still runs, the plugin's GPUs come back as
 //!   allocatable, and the trainers run again without claims.
+//!
+//! And, from the same set-up, `strategy.type: Replace` onto NVIDIA's driver with a pod that asks
+//! for 2 GPUs: it waits, unevicted, until one target node has both its GPUs free, and then runs
+//! there through one generated claim holding both (`replace_scenario`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -38,7 +42,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use switchyard_e2e::pool::{Sampler, allocatable};
+use switchyard_e2e::pool::{Sampler, Samples, allocatable};
 use switchyard_e2e::real::{
     self, LABEL_DEPLOY_DEVICE_PLUGIN, LABEL_GPU_PRESENT, NVIDIA_DRA_KUBELET_PLUGIN, NVIDIA_DRA_NS,
 };
@@ -51,11 +55,66 @@ const DRIVER: &str = "gpu.nvidia.com";
 const CLASS: &str = "gpu.nvidia.switchyard.dev";
 const GPU: &str = "nvidia.com/gpu";
 const APP: &str = "trainer";
+use switchyard_operator::well_known::ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE;
 use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
 
 #[tokio::test]
 async fn real_pool_moves_to_nvidias_dra_driver_and_back_with_the_packaged_operator() -> anyhow::Result<()> {
     real::alone_on_real_nodes("nvdra", scenario, diagnostics, cleanup).await
+}
+
+#[tokio::test]
+async fn a_two_gpu_pod_replaces_onto_nvidias_dra_driver_only_once_one_target_node_has_both_gpus_free()
+-> anyhow::Result<()> {
+    real::alone_on_real_nodes("nvrepl", replace_scenario, diagnostics, cleanup).await
+}
+
+/// What both scenarios start from: the nodes labelled into the pool `id` with the GPU Operator's
+/// labels, NVIDIA's device plugin placed as the GPU Operator places it and serving every GPU,
+/// Switchyard without its agent, NVIDIA's DRA driver (its kubelet plugin on no node yet), and the
+/// namespace `id` for the workloads.
+async fn set_up(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    for n in names {
+        real::label(
+            client,
+            n,
+            json!({"pool": id, LABEL_GPU_PRESENT: "true", LABEL_DEPLOY_DEVICE_PLUGIN: "true"}),
+        )
+        .await?;
+    }
+    real::install_device_plugin_as_gpu_operator()?;
+    real::install_switchyard_from(client, real::SWITCHYARD_WITHOUT_AGENT_OVERLAY).await?;
+    real::install_nvidia_dra()?;
+    let gpus_per_node = real::node_gpus().len() as i64;
+    real::wait_allocatable(client, names, GPU, gpus_per_node, Duration::from_secs(120)).await?;
+    cluster::create_namespace(client, id).await
+}
+
+/// The sampler of the pool `id` on NVIDIA's driver: every watch event of its nodes, slices, pods
+/// and claims.
+fn sample(client: &Client, id: &str) -> Sampler {
+    Sampler::watch_driver(
+        client.clone(),
+        id.to_owned(),
+        DRIVER.to_owned(),
+        NVIDIA_DRA_KUBELET_PLUGIN.to_owned(),
+        id.to_owned(),
+        GPU.to_owned(),
+    )
+}
+
+/// Stops `sampler` and asserts what held at every event it saw: no node served by both backends,
+/// no claim outliving NVIDIA's kubelet plugin on its node.
+fn stop_safe(sampler: Sampler) -> Samples {
+    let samples = sampler.stop();
+    assert!(samples.events > 0, "the sampler saw the migrations");
+    assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
+    assert!(
+        samples.orphaned_claim_holders.is_empty(),
+        "claims outlived NVIDIA's kubelet plugin: {:?}",
+        samples.orphaned_claim_holders
+    );
+    samples
 }
 
 fn pool_migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
@@ -99,19 +158,8 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     assert!(!refused.status.success(), "the chart renders GPUs without gpuResourcesEnabledOverride");
     assert!(why.contains("cannot be deployed alongside the standard GPU device plugin"), "{why}");
 
-    for n in names {
-        real::label(
-            client,
-            n,
-            json!({"pool": id, LABEL_GPU_PRESENT: "true", LABEL_DEPLOY_DEVICE_PLUGIN: "true"}),
-        )
-        .await?;
-    }
-    real::install_device_plugin_as_gpu_operator()?;
-    real::install_switchyard_from(client, real::SWITCHYARD_WITHOUT_AGENT_OVERLAY).await?;
-    real::install_nvidia_dra()?;
+    set_up(client, id, names).await?;
     let node_api: Api<Node> = Api::all(client.clone());
-    real::wait_allocatable(client, names, GPU, gpus_per_node, Duration::from_secs(120)).await?;
     // Switchyard's agent is not installed, and NVIDIA's kubelet plugin waits for `dra` nodes.
     let daemon_sets: Api<DaemonSet> = Api::all(client.clone());
     let plugin_ds: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
@@ -122,7 +170,6 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     assert!(agents.items.is_empty(), "Switchyard's agent must not run beside NVIDIA's driver");
     assert!(kubelet_plugin_pods(client).await?.is_empty(), "NVIDIA's kubelet plugin runs before any switch");
 
-    cluster::create_namespace(client, id).await?;
     real::gpu_workload(client, id, APP, names.len() as i32, None).await?;
     let before = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(120)).await?;
     for p in &before {
@@ -133,14 +180,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         );
     }
 
-    let sampler = Sampler::watch_driver(
-        client.clone(),
-        id.to_owned(),
-        DRIVER.to_owned(),
-        NVIDIA_DRA_KUBELET_PLUGIN.to_owned(),
-        id.to_owned(),
-        GPU.to_owned(),
-    );
+    let sampler = sample(client, id);
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
     migrations.create(&PostParams::default(), &pool_migration(id)?).await?;
     let done =
@@ -312,9 +352,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             "{n}: the rollback puts the GPU Operator's label back as it was"
         );
         assert!(
-            !node
-                .annotations()
-                .contains_key(switchyard_operator::well_known::ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE),
+            !node.annotations().contains_key(ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE),
             "{n}: the record of the label goes once the node is back"
         );
         assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
@@ -341,14 +379,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         "under placement: GpuOperator Switchyard edits no DaemonSet of the GPU Operator's"
     );
 
-    let samples = sampler.stop();
-    assert!(samples.events > 0, "the sampler saw the migration");
-    assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
-    assert!(
-        samples.orphaned_claim_holders.is_empty(),
-        "claims outlived NVIDIA's kubelet plugin: {:?}",
-        samples.orphaned_claim_holders
-    );
+    let samples = stop_safe(sampler);
     for n in names {
         let history = samples.backend_history.get(n).cloned().unwrap_or_default();
         assert_eq!(
@@ -357,6 +388,167 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             "{n}: a driver without the interlock switches through none, and comes straight back"
         );
     }
+    Ok(())
+}
+
+/// `strategy.type: Replace` onto NVIDIA's driver, where a pod needs both GPUs of one node. Two
+/// nodes move to NVIDIA's driver first (the target pool), and a one-GPU pod pinned to each leaves
+/// one GPU free on both: two free GPUs in the target pool, none of its nodes with two. The third
+/// node, still on NVIDIA's device plugin, runs a pod asking for 2 GPUs, and is replaced:
+/// - it waits cordoned with `TargetCapacityShort` naming the pod and the most free on one target
+///   node, and the pod is not evicted (the same pod, not terminating, throughout 5 s);
+/// - once one target node's pinned pod goes, the pod is evicted and runs there through a claim the
+///   scheduler generated, holding both GPUs of that node from NVIDIA's slices, and its container
+///   sees two GPU device nodes from NVIDIA's CDI spec;
+/// - the replaced node is left cordoned and labelled, on the device plugin, the other target
+///   node's pod untouched, and no node served by both backends at any watch event.
+async fn replace_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let [t0, t1, old] = names else { anyhow::bail!("want 3 real nodes, found {names:?}") };
+    let gpus_per_node = real::node_gpus().len();
+    assert_eq!(gpus_per_node, 2, "the scenario fills a 2-GPU node");
+    set_up(client, id, names).await?;
+    let sampler = sample(client, id);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let node_api: Api<Node> = Api::all(client.clone());
+    let completed = |name: String, what: &'static str| {
+        let migrations = migrations.clone();
+        async move {
+            wait::until(what, Duration::from_secs(300), || {
+                let (migrations, name) = (migrations.clone(), name.clone());
+                async move {
+                    let s = status(&migrations.get(&name).await?);
+                    anyhow::ensure!(s.phase != Some(Phase::Failed), "{name} failed: {s:?}");
+                    Ok((s.phase == Some(Phase::Completed)).then_some(s))
+                }
+            })
+            .await
+        }
+    };
+
+    // The target pool: two nodes moved to NVIDIA's driver by a migration of their own.
+    let target = format!("{id}-target");
+    let mut gpm = serde_json::to_value(pool_migration(id)?)?;
+    gpm["metadata"] = json!({"name": target});
+    gpm["spec"]["nodeSelector"] = json!({
+        "matchLabels": {"pool": id},
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [t0, t1]}],
+    });
+    migrations.create(&PostParams::default(), &serde_json::from_value(gpm.clone())?).await?;
+    completed(target.clone(), "the target pool's move to NVIDIA's DRA driver").await?;
+
+    // One GPU taken on each target node, through NVIDIA's driver.
+    for (i, n) in [t0, t1].into_iter().enumerate() {
+        real::gpu_workload(client, id, &format!("filler-{i}"), 1, Some(n)).await?;
+    }
+    let fillers = [
+        real::wait_workload(client, id, "filler-0", 1, Duration::from_secs(180)).await?.remove(0),
+        real::wait_workload(client, id, "filler-1", 1, Duration::from_secs(180)).await?.remove(0),
+    ];
+    // The 2-GPU pod: only the device plugin's node has two free.
+    real::gpu_workload_asking(client, id, "big", 1, None, GPU, 2).await?;
+    let big = real::wait_workload(client, id, "big", 1, Duration::from_secs(120)).await?.remove(0);
+    assert_eq!(big.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(old.as_str()));
+    let big_name = big.name_any();
+    let big_uid = big.uid().unwrap_or_default();
+
+    let replace = format!("{id}-replace");
+    gpm["metadata"] = json!({"name": replace});
+    gpm["spec"]["nodeSelector"] = json!({"matchLabels": {"pool": id, "kubernetes.io/hostname": old}});
+    gpm["spec"]["strategy"] = json!({
+        "type": "Replace",
+        "replace": {"targetNodeSelector": {"matchLabels": {"pool": id, BACKEND: "dra"}}},
+        "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
+    });
+    migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
+    let short = format!("needs 2 {GPU} (the most free on one target node: 1, on ");
+    let waiting = wait::until(
+        "the old node to wait for a target node with 2 free GPUs",
+        Duration::from_secs(120),
+        || {
+            let migrations = migrations.clone();
+            let (replace, short, big_name) = (replace.clone(), short.clone(), big_name.clone());
+            async move {
+                let s = status(&migrations.get(&replace).await?);
+                anyhow::ensure!(s.phase != Some(Phase::Failed), "{replace} failed: {s:?}");
+                anyhow::ensure!(
+                    s.phase != Some(Phase::Completed),
+                    "{replace} completed: the 2-GPU pod had no room: {s:?}"
+                );
+                Ok(s.in_progress
+                    .into_iter()
+                    .find(|p| p.name == *old && p.message.starts_with("TargetCapacityShort:"))
+                    .filter(|p| {
+                        p.message.contains(&format!("{id}/{big_name}")) && p.message.contains(&short)
+                    }))
+            }
+        },
+    )
+    .await?;
+    assert!(waiting.message.contains(" on one node"), "{}", waiting.message);
+    assert_eq!(
+        node_api.get(old).await?.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "{old} waits cordoned"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), id);
+    wait::holds_for("the 2-GPU pod to stay on its node", Duration::from_secs(5), || async {
+        let still = pods.get_opt(&big_name).await?;
+        anyhow::ensure!(
+            still
+                .is_some_and(|p| p.uid().as_deref() == Some(big_uid.as_str())
+                    && p.metadata.deletion_timestamp.is_none()),
+            "the 2-GPU pod was evicted with no target node that has 2 GPUs free"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // Both GPUs of one target node free up: the pod moves there, and the old node is replaced.
+    real::kubectl(&["-n", id, "delete", "deployment", "filler-0", "--wait=true", "--timeout=120s"])?;
+    let done = completed(replace.clone(), "the Replace migration to complete").await?;
+    assert_eq!(done.replace.as_ref().map(|r| r.replaced_nodes.clone()), Some(vec![old.clone()]));
+    let n = node_api.get(old).await?;
+    assert_eq!(
+        n.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "{old} is left cordoned for removal"
+    );
+    assert_eq!(n.labels().get(switchyard_operator::well_known::LABEL_REPLACED), Some(&replace));
+    // Replace switches nothing: the node was never labelled for a backend, and NVIDIA's device
+    // plugin still serves it (the GPU Operator's label as it was, both GPUs allocatable).
+    assert_eq!(n.labels().get(BACKEND), None, "{old}");
+    assert_eq!(n.labels().get(LABEL_DEPLOY_DEVICE_PLUGIN).map(String::as_str), Some("true"), "{old}");
+    assert_eq!(allocatable(&n, GPU), gpus_per_node as i64, "{old}: NVIDIA's device plugin still serves it");
+
+    let moved = real::wait_workload(client, id, "big", 1, Duration::from_secs(180)).await?.remove(0);
+    let name = moved.name_any();
+    assert_ne!(moved.uid().unwrap_or_default(), big_uid, "{name} is a new pod");
+    assert_eq!(moved.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(t0.as_str()), "{name}");
+    let claim = moved
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|s| s.resource_claim_name.clone())
+        .unwrap_or_else(|| panic!("{name}: no generated claim for its 2 nvidia.com/gpu"));
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    let results = real::allocated(&claims.get(&claim).await?);
+    let held: BTreeSet<&str> = results.iter().map(|(_, _, d)| d.as_str()).collect();
+    assert!(
+        results.len() == 2 && held.len() == 2 && results.iter().all(|(d, p, _)| d == DRIVER && p == t0),
+        "{name}: both GPUs of {t0} from NVIDIA's driver: {results:?}"
+    );
+    let logs = real::logs(id, &name)?;
+    let (_, seen) = real::what_the_container_saw(&logs);
+    let seen: BTreeSet<String> = seen.iter().filter_map(|l| real::device_node(l)).collect();
+    assert_eq!(seen.len(), 2, "{name}: two GPU device nodes from NVIDIA's CDI spec\n{logs}");
+    let filler = pods.list(&ListParams::default().labels("app=filler-1")).await?.items;
+    assert_eq!(
+        filler.iter().map(|p| p.uid()).collect::<Vec<_>>(),
+        vec![fillers[1].uid()],
+        "the other target node's pod is untouched"
+    );
+
+    stop_safe(sampler);
     Ok(())
 }
 
@@ -378,7 +570,9 @@ fn diagnostics(id: &str) -> String {
 }
 
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
-    real::delete_migration(client, id).await?;
+    for name in [id.to_owned(), format!("{id}-target"), format!("{id}-replace")] {
+        real::delete_migration(client, &name).await?;
+    }
     // The workload goes before the driver: a DRA plugin must outlive the pods whose claims it
     // prepared, or they hang in Terminating.
     real::delete_namespace(client, id).await?;
@@ -387,6 +581,24 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
     real::uninstall_device_plugin()?;
     let classes: Api<DeviceClass> = Api::all(client.clone());
     let _ = classes.delete(CLASS, &DeleteParams::default()).await;
-    real::release_nodes(client, names, &["pool", LABEL_GPU_PRESENT, LABEL_DEPLOY_DEVICE_PLUGIN, BACKEND])
-        .await
+    // A node left on NVIDIA's driver keeps the record of the GPU Operator's label through the
+    // migration's deletion, for a later rollback (docs/migration.md, "Deletion"): the scenario
+    // is done with the nodes, so it goes too.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let forget = json!({"metadata": {"annotations": {ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE: null}}});
+    for n in names {
+        nodes.patch(n, &PatchParams::default(), &Patch::Merge(&forget)).await?;
+    }
+    real::release_nodes(
+        client,
+        names,
+        &[
+            "pool",
+            LABEL_GPU_PRESENT,
+            LABEL_DEPLOY_DEVICE_PLUGIN,
+            BACKEND,
+            switchyard_operator::well_known::LABEL_REPLACED,
+        ],
+    )
+    .await
 }
