@@ -480,7 +480,10 @@ pub async fn gpu_workload_asking(
 }
 
 /// The pod template of a GPU workload labelled `app: <app>`: the workload image asking for
-/// `count` of `resource` the plain way (a limit), on the nodes `node_selector` selects.
+/// `count` of `resource` the plain way (a limit), on the nodes `node_selector` selects. It is
+/// Ready only while the container sees a GPU device node (`/dev/nvidia<N>`), checked every second
+/// through the runtime, so a PDB and the sampler's Ready count are about containers that have
+/// their GPU.
 fn gpu_pod_template(
     app: &str,
     node_selector: serde_json::Value,
@@ -495,6 +498,10 @@ fn gpu_pod_template(
             "containers": [{
                 "name": "cuda", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
                 "resources": {"limits": {resource: count.to_string()}},
+                "readinessProbe": {
+                    "exec": {"command": ["sh", "-c", "ls /dev/nvidia[0-9]*"]},
+                    "periodSeconds": 1,
+                },
             }],
         },
     })

@@ -27,7 +27,10 @@
 //!   what to change), and recovers once the admin does what the message says;
 //! - a rollback (`direction: Rollback`) returns every node to NVIDIA's device plugin: the claim
 //!   holders are evicted while NVIDIA's kubelet plugin still runs, the plugin's GPUs come back as
-//!   allocatable, and the trainers run again without claims.
+//!   allocatable, and the trainers run again without claims;
+//! - the trainers stand behind a PDB of `minAvailable` one less than their count, and are Ready
+//!   only while their container sees a GPU device node (a readiness probe): forward and back, the
+//!   drains and the rollback's evictions never leave fewer Ready, at any watch event.
 //!
 //! And, from the same set-up, `strategy.type: Replace` onto NVIDIA's driver with a pod that asks
 //! for 2 GPUs: it waits, unevicted, until one target node has both its GPUs free, and then runs
@@ -38,6 +41,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -170,7 +174,16 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     assert!(agents.items.is_empty(), "Switchyard's agent must not run beside NVIDIA's driver");
     assert!(kubelet_plugin_pods(client).await?.is_empty(), "NVIDIA's kubelet plugin runs before any switch");
 
+    // The trainers behind a PDB of minAvailable one less than their count: the drains and the
+    // rollback's evictions go through the eviction API one pod at a time, and the sampler holds
+    // the Ready count to it at every watch event.
     real::gpu_workload(client, id, APP, names.len() as i32, None).await?;
+    let min_available = names.len() - 1;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": APP},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": APP}}},
+    }))?;
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), id).create(&PostParams::default(), &pdb).await?;
     let before = real::wait_workload(client, id, APP, names.len(), Duration::from_secs(120)).await?;
     for p in &before {
         assert!(
@@ -380,6 +393,11 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     );
 
     let samples = stop_safe(sampler);
+    let fewest = samples.min_ready.get(APP).copied();
+    assert!(
+        fewest.is_some_and(|f| f >= min_available),
+        "Ready trainers fell below the PDB's minAvailable {min_available}: the fewest seen {fewest:?}"
+    );
     for n in names {
         let history = samples.backend_history.get(n).cloned().unwrap_or_default();
         assert_eq!(
