@@ -478,13 +478,58 @@ async fn replace_scenario(client: &Client, id: &str, names: &[String]) -> anyhow
         "drain": {"gracePeriodSeconds": 5, "timeoutSeconds": 180},
     });
     migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
+    waits_unevicted(client, id, &replace, old, &big_name, &big_uid).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), id);
+
+    // Both GPUs of one target node free up: the pod moves there, and the old node is replaced.
+    real::kubectl(&["-n", id, "delete", "deployment", "filler-0", "--wait=true", "--timeout=120s"])?;
+    let done = completed(replace.clone(), "the Replace migration to complete").await?;
+    assert_eq!(done.replace.as_ref().map(|r| r.replaced_nodes.clone()), Some(vec![old.clone()]));
+    let n = node_api.get(old).await?;
+    assert_eq!(
+        n.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "{old} is left cordoned for removal"
+    );
+    assert_eq!(n.labels().get(switchyard_operator::well_known::LABEL_REPLACED), Some(&replace));
+    // Replace switches nothing: the node was never labelled for a backend, and NVIDIA's device
+    // plugin still serves it (the GPU Operator's label as it was, both GPUs allocatable).
+    assert_eq!(n.labels().get(BACKEND), None, "{old}");
+    assert_eq!(n.labels().get(LABEL_DEPLOY_DEVICE_PLUGIN).map(String::as_str), Some("true"), "{old}");
+    assert_eq!(allocatable(&n, GPU), gpus_per_node as i64, "{old}: NVIDIA's device plugin still serves it");
+
+    runs_on_both_gpus_of(client, id, t0, &big_uid).await?;
+    let filler = pods.list(&ListParams::default().labels("app=filler-1")).await?.items;
+    assert_eq!(
+        filler.iter().map(|p| p.uid()).collect::<Vec<_>>(),
+        vec![fillers[1].uid()],
+        "the other target node's pod is untouched"
+    );
+
+    stop_safe(sampler);
+    Ok(())
+}
+
+/// The Replace scenario's old node while no target node has 2 GPUs free: it waits cordoned with
+/// `TargetCapacityShort` naming its 2-GPU pod and the most free on one target node (1), and that
+/// pod (`big_name`, `big_uid`) is not evicted: the same pod, not terminating, throughout 5 s.
+async fn waits_unevicted(
+    client: &Client,
+    id: &str,
+    replace: &str,
+    old: &str,
+    big_name: &str,
+    big_uid: &str,
+) -> anyhow::Result<()> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let node_api: Api<Node> = Api::all(client.clone());
     let short = format!("needs 2 {GPU} (the most free on one target node: 1, on ");
     let waiting = wait::until(
         "the old node to wait for a target node with 2 free GPUs",
         Duration::from_secs(120),
         || {
             let migrations = migrations.clone();
-            let (replace, short, big_name) = (replace.clone(), short.clone(), big_name.clone());
+            let (replace, short, big_name) = (replace.to_owned(), short.clone(), big_name.to_owned());
             async move {
                 let s = status(&migrations.get(&replace).await?);
                 anyhow::ensure!(s.phase != Some(Phase::Failed), "{replace} failed: {s:?}");
@@ -510,38 +555,27 @@ async fn replace_scenario(client: &Client, id: &str, names: &[String]) -> anyhow
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), id);
     wait::holds_for("the 2-GPU pod to stay on its node", Duration::from_secs(5), || async {
-        let still = pods.get_opt(&big_name).await?;
+        let still = pods.get_opt(big_name).await?;
         anyhow::ensure!(
-            still
-                .is_some_and(|p| p.uid().as_deref() == Some(big_uid.as_str())
-                    && p.metadata.deletion_timestamp.is_none()),
+            still.is_some_and(
+                |p| p.uid().as_deref() == Some(big_uid) && p.metadata.deletion_timestamp.is_none()
+            ),
             "the 2-GPU pod was evicted with no target node that has 2 GPUs free"
         );
         Ok(())
     })
     .await?;
+    Ok(())
+}
 
-    // Both GPUs of one target node free up: the pod moves there, and the old node is replaced.
-    real::kubectl(&["-n", id, "delete", "deployment", "filler-0", "--wait=true", "--timeout=120s"])?;
-    let done = completed(replace.clone(), "the Replace migration to complete").await?;
-    assert_eq!(done.replace.as_ref().map(|r| r.replaced_nodes.clone()), Some(vec![old.clone()]));
-    let n = node_api.get(old).await?;
-    assert_eq!(
-        n.spec.as_ref().and_then(|s| s.unschedulable),
-        Some(true),
-        "{old} is left cordoned for removal"
-    );
-    assert_eq!(n.labels().get(switchyard_operator::well_known::LABEL_REPLACED), Some(&replace));
-    // Replace switches nothing: the node was never labelled for a backend, and NVIDIA's device
-    // plugin still serves it (the GPU Operator's label as it was, both GPUs allocatable).
-    assert_eq!(n.labels().get(BACKEND), None, "{old}");
-    assert_eq!(n.labels().get(LABEL_DEPLOY_DEVICE_PLUGIN).map(String::as_str), Some("true"), "{old}");
-    assert_eq!(allocatable(&n, GPU), gpus_per_node as i64, "{old}: NVIDIA's device plugin still serves it");
-
+/// The 2-GPU pod of the Replace scenario after its move: a new pod (not `old_uid`) on `node`,
+/// through one generated claim holding two devices of NVIDIA's driver from that node's pool, its
+/// container seeing two GPU device nodes from NVIDIA's CDI spec.
+async fn runs_on_both_gpus_of(client: &Client, id: &str, node: &str, old_uid: &str) -> anyhow::Result<()> {
     let moved = real::wait_workload(client, id, "big", 1, Duration::from_secs(180)).await?.remove(0);
     let name = moved.name_any();
-    assert_ne!(moved.uid().unwrap_or_default(), big_uid, "{name} is a new pod");
-    assert_eq!(moved.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(t0.as_str()), "{name}");
+    assert_ne!(moved.uid().unwrap_or_default(), old_uid, "{name} is a new pod");
+    assert_eq!(moved.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(node), "{name}");
     let claim = moved
         .status
         .as_ref()
@@ -552,21 +586,13 @@ async fn replace_scenario(client: &Client, id: &str, names: &[String]) -> anyhow
     let results = real::allocated(&claims.get(&claim).await?);
     let held: BTreeSet<&str> = results.iter().map(|(_, _, d)| d.as_str()).collect();
     assert!(
-        results.len() == 2 && held.len() == 2 && results.iter().all(|(d, p, _)| d == DRIVER && p == t0),
-        "{name}: both GPUs of {t0} from NVIDIA's driver: {results:?}"
+        results.len() == 2 && held.len() == 2 && results.iter().all(|(d, p, _)| d == DRIVER && p == node),
+        "{name}: both GPUs of {node} from NVIDIA's driver: {results:?}"
     );
     let logs = real::logs(id, &name)?;
     let (_, seen) = real::what_the_container_saw(&logs);
     let seen: BTreeSet<String> = seen.iter().filter_map(|l| real::device_node(l)).collect();
     assert_eq!(seen.len(), 2, "{name}: two GPU device nodes from NVIDIA's CDI spec\n{logs}");
-    let filler = pods.list(&ListParams::default().labels("app=filler-1")).await?.items;
-    assert_eq!(
-        filler.iter().map(|p| p.uid()).collect::<Vec<_>>(),
-        vec![fillers[1].uid()],
-        "the other target node's pod is untouched"
-    );
-
-    stop_safe(sampler);
     Ok(())
 }
 
