@@ -42,6 +42,20 @@ func library(t *testing.T) string {
 	return path
 }
 
+// loaded writes text as the mock's inventory and loads the mock into this process through go-nvml,
+// initialised; it returns the library, which the caller shuts down, and the inventory's path.
+func loaded(t *testing.T, text string) (nvml.Interface, string) {
+	t.Helper()
+	inv := filepath.Join(t.TempDir(), "inventory.json")
+	if err := os.WriteFile(inv, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SWITCHYARD_NVML_MOCK_INVENTORY", inv)
+	lib := nvml.New(nvml.WithLibraryPath(library(t)))
+	ok(t, "Init", lib.Init())
+	return lib, inv
+}
+
 func ok(t *testing.T, what string, ret nvml.Return) {
 	t.Helper()
 	if ret != nvml.SUCCESS {
@@ -52,15 +66,7 @@ func ok(t *testing.T, what string, ret nvml.Return) {
 // TestNvidiasBindingsReadTheInventory loads the mock with go-nvml's nvml.New, the way NVIDIA's
 // components load libnvidia-ml.so.1, into this Go process, and reads each GPU and MIG device.
 func TestNvidiasBindingsReadTheInventory(t *testing.T) {
-	dir := t.TempDir()
-	inv := filepath.Join(dir, "inventory.json")
-	if err := os.WriteFile(inv, []byte(inventory), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("SWITCHYARD_NVML_MOCK_INVENTORY", inv)
-
-	lib := nvml.New(nvml.WithLibraryPath(library(t)))
-	ok(t, "Init", lib.Init())
+	lib, inv := loaded(t, inventory)
 	defer lib.Shutdown()
 
 	version, ret := lib.SystemGetDriverVersion()

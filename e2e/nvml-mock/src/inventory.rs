@@ -90,6 +90,10 @@ pub struct Mig {
     pub multiprocessors: u32,
     /// Of the GPU's slices, how many the instance takes (the `1` of `1g`).
     pub gpu_instance_slices: u32,
+    /// The memory slice its placement starts at; by default the first free one of its profile
+    /// ([`crate::mig::place`], which sets it when the inventory is parsed).
+    #[serde(default)]
+    pub placement_start: Option<u32>,
 }
 
 /// A fault a test raises: one line of the faults file.
@@ -118,9 +122,9 @@ pub enum FaultKind {
 
 impl Inventory {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let inv: Inventory = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let mut inv: Inventory = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let mut seen = std::collections::HashSet::new();
-        for g in &inv.gpus {
+        for g in &mut inv.gpus {
             for uuid in std::iter::once(&g.uuid).chain(g.mig.iter().map(|m| &m.uuid)) {
                 if !seen.insert(uuid.clone()) {
                     return Err(format!("uuid {uuid} appears twice"));
@@ -129,6 +133,7 @@ impl Inventory {
             if !g.mig_enabled && !g.mig.is_empty() {
                 return Err(format!("{} lists MIG devices with migEnabled false", g.uuid));
             }
+            crate::mig::place(g)?;
         }
         Ok(inv)
     }

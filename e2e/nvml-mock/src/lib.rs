@@ -25,6 +25,7 @@
 #![allow(non_snake_case)]
 
 pub mod inventory;
+pub mod mig;
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
@@ -710,29 +711,13 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: nvmlDevice_t, id
 
 // ---- MIG: GPU instances and compute instances ----
 //
-// Each MIG device of the inventory is one GPU instance holding one compute instance of the same
-// slices (the `<n>g.<m>gb` profiles); the instance handles are the MIG device's handle. This is
-// what go-nvlib's MIG profile lookup walks (GPU Feature Discovery's MIG labels, NVIDIA's DRA
-// driver): the instance by id, its info, then the profiles until one matches.
-
-/// The number of GPU instance profiles NVML numbers (`NVML_GPU_INSTANCE_PROFILE_COUNT`); the
-/// compute instance profiles use the same bound here.
-const INSTANCE_PROFILE_COUNT: c_uint = 15;
-
-/// NVML's profile index for a count of slices: `NVML_GPU_INSTANCE_PROFILE_<n>_SLICE`, and the same
-/// numbers for `NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE`. The profile's id is its index here.
-fn profile_index(slices: c_uint) -> Option<c_uint> {
-    Some(match slices {
-        1 => 0,
-        2 => 1,
-        3 => 2,
-        4 => 3,
-        7 => 4,
-        8 => 5,
-        6 => 6,
-        _ => return None,
-    })
-}
+// A GPU in MIG mode answers an H100 80GB's GPU instance profiles and their possible placements
+// (`mig::H100_80GB`), whatever instances it holds. Each MIG device of the inventory is one GPU
+// instance, at the placement `mig::place` gave it, holding one compute instance that spans it; the
+// instance handles are the MIG device's handle. This is what go-nvlib's MIG profile lookup walks
+// (GPU Feature Discovery's MIG labels) and what NVIDIA's DRA driver reads to publish MIG devices:
+// the profiles and their placements, the instance by id, its info, then the profiles until one
+// matches.
 
 /// Runs `f` on the MIG device an instance handle names.
 fn with_instance<F: FnOnce(&State, &inventory::Gpu, &inventory::Mig, nvmlDevice_t) -> Ret>(
@@ -743,6 +728,20 @@ fn with_instance<F: FnOnce(&State, &inventory::Gpu, &inventory::Mig, nvmlDevice_
         (Some(m), Some(h)) => f(s, g, m, s.ptr(h.gpu, None)),
         _ => INVALID_ARGUMENT,
     })
+}
+
+/// Writes `items` to the caller's array of `*count` entries (NULL: only their number), as NVML's
+/// list calls do.
+unsafe fn put_list<T: Copy>(items: &[T], out: *mut T, count: *mut c_uint) -> Ret {
+    if count.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let n = items.len() as c_uint;
+    if !out.is_null() {
+        // SAFETY: NVML's contract: `out` holds as many entries as the profile can have.
+        unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), out, items.len()) };
+    }
+    unsafe { put(count, n) }
 }
 
 /// # Safety
@@ -759,6 +758,59 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     })
 }
 
+/// The GPU instances of the profile `profile_id` (an id, not an index).
+///
+/// # Safety
+/// `count` is a valid pointer; `gpu_instances` is NULL or holds the profile's instance count.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    gpu_instances: *mut nvmlGpuInstance_t,
+    count: *mut c_uint,
+) -> Ret {
+    with_mig_gpu(device, |s, gpu, g| {
+        let Some(p) = mig::by_id(profile_id) else { return INVALID_ARGUMENT };
+        let of_profile: Vec<nvmlGpuInstance_t> = (0..g.mig.len())
+            .filter(|&j| mig::of(&g.mig[j]).id == p.id)
+            .map(|j| s.ptr(gpu, Some(j)) as nvmlGpuInstance_t)
+            .collect();
+        unsafe { put_list(&of_profile, gpu_instances, count) }
+    })
+}
+
+/// Where an instance of the profile `profile_id` may be created: every placement an H100 80GB
+/// has for it, taken or not.
+///
+/// # Safety
+/// `count` is a valid pointer; `placements` is NULL or holds as many as the profile has.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placements: *mut nvmlGpuInstancePlacement_t,
+    count: *mut c_uint,
+) -> Ret {
+    with_mig_gpu(device, |_, _, _| {
+        let Some(p) = mig::by_id(profile_id) else { return INVALID_ARGUMENT };
+        let all: Vec<nvmlGpuInstancePlacement_t> =
+            p.starts.iter().map(|&start| nvmlGpuInstancePlacement_t { start, size: p.size }).collect();
+        unsafe { put_list(&all, placements, count) }
+    })
+}
+
+/// # Safety
+/// As [`nvmlDeviceGetGpuInstancePossiblePlacements_v2`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placements: *mut nvmlGpuInstancePlacement_t,
+    count: *mut c_uint,
+) -> Ret {
+    unsafe { nvmlDeviceGetGpuInstancePossiblePlacements_v2(device, profile_id, placements, count) }
+}
+
 /// # Safety
 /// `info` is a valid pointer.
 #[unsafe(no_mangle)]
@@ -767,10 +819,14 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     info: *mut nvmlGpuInstanceInfo_t,
 ) -> Ret {
     with_instance(gpu_instance as nvmlDevice_t, |_, _, m, parent| {
-        let Some(profile) = profile_index(m.gpu_instance_slices) else { return NOT_SUPPORTED };
-        let placement = nvmlGpuInstancePlacement_t { start: 0, size: m.gpu_instance_slices };
-        let value =
-            nvmlGpuInstanceInfo_t { device: parent, id: m.gpu_instance_id, profileId: profile, placement };
+        let p = mig::of(m);
+        let start = m.placement_start.unwrap_or_default();
+        let value = nvmlGpuInstanceInfo_t {
+            device: parent,
+            id: m.gpu_instance_id,
+            profileId: p.id,
+            placement: nvmlGpuInstancePlacement_t { start, size: p.size },
+        };
         unsafe { put(info, value) }
     })
 }
@@ -791,6 +847,28 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     })
 }
 
+/// The compute instances of a GPU instance with the compute profile `profile_id`: its one, when
+/// that spans the instance.
+///
+/// # Safety
+/// `count` is a valid pointer; `compute_instances` is NULL or holds one.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
+    gpu_instance: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    compute_instances: *mut nvmlComputeInstance_t,
+    count: *mut c_uint,
+) -> Ret {
+    with_instance(gpu_instance as nvmlDevice_t, |_, _, m, _| {
+        if profile_id >= mig::COMPUTE_INSTANCE_PROFILE_COUNT {
+            return INVALID_ARGUMENT;
+        }
+        let spans = mig::compute_profile_index(m.gpu_instance_slices) == Some(profile_id);
+        let mine = [gpu_instance as nvmlComputeInstance_t];
+        unsafe { put_list(if spans { &mine[..] } else { &[] }, compute_instances, count) }
+    })
+}
+
 /// # Safety
 /// `info` is a valid pointer.
 #[unsafe(no_mangle)]
@@ -799,7 +877,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     info: *mut nvmlComputeInstanceInfo_t,
 ) -> Ret {
     with_instance(compute_instance as nvmlDevice_t, |_, _, m, parent| {
-        let Some(profile) = profile_index(m.gpu_instance_slices) else { return NOT_SUPPORTED };
+        let Some(profile) = mig::compute_profile_index(m.gpu_instance_slices) else { return NOT_SUPPORTED };
         let value = nvmlComputeInstanceInfo_t {
             device: parent,
             gpuInstance: compute_instance as nvmlGpuInstance_t,
@@ -821,7 +899,8 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo(
     unsafe { nvmlComputeInstanceGetInfo_v2(compute_instance, info) }
 }
 
-/// The GPU instance profiles of a GPU in MIG mode: those its MIG devices use.
+/// A GPU instance profile of a GPU in MIG mode, by NVML's index: an H100 80GB's, whether or not
+/// an instance of it exists.
 ///
 /// # Safety
 /// `info` is a valid pointer.
@@ -835,18 +914,20 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
         if mig.is_some() || !g.mig_enabled {
             return NOT_SUPPORTED;
         }
-        if profile >= INSTANCE_PROFILE_COUNT {
+        if profile >= mig::GPU_INSTANCE_PROFILE_COUNT {
             return INVALID_ARGUMENT;
         }
-        let of_profile: Vec<&inventory::Mig> =
-            g.mig.iter().filter(|m| profile_index(m.gpu_instance_slices) == Some(profile)).collect();
-        let Some(m) = of_profile.first() else { return NOT_SUPPORTED };
+        let Some(p) = mig::by_index(profile) else { return NOT_SUPPORTED };
         let mut value: nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
-        value.id = profile;
-        value.sliceCount = m.gpu_instance_slices;
-        value.instanceCount = of_profile.len() as c_uint;
-        value.multiprocessorCount = m.multiprocessors;
-        value.memorySizeMB = m.memory_bytes >> 20;
+        value.id = p.id;
+        value.sliceCount = p.slices;
+        value.instanceCount = p.instances;
+        value.multiprocessorCount = p.multiprocessors;
+        value.copyEngineCount = p.copy_engines;
+        value.decoderCount = p.decoders;
+        value.jpegCount = p.jpegs;
+        value.ofaCount = p.ofas;
+        value.memorySizeMB = p.memory_mb;
         unsafe { put(info, value) }
     })
 }
@@ -863,17 +944,22 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     info: *mut nvmlComputeInstanceProfileInfo_t,
 ) -> Ret {
     with_instance(gpu_instance as nvmlDevice_t, |_, _, m, _| {
-        if profile >= INSTANCE_PROFILE_COUNT {
+        if profile >= mig::COMPUTE_INSTANCE_PROFILE_COUNT {
             return INVALID_ARGUMENT;
         }
-        if engine_profile != 0 || profile_index(m.gpu_instance_slices) != Some(profile) {
+        if engine_profile != 0 || mig::compute_profile_index(m.gpu_instance_slices) != Some(profile) {
             return NOT_SUPPORTED;
         }
+        let p = mig::of(m);
         let mut value: nvmlComputeInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
         value.id = profile;
         value.sliceCount = m.gpu_instance_slices;
         value.instanceCount = 1;
-        value.multiprocessorCount = m.multiprocessors;
+        value.multiprocessorCount = p.multiprocessors;
+        value.sharedCopyEngineCount = p.copy_engines;
+        value.sharedDecoderCount = p.decoders;
+        value.sharedJpegCount = p.jpegs;
+        value.sharedOfaCount = p.ofas;
         unsafe { put(info, value) }
     })
 }
