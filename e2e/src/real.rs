@@ -403,6 +403,128 @@ pub fn load_driver(node: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One MIG device a repartitioned GPU holds: a GPU instance spanned by its compute instance 0.
+#[derive(Clone, Debug)]
+pub struct MigInstance {
+    pub uuid: String,
+    /// `1g.10gb`: one of an H100 80GB's profiles (`e2e/nvml-mock/src/mig.rs`).
+    pub profile: &'static str,
+    pub gpu_instance_id: u32,
+    /// The memory slice its placement starts at.
+    pub placement_start: u32,
+    pub slices: u32,
+    pub memory_bytes: u64,
+    pub multiprocessors: u32,
+}
+
+/// Puts GPU `gpu` (its index in [`NODE_GPUS`]) of `node` in MIG mode with `instances`, as the GPU
+/// Operator's MIG manager repartitions a node's GPU (`nvidia-smi mig -cgi ... -C`): the mock's
+/// inventory in the node's driver root, which every process that initialises NVML from now on
+/// reads. The mock refuses (NVML init fails) an instance that an H100 could not hold there.
+/// [`restore_inventory`] undoes it.
+pub fn partition_gpu(node: &str, gpu: usize, instances: &[MigInstance]) -> anyhow::Result<()> {
+    let mut inv: serde_json::Value = serde_json::from_str(NODE_GPUS)?;
+    let g = inv["gpus"].get_mut(gpu).ok_or_else(|| anyhow::anyhow!("{node} has no GPU {gpu}"))?;
+    g["migEnabled"] = json!(true);
+    g["mig"] = instances
+        .iter()
+        .map(|m| {
+            json!({
+                "uuid": m.uuid, "profile": m.profile, "memoryBytes": m.memory_bytes,
+                "gpuInstanceId": m.gpu_instance_id, "computeInstanceId": 0,
+                "multiprocessors": m.multiprocessors, "gpuInstanceSlices": m.slices,
+                "placementStart": m.placement_start,
+            })
+        })
+        .collect();
+    std::fs::write(mock_inventory(node), serde_json::to_vec_pretty(&inv)?)?;
+    Ok(())
+}
+
+/// Gives `node` the inventory every real node starts with ([`NODE_GPUS`]) again.
+pub fn restore_inventory(node: &str) -> anyhow::Result<()> {
+    std::fs::write(mock_inventory(node), NODE_GPUS)?;
+    Ok(())
+}
+
+/// The minor NVIDIA's kernel module gives the capability device of a MIG GPU instance (`ci`
+/// `None`) or of one of its compute instances, as `/proc/driver/nvidia-caps/mig-minors` lists them:
+/// `config` 1, `monitor` 2, then per GPU 15 GPU instances of 9 entries each (the instance's
+/// `access`, then its compute instances 0-7).
+pub fn mig_cap_minor(gpu_minor: u32, gpu_instance: u32, compute_instance: Option<u32>) -> u32 {
+    3 + gpu_minor * 15 * 9 + gpu_instance * 9 + compute_instance.map_or(0, |c| 1 + c)
+}
+
+/// The process of NVIDIA's GPU kubelet plugin on `node` (its container's `NODE_NAME`).
+fn nvidia_kubelet_plugin_pid(node: &str) -> anyhow::Result<u32> {
+    let env = format!("NODE_NAME={node}");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if !argv0.ends_with(b"gpu-kubelet-plugin") {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if environ.split(|b| *b == 0).any(|v| v == env.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    match found[..] {
+        [pid] => Ok(pid),
+        _ => anyhow::bail!("want one gpu-kubelet-plugin process on {node}, found {found:?}"),
+    }
+}
+
+/// Gives the container of NVIDIA's GPU kubelet plugin on `node` what NVIDIA's kernel module
+/// publishes for the MIG devices of its GPU `gpu_minor`, which NVIDIA's driver reads to build a
+/// MIG device's CDI spec and which no node here has without the module: the
+/// `/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access` files (their
+/// `DeviceFileMinor` as [`mig_cap_minor`] numbers them) and an `nvidia-caps` line in
+/// `/proc/devices` with a major from the range Linux reserves for local use that this machine does
+/// not use. Bind-mounted over the container's own `/proc` entries, as NVIDIA's chart itself does to
+/// `/proc/driver/nvidia/params` under nvkind; they last as long as that container. Returns the
+/// major.
+pub fn fake_mig_capabilities(node: &str, gpu_minor: u32, gpu_instances: &[u32]) -> anyhow::Result<u32> {
+    let pid = nvidia_kubelet_plugin_pid(node)?;
+    let devices = std::fs::read_to_string("/proc/devices")?;
+    let (chars, blocks) =
+        devices.split_once("\nBlock devices:").ok_or_else(|| anyhow::anyhow!("/proc/devices: {devices}"))?;
+    let used: BTreeSet<u32> =
+        chars.lines().filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect();
+    let major =
+        (240..=254).find(|m| !used.contains(m)).ok_or_else(|| anyhow::anyhow!("no free local major"))?;
+    // Staged in the container's own filesystem, from this side, then mounted from inside.
+    let staged = "/tmp/switchyard-nvidia-procfs";
+    let host = PathBuf::from(format!("/proc/{pid}/root{staged}"));
+    let caps = host.join(format!("driver/nvidia/capabilities/gpu{gpu_minor}/mig"));
+    let access = |minor: u32| format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n");
+    for &gi in gpu_instances {
+        let dir = caps.join(format!("gi{gi}"));
+        std::fs::create_dir_all(dir.join("ci0"))?;
+        std::fs::write(dir.join("access"), access(mig_cap_minor(gpu_minor, gi, None)))?;
+        std::fs::write(dir.join("ci0/access"), access(mig_cap_minor(gpu_minor, gi, Some(0))))?;
+    }
+    std::fs::write(host.join("devices"), format!("{chars}\n{major} nvidia-caps\n\nBlock devices:{blocks}"))?;
+    for (from, onto) in
+        [(format!("{staged}/driver"), "/proc/driver"), (format!("{staged}/devices"), "/proc/devices")]
+    {
+        let out = Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "--", "mount", "--bind", &from, onto])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mount {from} on {onto} in pid {pid}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // What the plugin now reads, through its own mounts.
+    let seen = std::fs::read_to_string(format!("/proc/{pid}/root/proc/devices"))?;
+    anyhow::ensure!(seen.contains(&format!("\n{major} nvidia-caps\n")), "the plugin's /proc/devices: {seen}");
+    Ok(major)
+}
+
 /// NVIDIA's device plugin as the cluster's device-plugin DaemonSet.
 pub fn install_device_plugin() -> anyhow::Result<()> {
     kubectl(&["apply", "--server-side", "--force-conflicts", "-f", DEVICE_PLUGIN_MANIFEST]).map(|_| ())

@@ -11,6 +11,10 @@
 //! - the chart refuses to enable GPUs unless told the device plugin is kept off its nodes
 //!   (`gpuResourcesEnabledOverride`), and its kubelet plugin runs on no node before Switchyard
 //!   switches one (its `nodeSelector` is Switchyard's `gpu-backend=dra` label);
+//! - a second migration over the same nodes, created once the first has started a node, moves
+//!   nothing and never reads Completed; the first finishes what it started, starts nothing else
+//!   until the second is deleted, and says so; one created after the first completed is refused
+//!   every node, and the first stays Completed;
 //! - each node switches in sequence, `device-plugin → none → dra`, because NVIDIA's driver has no
 //!   device-plugin interlock; the sampler sees no instant where a node was served by both;
 //! - `placement: GpuOperator`: the device plugin's DaemonSet is the GPU Operator's (managed by it,
@@ -35,6 +39,13 @@
 //! And, from the same set-up, `strategy.type: Replace` onto NVIDIA's driver with a pod that asks
 //! for 2 GPUs: it waits, unevicted, until one target node has both its GPUs free, and then runs
 //! there through one generated claim holding both (`replace_scenario`).
+//!
+//! And the DRA half of a MIG migration (`mig_scenario`): a node moved with its GPUs whole under a
+//! migration that also maps `nvidia.com/mig-1g.10gb`, one GPU then repartitioned as the GPU
+//! Operator's MIG manager does, NVIDIA's driver publishing its MIG devices from the mock's H100
+//! profiles and placements, and pods asking for `nvidia.com/mig-1g.10gb: 1` running on them
+//! through the migration's class. The device-plugin half of a MIG migration runs on the simulator
+//! (docs/e2e.md, "Real nodes", says why).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -59,8 +70,14 @@ const DRIVER: &str = "gpu.nvidia.com";
 const CLASS: &str = "gpu.nvidia.switchyard.dev";
 const GPU: &str = "nvidia.com/gpu";
 const APP: &str = "trainer";
+/// A MIG profile's extended resource, the migration's class for it on NVIDIA's driver, and that
+/// class's selector (config/samples/gpupoolmigration-nvidia-dra.yaml's).
+const MIG: &str = "nvidia.com/mig-1g.10gb";
+const MIG_CLASS: &str = "mig-1g.10gb.nvidia.switchyard.dev";
+const MIG_SELECTOR: &str = "device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile == '1g.10gb'";
 use switchyard_operator::well_known::ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE;
 use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
+use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_MIGRATION};
 
 #[tokio::test]
 async fn real_pool_moves_to_nvidias_dra_driver_and_back_with_the_packaged_operator() -> anyhow::Result<()> {
@@ -73,7 +90,12 @@ async fn a_two_gpu_pod_replaces_onto_nvidias_dra_driver_only_once_one_target_nod
     real::alone_on_real_nodes("nvrepl", replace_scenario, diagnostics, cleanup).await
 }
 
-/// What both scenarios start from: the nodes labelled into the pool `id` with the GPU Operator's
+#[tokio::test]
+async fn a_mig_pod_runs_on_nvidias_dra_driver_through_the_migrations_mig_class() -> anyhow::Result<()> {
+    real::alone_on_real_nodes("nvmig", mig_scenario, diagnostics, cleanup).await
+}
+
+/// What every scenario start from: the nodes labelled into the pool `id` with the GPU Operator's
 /// labels, NVIDIA's device plugin placed as the GPU Operator places it and serving every GPU,
 /// Switchyard without its agent, NVIDIA's DRA driver (its kubelet plugin on no node yet), and the
 /// namespace `id` for the workloads.
@@ -196,6 +218,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     let sampler = sample(client, id);
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
     migrations.create(&PostParams::default(), &pool_migration(id)?).await?;
+    overlapped_while_it_runs(client, id, names).await?;
     let done =
         wait::until("the migration to NVIDIA's DRA driver to complete", Duration::from_secs(480), || {
             let migrations = migrations.clone();
@@ -219,6 +242,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
         assert_eq!(allocatable(&node, GPU), 0, "{n}: NVIDIA's device plugin left");
     }
+    overlapped_once_completed(client, id, names).await?;
     let plugins = kubelet_plugin_pods(client).await?;
     assert_eq!(
         plugins.keys().cloned().collect::<BTreeSet<_>>(),
@@ -409,6 +433,169 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     Ok(())
 }
 
+/// A condition of a migration: (status, reason, message).
+fn condition(g: &GpuPoolMigration, type_: &str) -> Option<(String, String, String)> {
+    status(g).conditions.into_iter().find(|c| c.type_ == type_).map(|c| (c.status, c.reason, c.message))
+}
+
+/// The nodes of `names` that GpuPoolMigration `id` owns (`switchyard.dev/migration`).
+async fn owned_by(client: &Client, id: &str, names: &[String]) -> anyhow::Result<BTreeSet<String>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut owned = BTreeSet::new();
+    for n in names {
+        if nodes.get(n).await?.labels().get(LABEL_MIGRATION).map(String::as_str) == Some(id) {
+            owned.insert(n.clone());
+        }
+    }
+    Ok(owned)
+}
+
+/// A second migration over the same nodes, created once the first (`id`) has started a node:
+/// - the second owns nothing and moves nothing: every node refused (`NodeConflict` naming `id`),
+///   `Stalled`/`NodesRefused`, never Completed;
+/// - `id` finishes the nodes it had started (Migrated, on NVIDIA's driver, uncordoned: none is left
+///   half-switched) and starts no other: those are refused by both, untouched (no state, not
+///   cordoned, NVIDIA's device plugin still serving them), and `id` reads `NodesRefused`, not
+///   Completed, with its counts saying so;
+/// - the second deleted, `id` goes on.
+async fn overlapped_while_it_runs(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let node_api: Api<Node> = Api::all(client.clone());
+    wait::until("the first node to start", Duration::from_secs(60), || async {
+        Ok((!owned_by(client, id, names).await?.is_empty()).then_some(()))
+    })
+    .await?;
+    let second = format!("{id}-overlap");
+    let mut gpm = serde_json::to_value(pool_migration(id)?)?;
+    gpm["metadata"] = json!({"name": second});
+    migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
+    let mine = wait::until("the first migration to see the conflict", Duration::from_secs(60), || {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(id).await?;
+            Ok(condition(&g, "NodeConflict").filter(|(s, _, _)| s == "True").map(|_| g))
+        }
+    })
+    .await?;
+    let (_, _, message) = condition(&mine, "NodeConflict").unwrap_or_default();
+    assert!(message.contains(&second), "{id}: the conflict names {second}: {message}");
+    // From here on the first moves only what it owns.
+    let owned = owned_by(client, id, names).await?;
+    let refused: Vec<&String> = names.iter().filter(|n| !owned.contains(*n)).collect();
+    assert!(!refused.is_empty(), "the first migration owned every node before the second came: {owned:?}");
+    let stalled = |name: String| {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(&name).await?;
+            let s = status(&g);
+            anyhow::ensure!(
+                s.phase != Some(Phase::Completed),
+                "{name} reads Completed under a conflict: {s:?}"
+            );
+            Ok(condition(&g, "Stalled").filter(|(s, r, _)| s == "True" && r == "NodesRefused").map(|_| s))
+        }
+    };
+    let theirs =
+        wait::until("the second migration to stall on refused nodes", Duration::from_secs(60), || {
+            stalled(second.clone())
+        })
+        .await?;
+    assert_eq!(
+        (theirs.nodes.total, theirs.nodes.refused, theirs.nodes.migrated),
+        (0, names.len() as i32, 0),
+        "{second} owns and moves nothing: {:?}",
+        theirs.nodes
+    );
+    let mine = wait::until("the first migration to finish what it started", Duration::from_secs(180), || {
+        stalled(id.to_owned())
+    })
+    .await?;
+    assert_eq!(
+        (mine.nodes.migrated, mine.nodes.refused),
+        (owned.len() as i32, refused.len() as i32),
+        "{id}: {:?}",
+        mine.nodes
+    );
+    assert_eq!(owned_by(client, id, names).await?, owned, "{id} took a refused node");
+    for n in &owned {
+        let node = node_api.get(n).await?;
+        assert_eq!(
+            node.annotations().get(ANNOTATION_MIGRATION_STATE).map(String::as_str),
+            Some("Migrated"),
+            "{n}"
+        );
+        assert_eq!(node.labels().get(BACKEND).map(String::as_str), Some("dra"), "{n}");
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} is left cordoned");
+    }
+    for n in &refused {
+        let node = node_api.get(n).await?;
+        assert_eq!(node.annotations().get(ANNOTATION_MIGRATION_STATE), None, "{n} was touched");
+        assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{n} was cordoned");
+        assert_eq!(
+            allocatable(&node, GPU),
+            real::node_gpus().len() as i64,
+            "{n}: the device plugin serves it"
+        );
+    }
+    real::delete_migration(client, &second).await?;
+    wait::until("the first migration to go on", Duration::from_secs(60), || {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(id).await?;
+            let conflict = condition(&g, "NodeConflict").is_some_and(|(s, _, _)| s == "True");
+            Ok((!conflict && status(&g).phase != Some(Phase::Failed)).then_some(()))
+        }
+    })
+    .await
+}
+
+/// A second migration over the same nodes, created after the first (`id`) completed: it refuses
+/// every node (each belongs to `id`), stalls and moves nothing, and `id` still reads Completed with
+/// every node migrated. Then it is deleted.
+async fn overlapped_once_completed(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let late = format!("{id}-late");
+    let mut gpm = serde_json::to_value(pool_migration(id)?)?;
+    gpm["metadata"] = json!({"name": late});
+    migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
+    let g = wait::until("the late migration to stall on refused nodes", Duration::from_secs(60), || {
+        let migrations = migrations.clone();
+        let late = late.clone();
+        async move {
+            let g = migrations.get(&late).await?;
+            anyhow::ensure!(
+                status(&g).phase != Some(Phase::Completed),
+                "{late} reads Completed: {:?}",
+                status(&g)
+            );
+            Ok(condition(&g, "Stalled").filter(|(s, r, _)| s == "True" && r == "NodesRefused").map(|_| g))
+        }
+    })
+    .await?;
+    let s = status(&g);
+    assert_eq!(
+        (s.nodes.total, s.nodes.refused, s.nodes.migrated),
+        (0, names.len() as i32, 0),
+        "{late}: {:?}",
+        s.nodes
+    );
+    let (_, _, message) = condition(&g, "NodeConflict").unwrap_or_default();
+    // Each node named with the migration that has it (it owns them, and selects them still).
+    for n in names {
+        let line = message.lines().find(|l| l.starts_with(&format!("node {n} ")));
+        assert!(line.is_some_and(|l| l.ends_with(&format!("GpuPoolMigration {id}"))), "{late}: {message}");
+    }
+    let first = status(&migrations.get(id).await?);
+    assert_eq!(first.phase, Some(Phase::Completed), "{id}: {first:?}");
+    assert_eq!(
+        (first.nodes.migrated, first.nodes.refused),
+        (names.len() as i32, 0),
+        "{id}: {:?}",
+        first.nodes
+    );
+    real::delete_migration(client, &late).await
+}
+
 /// `strategy.type: Replace` onto NVIDIA's driver, where a pod needs both GPUs of one node. Two
 /// nodes move to NVIDIA's driver first (the target pool), and a one-GPU pod pinned to each leaves
 /// one GPU free on both: two free GPUs in the target pool, none of its nodes with two. The third
@@ -596,6 +783,217 @@ async fn runs_on_both_gpus_of(client: &Client, id: &str, node: &str, old_uid: &s
     Ok(())
 }
 
+/// GPU 1 of a node repartitioned as the GPU Operator's MIG manager would: two 1g.10gb instances
+/// (memory slices 0 and 1) and a 3g.40gb (slices 4-7), each with its compute instance 0.
+fn mig_instances() -> Vec<real::MigInstance> {
+    let one = |n: u32, start: u32| real::MigInstance {
+        uuid: format!("MIG-5c1e0a2d-0000-4000-8000-00000000000{n}"),
+        profile: "1g.10gb",
+        gpu_instance_id: 8 + n,
+        placement_start: start,
+        slices: 1,
+        memory_bytes: 10_200_547_328,
+        multiprocessors: 16,
+    };
+    let three = real::MigInstance {
+        uuid: "MIG-5c1e0a2d-0000-4000-8000-000000000003".into(),
+        profile: "3g.40gb",
+        gpu_instance_id: 2,
+        placement_start: 4,
+        slices: 3,
+        memory_bytes: 42_580_574_208,
+        multiprocessors: 60,
+    };
+    vec![one(1, 0), one(2, 1), three]
+}
+
+/// NVIDIA's name for a static MIG device: `gpu-<parent minor>-mig-<profile>-<profile id>-<start>`
+/// (its `MigSpecTuple`), with an H100's profile ids.
+fn nvidia_mig_device_name(parent_minor: u32, m: &real::MigInstance) -> String {
+    let id = match m.profile {
+        "1g.10gb" => 19,
+        "3g.40gb" => 9,
+        other => panic!("no H100 profile id for {other} here"),
+    };
+    format!("gpu-{parent_minor}-mig-{}-{id}-{}", m.profile.replace('.', ""), m.placement_start)
+}
+
+/// The DRA half of a MIG migration onto NVIDIA's driver, on one real node. The node moves with
+/// its GPUs whole (NVIDIA's device plugin cannot serve MIG devices here: it needs the kernel
+/// module's procfs at start, docs/e2e.md) under a migration that also maps `nvidia.com/mig-1g.10gb`
+/// to a class of its own. Then GPU 1 is repartitioned as the GPU Operator's MIG manager does (the
+/// mock's inventory, NVIDIA's kubelet plugin restarted), and:
+/// - NVIDIA's driver publishes GPU 0 whole and GPU 1 only as its MIG devices, each under NVIDIA's
+///   name for its profile and placement, with the mock's UUID, its profile and the memory slices
+///   of its placement: the placements the mock answers are an H100's;
+/// - three pods asking for `nvidia.com/mig-1g.10gb: 1` the plain way: two run, each through a
+///   claim the scheduler generated with the migration's MIG class, on a different 1g.10gb device,
+///   their containers seeing the parent GPU's device node and the two capability device nodes of
+///   their own instance from NVIDIA's CDI spec; the third waits Unschedulable (the class selects
+///   no 3g.40gb);
+/// - the migration stays Completed, and no node was served by both backends at any watch event.
+async fn mig_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let node = names.first().ok_or_else(|| anyhow::anyhow!("no real node"))?.clone();
+    let pool = std::slice::from_ref(&node);
+    set_up(client, id, pool).await?;
+    let sampler = sample(client, id);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let mut gpm = serde_json::to_value(pool_migration(id)?)?;
+    gpm["spec"]["resources"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow::anyhow!("a migration without resources"))?
+        .push(json!({"extendedResourceName": MIG, "deviceClassName": MIG_CLASS, "selector": MIG_SELECTOR}));
+    migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
+    let completed = || {
+        let migrations = migrations.clone();
+        async move {
+            let s = status(&migrations.get(id).await?);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
+            Ok((s.phase == Some(Phase::Completed)).then_some(s))
+        }
+    };
+    wait::until("the node's move to NVIDIA's DRA driver", Duration::from_secs(300), completed).await?;
+
+    // GPU 1 repartitioned; NVIDIA's kubelet plugin restarted to read it, as the MIG manager
+    // restarts the GPU clients of the node.
+    let instances = mig_instances();
+    real::partition_gpu(&node, 1, &instances)?;
+    let old = kubelet_plugin_pods(client)
+        .await?
+        .remove(&node)
+        .ok_or_else(|| anyhow::anyhow!("no plugin on {node}"))?;
+    let plugin_pods: Api<Pod> = Api::namespaced(client.clone(), NVIDIA_DRA_NS);
+    plugin_pods.delete(&old.name_any(), &DeleteParams::default()).await?;
+    wait::until("NVIDIA's kubelet plugin to restart on the node", Duration::from_secs(120), || {
+        let (plugin_pods, node, old) = (plugin_pods.clone(), node.clone(), old.clone());
+        async move {
+            let gone = plugin_pods.get_opt(&old.name_any()).await?.is_none();
+            let new = kubelet_plugin_pods(client).await?.remove(&node);
+            Ok((gone && new.as_ref().is_some_and(|p| p.uid() != old.uid() && real::ready(p))).then_some(()))
+        }
+    })
+    .await?;
+
+    // What NVIDIA's driver publishes for the node now.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let fields = format!("spec.driver={DRIVER},spec.nodeName={node}");
+    let published =
+        wait::until("NVIDIA's driver to publish the MIG devices", Duration::from_secs(120), || {
+            let (slices, fields) = (slices.clone(), fields.clone());
+            async move {
+                let devices: BTreeMap<String, k8s_openapi::api::resource::v1::Device> = slices
+                    .list(&ListParams::default().fields(&fields))
+                    .await?
+                    .items
+                    .into_iter()
+                    .flat_map(|s| s.spec.devices.unwrap_or_default())
+                    .map(|d| (d.name.clone(), d))
+                    .collect();
+                Ok(devices.keys().any(|k| k.contains("-mig-")).then_some(devices))
+            }
+        })
+        .await?;
+    let inventory = real::node_gpus();
+    let by_name: BTreeMap<String, &real::MigInstance> =
+        instances.iter().map(|m| (nvidia_mig_device_name(1, m), m)).collect();
+    let mut want: BTreeSet<String> = by_name.keys().cloned().collect();
+    want.insert("gpu-0".into());
+    assert_eq!(
+        published.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "GPU 0 whole, GPU 1 only as its MIG devices, named by profile and placement"
+    );
+    for (name, d) in &published {
+        let attr = |k: &str| d.attributes.as_ref().and_then(|a| a.get(k)).and_then(|v| v.string.clone());
+        let slices_held: BTreeSet<String> = d
+            .capacity
+            .as_ref()
+            .map(|c| c.keys().filter(|k| k.starts_with("memorySlice")).cloned().collect())
+            .unwrap_or_default();
+        match by_name.get(name) {
+            None => {
+                assert_eq!(attr("type").as_deref(), Some("gpu"), "{name}");
+                assert_eq!(attr("uuid"), Some(inventory[0].uuid.clone()), "{name}");
+            }
+            Some(m) => {
+                assert_eq!(attr("type").as_deref(), Some("mig"), "{name}");
+                assert_eq!(attr("profile").as_deref(), Some(m.profile), "{name}");
+                assert_eq!(attr("uuid"), Some(m.uuid.clone()), "{name}");
+                let size = if m.profile == "3g.40gb" { 4 } else { 1 };
+                let placement: BTreeSet<String> = (m.placement_start..m.placement_start + size)
+                    .map(|i| format!("memorySlice{i}"))
+                    .collect();
+                assert_eq!(slices_held, placement, "{name}: the memory slices of its placement");
+            }
+        }
+    }
+
+    // The kernel module's MIG capability files in the plugin's container; then the pods.
+    let gis: Vec<u32> = instances.iter().map(|m| m.gpu_instance_id).collect();
+    let major = real::fake_mig_capabilities(&node, 1, &gis)?;
+    real::gpu_workload_asking(client, id, "mig", 3, Some(&node), MIG, 1).await?;
+    let running = real::wait_workload(client, id, "mig", 2, Duration::from_secs(180)).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), id);
+    wait::until("the third 1g.10gb pod to be Unschedulable", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            let all = pods.list(&ListParams::default().labels("app=mig")).await?.items;
+            Ok(all.iter().find_map(|p| {
+                let c = p.status.as_ref()?.conditions.as_ref()?;
+                c.iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))?;
+                Some(())
+            }))
+        }
+    })
+    .await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    let mut held = BTreeSet::new();
+    for p in &running {
+        let name = p.name_any();
+        let claim_name = p
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone())
+            .unwrap_or_else(|| panic!("{name}: no generated claim for its {MIG} limit"));
+        let claim = claims.get(&claim_name).await?;
+        let classes: Vec<String> = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .and_then(|d| d.requests.as_ref())
+            .map(|r| r.iter().filter_map(|r| Some(r.exactly.as_ref()?.device_class_name.clone())).collect())
+            .unwrap_or_default();
+        assert_eq!(classes, [MIG_CLASS], "{name}: the migration's MIG class maps {MIG}");
+        let results = real::allocated(&claim);
+        let [(driver, from, device)] = &results[..] else { panic!("{name}: one device, got {results:?}") };
+        assert!(driver == DRIVER && from == &node, "{name}: {results:?}");
+        let m = by_name.get(device).filter(|m| m.profile == "1g.10gb");
+        let m = m.unwrap_or_else(|| panic!("{name}: {device} is not a 1g.10gb device of GPU 1"));
+        assert!(held.insert(device.clone()), "{name}: {device} allocated twice");
+        let logs = real::logs(id, &name)?;
+        let (_, gpus) = real::what_the_container_saw(&logs);
+        let parent: Vec<String> = gpus.iter().filter_map(|l| real::device_node(l)).collect();
+        assert_eq!(parent, ["195:1 /dev/nvidia1"], "{name}: the parent GPU's device node\n{logs}");
+        let caps: BTreeSet<String> = logs
+            .lines()
+            .filter_map(|l| l.strip_prefix("workload: dev "))
+            .filter_map(real::device_node)
+            .filter(|d| d.contains("nvidia-cap"))
+            .collect();
+        let want: BTreeSet<String> = [None, Some(0)]
+            .into_iter()
+            .map(|ci| real::mig_cap_minor(1, m.gpu_instance_id, ci))
+            .map(|minor| format!("{major}:{minor} nvidia-cap{minor}"))
+            .collect();
+        assert_eq!(caps, want, "{name}: the capability device nodes of {device}'s instances\n{logs}");
+    }
+    wait::until("the migration to read Completed still", Duration::from_secs(10), completed).await?;
+    stop_safe(sampler);
+    Ok(())
+}
+
 fn diagnostics(id: &str) -> String {
     real::diagnostics(
         id,
@@ -614,13 +1012,16 @@ fn diagnostics(id: &str) -> String {
 }
 
 async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
-    for name in [id.to_owned(), format!("{id}-target"), format!("{id}-replace")] {
+    for name in ["", "-target", "-replace", "-overlap", "-late"].map(|suffix| format!("{id}{suffix}")) {
         real::delete_migration(client, &name).await?;
     }
     // The workload goes before the driver: a DRA plugin must outlive the pods whose claims it
     // prepared, or they hang in Terminating.
     real::delete_namespace(client, id).await?;
     real::uninstall_nvidia_dra()?;
+    for n in names {
+        real::restore_inventory(n)?;
+    }
     real::uninstall_switchyard_from(real::SWITCHYARD_WITHOUT_AGENT_OVERLAY)?;
     real::uninstall_device_plugin()?;
     let classes: Api<DeviceClass> = Api::all(client.clone());
