@@ -46,6 +46,9 @@
 //! profiles and placements, and pods asking for `nvidia.com/mig-1g.10gb: 1` running on them
 //! through the migration's class. The device-plugin half of a MIG migration runs on the simulator
 //! (docs/e2e.md, "Real nodes", says why).
+//!
+//! And nodes relabelled out of the pool mid-step (`relabel_scenario`): one while Switching, one
+//! while rolling back, each let go on exactly one backend, schedulable.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -95,7 +98,13 @@ async fn a_mig_pod_runs_on_nvidias_dra_driver_through_the_migrations_mig_class()
     real::alone_on_real_nodes("nvmig", mig_scenario, diagnostics, cleanup).await
 }
 
-/// What every scenario start from: the nodes labelled into the pool `id` with the GPU Operator's
+#[tokio::test]
+async fn a_node_relabelled_out_of_the_pool_mid_switch_and_another_mid_rollback_each_end_on_one_backend()
+-> anyhow::Result<()> {
+    real::alone_on_real_nodes("nvleft", relabel_scenario, diagnostics, cleanup).await
+}
+
+/// What every scenario starts from: the nodes labelled into the pool `id` with the GPU Operator's
 /// labels, NVIDIA's device plugin placed as the GPU Operator places it and serving every GPU,
 /// Switchyard without its agent, NVIDIA's DRA driver (its kubelet plugin on no node yet), and the
 /// namespace `id` for the workloads.
@@ -596,6 +605,126 @@ async fn overlapped_once_completed(client: &Client, id: &str, names: &[String]) 
     real::delete_migration(client, &late).await
 }
 
+/// The Switchyard state of `node` (`switchyard.dev/migration-state`), if any.
+async fn state_of(client: &Client, node: &str) -> anyhow::Result<Option<String>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes.get(node).await?.annotations().get(ANNOTATION_MIGRATION_STATE).cloned())
+}
+
+/// The label the relabel scenario's migration selects its nodes by; the sampler keeps watching them
+/// by `pool` after they lose it.
+const MEMBER: &str = "e2e.switchyard.dev/member";
+
+/// Waits until `node` is in `state`, then takes it out of its migration's pool (its [`MEMBER`]
+/// label removed), as an admin fixing a label does mid-move. Fails at once if the node reaches one
+/// of `past` (a state after `state`) first.
+async fn relabel_out_when(client: &Client, node: &str, state: &str, past: &[&str]) -> anyhow::Result<()> {
+    wait::until(&format!("{node} to be {state}"), Duration::from_secs(180), || async {
+        let now = state_of(client, node).await?;
+        anyhow::ensure!(
+            !now.as_deref().is_some_and(|s| past.contains(&s)),
+            "{node} went past {state} before it was seen there: {now:?}"
+        );
+        Ok((now.as_deref() == Some(state)).then_some(()))
+    })
+    .await?;
+    real::label(client, node, json!({MEMBER: null})).await
+}
+
+/// Waits until `node`, relabelled out of the pool, is let go: no Switchyard state left on it,
+/// schedulable, and served by `backend` alone (`dra`: NVIDIA's slices for it and no device-plugin
+/// GPU; `device-plugin`: its GPUs allocatable again and NVIDIA's kubelet plugin gone from it); and
+/// a `NodeLeftPool` Warning event names it.
+async fn let_go_on(client: &Client, node: &str, backend: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let gpus = real::node_gpus().len() as i64;
+    let fields = format!("spec.driver={DRIVER},spec.nodeName={node}");
+    wait::until(&format!("{node} to be let go on {backend}"), Duration::from_secs(180), || {
+        let (nodes, slices, fields) = (nodes.clone(), slices.clone(), fields.clone());
+        async move {
+            let n = nodes.get(node).await?;
+            let held = n.annotations().contains_key(ANNOTATION_MIGRATION_STATE)
+                || n.labels().contains_key(LABEL_MIGRATION);
+            let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+            let published = !slices.list(&ListParams::default().fields(&fields)).await?.items.is_empty();
+            let plugin = kubelet_plugin_pods(client).await?.contains_key(node);
+            let served = match backend {
+                "dra" => published && plugin && allocatable(&n, GPU) == 0,
+                _ => allocatable(&n, GPU) == gpus && !plugin,
+            };
+            let labelled = n.labels().get(BACKEND).map(String::as_str) == Some(backend);
+            Ok((!held && !cordoned && served && labelled).then_some(()))
+        }
+    })
+    .await?;
+    let events =
+        real::kubectl(&["get", "events", "-A", "--field-selector", "reason=NodeLeftPool", "-o", "json"])?;
+    let events: serde_json::Value = serde_json::from_str(&events)?;
+    let named = events["items"].as_array().into_iter().flatten().any(|e| {
+        e["type"] == "Warning" && e["message"].as_str().is_some_and(|m| m.contains(&format!("node {node} ")))
+    });
+    assert!(named, "no NodeLeftPool Warning event names {node}: {events}");
+    Ok(())
+}
+
+/// Two nodes on NVIDIA's device plugin move to NVIDIA's driver one at a time, and each leaves the
+/// pool mid-step (the label its selector reads removed, as an admin fixing a label does; the
+/// sampler still watches them):
+/// - the first while Switching: it finishes its switch and is let go on NVIDIA's driver alone
+///   (NVIDIA's slices and kubelet plugin on it, no device-plugin GPU), uncordoned, no Switchyard
+///   state left, with a `NodeLeftPool` event; the other moves and the migration completes with it
+///   alone;
+/// - the other while rolling back to the device plugin: it finishes the rollback and is let go on
+///   the device plugin alone (its GPUs allocatable, NVIDIA's kubelet plugin gone), uncordoned, with
+///   a `NodeLeftPool` event; the first, no member any more, stays on NVIDIA's driver;
+/// - no node served by both backends at any watch event.
+async fn relabel_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let pool = names.get(..2).ok_or_else(|| anyhow::anyhow!("want 2 real nodes, found {names:?}"))?;
+    set_up(client, id, pool).await?;
+    for n in pool {
+        real::label(client, n, json!({MEMBER: id})).await?;
+    }
+    let sampler = sample(client, id);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let mut gpm = serde_json::to_value(pool_migration(id)?)?;
+    gpm["spec"]["nodeSelector"] = json!({"matchLabels": {MEMBER: id}});
+    migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
+    let leaver = wait::until("a node to start", Duration::from_secs(60), || async {
+        let owned = owned_by(client, id, pool).await?;
+        Ok((owned.len() == 1).then(|| owned.into_iter().next()).flatten())
+    })
+    .await?;
+    let stayer = pool.iter().find(|n| **n != leaver).cloned().unwrap_or_default();
+    relabel_out_when(client, &leaver, "Switching", &["Verifying", "Migrated"]).await?;
+    let_go_on(client, &leaver, "dra").await?;
+    let done = wait::until("the migration to complete with the other node", Duration::from_secs(240), || {
+        let migrations = migrations.clone();
+        async move {
+            let s = status(&migrations.get(id).await?);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
+            Ok((s.phase == Some(Phase::Completed)).then_some(s))
+        }
+    })
+    .await?;
+    assert_eq!((done.nodes.total, done.nodes.migrated), (1, 1), "{:?}", done.nodes);
+
+    migrations
+        .patch(id, &PatchParams::default(), &Patch::Merge(json!({"spec": {"direction": "Rollback"}})))
+        .await?;
+    relabel_out_when(client, &stayer, "RollingBack", &["RolledBack"]).await?;
+    let_go_on(client, &stayer, "device-plugin").await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let first = nodes.get(&leaver).await?;
+    assert_eq!(
+        first.labels().get(BACKEND).map(String::as_str),
+        Some("dra"),
+        "{leaver}: no member, not rolled back"
+    );
+    stop_safe(sampler);
+    Ok(())
+}
+
 /// `strategy.type: Replace` onto NVIDIA's driver, where a pod needs both GPUs of one node. Two
 /// nodes move to NVIDIA's driver first (the target pool), and a one-GPU pod pinned to each leaves
 /// one GPU free on both: two free GPUs in the target pool, none of its nodes with two. The third
@@ -1043,6 +1172,7 @@ async fn cleanup(client: &Client, id: &str, names: &[String]) -> anyhow::Result<
             LABEL_DEPLOY_DEVICE_PLUGIN,
             BACKEND,
             switchyard_operator::well_known::LABEL_REPLACED,
+            MEMBER,
         ],
     )
     .await
