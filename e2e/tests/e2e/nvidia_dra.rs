@@ -48,7 +48,9 @@
 //! (docs/e2e.md, "Real nodes", says why).
 //!
 //! And nodes relabelled out of the pool mid-step (`relabel_scenario`): one while Switching, one
-//! while rolling back, each let go on exactly one backend, schedulable.
+//! while rolling back, each let go on exactly one backend, schedulable. And an XID that NVIDIA's
+//! device plugin took a GPU out for before the switch (`xid_scenario`): counted, reported, and
+//! stopping nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -102,6 +104,12 @@ async fn a_mig_pod_runs_on_nvidias_dra_driver_through_the_migrations_mig_class()
 async fn a_node_relabelled_out_of_the_pool_mid_switch_and_another_mid_rollback_each_end_on_one_backend()
 -> anyhow::Result<()> {
     real::alone_on_real_nodes("nvleft", relabel_scenario, diagnostics, cleanup).await
+}
+
+#[tokio::test]
+async fn an_xid_under_nvidias_device_plugin_before_the_switch_is_counted_reported_and_stops_nothing()
+-> anyhow::Result<()> {
+    real::alone_on_real_nodes("nvxid", xid_scenario, diagnostics, cleanup).await
 }
 
 /// What every scenario starts from: the nodes labelled into the pool `id` with the GPU Operator's
@@ -721,6 +729,98 @@ async fn relabel_scenario(client: &Client, id: &str, names: &[String]) -> anyhow
         Some("dra"),
         "{leaver}: no member, not rolled back"
     );
+    stop_safe(sampler);
+    Ok(())
+}
+
+/// An XID 79 on GPU 0 of a node on NVIDIA's device plugin, raised through the mock before its
+/// move: NVIDIA's plugin marks that GPU unhealthy (`internal/rm/health.go`), so the node
+/// advertises 1 of its 2 GPUs, and one of two trainers runs while the other waits Pending. Then
+/// the node moves to NVIDIA's driver:
+/// - Switchyard counts both GPUs (`gpus-before` is the capacity, 2), waits for nothing more, and
+///   reports the GPU the plugin held back: a `DevicePluginUnhealthyGpus` Warning event naming
+///   "1 of its 2 nvidia.com/gpu", since NVIDIA's driver, started after the XID's event, publishes
+///   both GPUs as healthy;
+/// - the migration completes, and both trainers run through generated claims on the node's two
+///   GPUs, the one that waited included: what the event warns of;
+/// - no node served by both backends at any watch event.
+async fn xid_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result<()> {
+    let node = names.first().ok_or_else(|| anyhow::anyhow!("no real node"))?.clone();
+    let pool = std::slice::from_ref(&node);
+    set_up(client, id, pool).await?;
+    let gpus = real::node_gpus();
+    real::raise_gpu_fault(&node, &gpus[0].uuid, "xid", 79)?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let held = wait::until("NVIDIA's device plugin to hold the GPU back", Duration::from_secs(60), || {
+        let node_api = node_api.clone();
+        let node = node.clone();
+        async move { Ok(Some(node_api.get(&node).await?).filter(|n| allocatable(n, GPU) == 1)) }
+    })
+    .await?;
+    let capacity = held.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get(GPU)).cloned();
+    assert_eq!(
+        capacity.map(|q| q.0),
+        Some("2".to_owned()),
+        "{node}: the kubelet keeps the unhealthy GPU's capacity"
+    );
+    real::gpu_workload(client, id, APP, 2, Some(&node)).await?;
+    real::wait_workload(client, id, APP, 1, Duration::from_secs(120)).await?;
+
+    let sampler = sample(client, id);
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    migrations.create(&PostParams::default(), &pool_migration(id)?).await?;
+    let done = wait::until("the node's move to NVIDIA's DRA driver", Duration::from_secs(300), || {
+        let migrations = migrations.clone();
+        async move {
+            let s = status(&migrations.get(id).await?);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
+            Ok((s.phase == Some(Phase::Completed)).then_some(s))
+        }
+    })
+    .await?;
+    assert_eq!(done.nodes.migrated, 1, "{:?}", done.nodes);
+    let events = real::kubectl(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        "reason=DevicePluginUnhealthyGpus",
+        "-o",
+        "json",
+    ])?;
+    let events: serde_json::Value = serde_json::from_str(&events)?;
+    let notes: Vec<&str> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "Warning")
+        .filter_map(|e| e["message"].as_str())
+        .filter(|m| m.starts_with(&format!("node {node}: ")))
+        .collect();
+    assert!(
+        !notes.is_empty()
+            && notes.iter().all(|m| m.contains("held back 1 of its 2 nvidia.com/gpu as unhealthy")),
+        "a DevicePluginUnhealthyGpus event names the GPU NVIDIA's device plugin held back on {node}: {events}"
+    );
+
+    // Both trainers now run through NVIDIA's driver, on the node's two GPUs.
+    let after = real::wait_workload(client, id, APP, 2, Duration::from_secs(180)).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), id);
+    let mut devices = BTreeSet::new();
+    for p in &after {
+        let name = p.name_any();
+        let claim = p
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone())
+            .unwrap_or_else(|| panic!("{name}: no generated claim"));
+        for (driver, from, device) in real::allocated(&claims.get(&claim).await?) {
+            assert!(driver == DRIVER && from == node, "{name}: {driver} {from} {device}");
+            devices.insert(device);
+        }
+    }
+    assert_eq!(devices.len(), 2, "both GPUs of {node} hold a trainer: {devices:?}");
     stop_safe(sampler);
     Ok(())
 }

@@ -43,6 +43,22 @@ pub fn device_plugin_gpus(node: &SlimNode, resources: &[&str]) -> BTreeMap<Strin
     counts
 }
 
+/// Per pool resource, the devices the device plugin holds back as unhealthy on a node it serves:
+/// capacity above allocatable (NVIDIA's device plugin marks a GPU unhealthy on a critical XID, and
+/// every GPU of the node when its health check's event wait fails), where it still serves some of
+/// them. Resources with none held back are left out. Only meaningful while the plugin runs: once
+/// it stops, allocatable drops to 0 while the kubelet keeps capacity.
+pub fn held_back(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, (u64, u64)> {
+    resources
+        .iter()
+        .filter(|r| !stopped_serving(node, r, resources))
+        .filter_map(|r| {
+            let (cap, alloc) = (quantity(node.capacity(), r), quantity(node.allocatable(), r));
+            (cap > alloc).then(|| (r.to_string(), (cap - alloc, cap)))
+        })
+        .collect()
+}
+
 /// Whether the device plugin stopped serving `resource` on `node` while it serves another GPU
 /// resource there (one of the defaults or of `gpu_resources`): nothing allocatable under it, and
 /// something allocatable under another. See [`device_plugin_gpus`].

@@ -721,6 +721,39 @@ mod tests {
         }
     }
 
+    /// NVIDIA's device plugin held two of 8 GPUs back as unhealthy (an XID): when the switch
+    /// begins it says so once, as a warning naming the count, and still switches; a node whose
+    /// plugin serves every GPU says nothing, nor does a step other than the switch's first.
+    #[test]
+    fn a_switch_that_begins_with_gpus_the_device_plugin_held_back_names_them() {
+        let drained = |allocatable: &str, state: &str| {
+            let mut w = world(json!({}));
+            let status = json!({"status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": allocatable}}});
+            w.nodes.push(node("n0", Some(state), status));
+            w.reads.insert("n0".into(), NodeReads::default());
+            let d = decide(&w);
+            d.steps.into_iter().find(|s| s.node == "n0").expect("a step for n0")
+        };
+        let step = drained("6", "Draining");
+        assert_eq!(step.action, Action::SwitchToDra, "{}", step.message);
+        let held: Vec<_> = step.events.iter().filter(|e| e.reason == "DevicePluginUnhealthyGpus").collect();
+        assert_eq!(held.len(), 1, "{:?}", step.events);
+        assert_eq!(held[0].type_, EventType::Warning);
+        assert!(
+            held[0].note.contains("held back 2 of its 8 nvidia.com/gpu as unhealthy"),
+            "{}",
+            held[0].note
+        );
+        assert!(step.message.contains("2 of its 8 nvidia.com/gpu"), "{}", step.message);
+
+        let step = drained("8", "Draining");
+        assert_eq!(step.action, Action::SwitchToDra);
+        assert!(step.events.iter().all(|e| e.reason != "DevicePluginUnhealthyGpus"), "{:?}", step.events);
+
+        let step = drained("6", "Cordoned");
+        assert!(step.events.iter().all(|e| e.reason != "DevicePluginUnhealthyGpus"), "{:?}", step.events);
+    }
+
     #[test]
     fn a_drain_evicts_managed_pods_and_names_the_bare_ones_once() {
         let mut w = world(json!({}));

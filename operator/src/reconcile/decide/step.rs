@@ -413,7 +413,42 @@ pub fn node_step(
         step.message = note;
     }
     note_switch_done(&mut step, &name, state, &action, &unhealthy, &selected.shared);
+    note_held_back(&mut step, node, &res, state, &action);
     step
+}
+
+/// What the switch says once, as it begins (the first backend label, from Draining): the GPUs the
+/// device plugin held back as unhealthy then (capacity above allocatable), as a warning event and
+/// in the node's message. The switch counts them (`gpus-before` is the larger of the two), and the
+/// driver publishes them as its own health checks find them, which need not see what the plugin
+/// saw (an XID is an event, delivered once): someone should look at those GPUs before workloads
+/// land on them.
+fn note_held_back(
+    step: &mut NodeStep,
+    node: &SlimNode,
+    resources: &[&str],
+    state: NodeState,
+    action: &Action,
+) {
+    if state != NodeState::Draining || !matches!(action, Action::SwitchToDra | Action::StopDevicePlugin) {
+        return;
+    }
+    let held_back = overlap::held_back(node, resources);
+    if held_back.is_empty() {
+        return;
+    }
+    let name = node.name();
+    let what: Vec<String> = held_back.iter().map(|(r, (n, of))| format!("{n} of its {of} {r}")).collect();
+    let note = format!(
+        "node {name}: the device plugin held back {} as unhealthy when the switch began; the switch counts them, and the driver publishes them as its own health checks find them: check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them",
+        what.join(", ")
+    );
+    step.events.push(NodeEvent {
+        type_: EventType::Warning,
+        reason: "DevicePluginUnhealthyGpus",
+        note: note.clone(),
+    });
+    step.message = format!("{}; {note}", step.message);
 }
 
 /// What the pool's classes select of the node's DRA devices, and which of them are unhealthy:
