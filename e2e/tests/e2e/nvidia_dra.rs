@@ -75,14 +75,15 @@ const DRIVER: &str = "gpu.nvidia.com";
 const CLASS: &str = "gpu.nvidia.switchyard.dev";
 const GPU: &str = "nvidia.com/gpu";
 const APP: &str = "trainer";
+use switchyard_operator::well_known::ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE;
+use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
+use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_MIGRATION};
+
 /// A MIG profile's extended resource, the migration's class for it on NVIDIA's driver, and that
 /// class's selector (config/samples/gpupoolmigration-nvidia-dra.yaml's).
 const MIG: &str = "nvidia.com/mig-1g.10gb";
 const MIG_CLASS: &str = "mig-1g.10gb.nvidia.switchyard.dev";
 const MIG_SELECTOR: &str = "device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile == '1g.10gb'";
-use switchyard_operator::well_known::ANNOTATION_DEVICE_PLUGIN_DEPLOY_BEFORE;
-use switchyard_operator::well_known::LABEL_GPU_BACKEND as BACKEND;
-use switchyard_operator::well_known::{ANNOTATION_MIGRATION_STATE, LABEL_MIGRATION};
 
 #[tokio::test]
 async fn real_pool_moves_to_nvidias_dra_driver_and_back_with_the_packaged_operator() -> anyhow::Result<()> {

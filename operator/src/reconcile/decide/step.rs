@@ -417,6 +417,12 @@ pub fn node_step(
     step
 }
 
+/// A warning a step gives once: an event, and the same words appended to the node's message.
+fn warn(step: &mut NodeStep, reason: &'static str, note: String) {
+    step.message = format!("{}; {note}", step.message);
+    step.events.push(NodeEvent { type_: EventType::Warning, reason, note });
+}
+
 /// What the switch says once, as it begins (the first backend label, from Draining): the GPUs the
 /// device plugin held back as unhealthy then (capacity above allocatable), as a warning event and
 /// in the node's message. The switch counts them (`gpus-before` is the larger of the two), and the
@@ -443,12 +449,7 @@ fn note_held_back(
         "node {name}: the device plugin held back {} as unhealthy when the switch began; the switch counts them, and the driver publishes them as its own health checks find them: check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them",
         what.join(", ")
     );
-    step.events.push(NodeEvent {
-        type_: EventType::Warning,
-        reason: "DevicePluginUnhealthyGpus",
-        note: note.clone(),
-    });
-    step.message = format!("{}; {note}", step.message);
+    warn(step, "DevicePluginUnhealthyGpus", note);
 }
 
 /// What the pool's classes select of the node's DRA devices, and which of them are unhealthy:
@@ -526,22 +527,12 @@ fn note_switch_done(
             unhealthy.len(),
             unhealthy.join(", ")
         );
-        step.events.push(NodeEvent {
-            type_: EventType::Warning,
-            reason: "UnhealthyDevices",
-            note: note.clone(),
-        });
-        step.message = format!("{}; {note}", step.message);
+        warn(step, "UnhealthyDevices", note);
     }
     // Sharing found at the switch (no labels said so before the move), acknowledged.
     if !shared.is_empty() {
         let note = format!("node {name} switched on its physical devices: {}", shared.join("; "));
-        step.events.push(NodeEvent {
-            type_: EventType::Warning,
-            reason: "GpuSharingFound",
-            note: note.clone(),
-        });
-        step.message = format!("{}; {note}", step.message);
+        warn(step, "GpuSharingFound", note);
     }
 }
 
