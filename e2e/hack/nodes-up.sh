@@ -342,10 +342,11 @@ EOF
 
   import_images "$i"
 
-  setsid nsenter --mount="/proc/$(cat "$pidf-containerd.pid")/ns/mnt" -- "$node_bin/kubelet" \
-    --config "$n/kubelet.yaml" --kubeconfig "$n/kubeconfig" \
-    --hostname-override "$name" --node-ip "$node_ip" \
-    --node-labels "e2e.switchyard.dev/real-node=true" \
+  # The kubelet's command, kept for restart-kubelet.sh (NUL-separated, as restart-apiserver.sh's).
+  local kubelet_cmd=("$node_bin/kubelet" --config "$n/kubelet.yaml" --kubeconfig "$n/kubeconfig"
+    --hostname-override "$name" --node-ip "$node_ip" --node-labels "e2e.switchyard.dev/real-node=true")
+  printf '%s\0' "${kubelet_cmd[@]}" > "$n/kubelet.cmd"
+  setsid nsenter --mount="/proc/$(cat "$pidf-containerd.pid")/ns/mnt" -- "${kubelet_cmd[@]}" \
     > "$state/logs/$name-kubelet.log" 2>&1 < /dev/null 9>&- &
   echo $! > "$pidf-kubelet.pid"
 }

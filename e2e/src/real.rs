@@ -525,6 +525,47 @@ pub fn fake_mig_capabilities(node: &str, gpu_minor: u32, gpu_instances: &[u32]) 
     Ok(major)
 }
 
+/// The pods a node's kubelet remembers device-plugin devices for, from its device-manager
+/// checkpoint (`/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`): (pod UID, resource).
+/// A pod listed here that runs no more is what kubernetes/kubernetes#141426 trips on.
+pub fn device_plugin_checkpoint(node: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let path = node_dir(node).join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    Ok(v["Data"]["PodDeviceEntries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["PodUID"].as_str().unwrap_or_default().to_owned(),
+                e["ResourceName"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect())
+}
+
+/// Restarts `node`'s kubelet (`e2e/hack/restart-kubelet.sh`), first removing its device-manager
+/// checkpoint where `forget_device_plugin_state`; returns once the node is Ready again.
+pub fn restart_kubelet(node: &str, forget_device_plugin_state: bool) -> anyhow::Result<()> {
+    let mut cmd = Command::new("bash");
+    cmd.arg(cluster::repo_root().join("e2e/hack/restart-kubelet.sh")).arg(node);
+    if forget_device_plugin_state {
+        cmd.arg("--forget-device-plugin-state");
+    }
+    let out = cmd.current_dir(cluster::repo_root()).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "restart-kubelet.sh {node}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 /// NVIDIA's device plugin as the cluster's device-plugin DaemonSet.
 pub fn install_device_plugin() -> anyhow::Result<()> {
     kubectl(&["apply", "--server-side", "--force-conflicts", "-f", DEVICE_PLUGIN_MANIFEST]).map(|_| ())

@@ -24,7 +24,10 @@
 //!   which device is unhealthy and why, the lost GPU is published tainted and not handed out, and
 //!   once it answers again the pod that waited for it runs: no pod is lost or left on a node no
 //!   backend serves, and no node is left cordoned;
-//! - each node's `gpus-before` record is its physical GPUs, not the time-sliced replicas.
+//! - each node's `gpus-before` record is its physical GPUs, not the time-sliced replicas;
+//! - the runbook's last step on NVIDIA's chart: its device-plugin DaemonSet deleted once it serves
+//!   no node, the migration still Completed and Ready, and a third node that joins afterwards,
+//!   labelled by NVIDIA's GFD and served by no device plugin, moves to DRA and runs a pod.
 //!
 //! A second scenario, on the same two nodes, keeps the slots instead of acknowledging their loss:
 //! Switchyard's agent shares each GPU 2 ways (its per-node label `switchyard.dev/gpu-shares`, a
@@ -395,6 +398,115 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
             p.name_any()
         );
     }
+
+    // 6. The runbook's last step, on NVIDIA's own objects.
+    the_device_plugin_goes_and_a_node_joins(client, id, names, &migrations).await
+}
+
+/// The runbook's last step on the completed pool `id`, on NVIDIA's chart: once its device-plugin
+/// DaemonSet serves no node the migration says it may go (`DevicePluginRemovable`,
+/// `DevicePluginUnused`); deleted (GPU Feature Discovery's DaemonSet left running, as a GPU
+/// Operator's ClusterPolicy with the plugin disabled leaves it), the migration stays Completed and
+/// Ready (`DevicePluginRemoved`). Then the third node joins the pool with no device plugin on it:
+/// NVIDIA's GFD labels its GPUs, and from those labels (its count, the default config's sharing)
+/// the migration moves it to DRA, uncordoned, counting its physical GPUs, and a pod asking for
+/// `nvidia.com/gpu` runs there through a generated claim.
+async fn the_device_plugin_goes_and_a_node_joins(
+    client: &Client,
+    id: &str,
+    names: &[String],
+    migrations: &Api<GpuPoolMigration>,
+) -> anyhow::Result<()> {
+    let joined = names.get(2).ok_or_else(|| anyhow::anyhow!("a third real node is needed: {names:?}"))?;
+    let removable = |reason: &'static str| {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(id).await?;
+            let c = g
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "DevicePluginRemovable"));
+            Ok(c.filter(|c| c.status == "True" && c.reason == reason).cloned().map(|c| (g.clone(), c)))
+        }
+    };
+    let (_, unused) =
+        wait::until("DevicePluginRemovable=True (DevicePluginUnused)", Duration::from_secs(60), || {
+            removable("DevicePluginUnused")
+        })
+        .await?;
+    assert!(
+        unused.message.contains(NVIDIA_DEVICE_PLUGIN_DS) && unused.message.contains("runs on no node"),
+        "{}",
+        unused.message
+    );
+    let ds: Api<DaemonSet> = Api::namespaced(client.clone(), NVIDIA_DEVICE_PLUGIN_NS);
+    ds.delete(NVIDIA_DEVICE_PLUGIN_DS, &DeleteParams::default()).await?;
+    let (g, _) =
+        wait::until("DevicePluginRemovable=True (DevicePluginRemoved)", Duration::from_secs(60), || {
+            removable("DevicePluginRemoved")
+        })
+        .await?;
+    let st = g.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    for (t, want) in [("Ready", "True"), ("Stalled", "False")] {
+        let c = st.conditions.iter().find(|c| c.type_ == t);
+        assert_eq!(c.map(|c| c.status.as_str()), Some(want), "{t}: {c:?}");
+    }
+    let (code, report) = plan(id)?;
+    assert_eq!(code, 0, "switchyard plan after the device plugin went: {report}");
+
+    // The node joins. Its kubelet may remember device-plugin GPUs of pods an earlier scenario ran
+    // there; on v1.37.2 such a node runs no pod that asks for nvidia.com/gpu through DRA once the
+    // plugin's endpoint has expired (kubernetes/kubernetes#141426: CreateContainerConfigError,
+    // "endpoint not found in cache for a registered resource"). The remedy docs/operations.md gives
+    // (KubeletKeepsDevicePluginGpus), as an admin applies it.
+    let remembered = real::device_plugin_checkpoint(joined)?;
+    if !remembered.is_empty() {
+        eprintln!(
+            "{joined}: the kubelet remembers device-plugin devices of {remembered:?}; restarting it without them"
+        );
+        real::restart_kubelet(joined, true)?;
+        assert_eq!(real::device_plugin_checkpoint(joined)?, Vec::new(), "{joined}: the kubelet forgot them");
+    }
+    // GFD, still running, labels it.
+    let physical = real::node_gpus().len();
+    real::label(client, joined, json!({"pool": id, LABEL_GPU_PRESENT: "true"})).await?;
+    let node_api: Api<Node> = Api::all(client.clone());
+    wait::until("GFD's count on the joined node", Duration::from_secs(180), || {
+        let node_api = node_api.clone();
+        async move {
+            let labels = gfd_labels(&node_api.get(joined).await?);
+            Ok((labels.get("nvidia.com/gpu.count") == Some(&physical.to_string())).then_some(()))
+        }
+    })
+    .await?;
+    let done = wait::until("the joined node to move", Duration::from_secs(240), || {
+        let migrations = migrations.clone();
+        async move {
+            let s = migrations.get(id).await?.status.unwrap_or_default();
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
+            Ok((s.phase == Some(Phase::Completed) && s.nodes.migrated == 3).then_some(s))
+        }
+    })
+    .await?;
+    assert_eq!(done.nodes.total, 3, "{:?}", done.nodes);
+    let node = node_api.get(joined).await?;
+    assert_eq!(node.labels().get(BACKEND).map(String::as_str), Some("dra"), "{joined}");
+    assert_ne!(node.spec.as_ref().and_then(|s| s.unschedulable), Some(true), "{joined} is left cordoned");
+    let before: BTreeMap<String, i64> =
+        serde_json::from_str(&node.annotations()[switchyard_operator::well_known::ANNOTATION_GPUS_BEFORE])?;
+    assert_eq!(
+        before.values().sum::<i64>(),
+        physical as i64,
+        "{joined}: its physical GPUs, from GFD: {before:?}"
+    );
+    real::gpu_workload_of(client, id, "joined", 1, Some(joined), GPU).await?;
+    let pod = real::wait_workload(client, id, "joined", 1, Duration::from_secs(120)).await?.remove(0);
+    assert!(
+        pod.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some(),
+        "{}: served on {joined} through a generated claim",
+        pod.name_any()
+    );
     Ok(())
 }
 

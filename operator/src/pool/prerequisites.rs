@@ -467,8 +467,27 @@ fn nodes(f: &ClusterFacts, warnings: &mut Vec<String>) -> Result<(), Blocked> {
     if !blocked_runtimes.is_empty() {
         return Err(("RuntimeWithoutCdi", list_names(&blocked_runtimes)));
     }
+    let stale: Vec<String> = f
+        .nodes
+        .iter()
+        .filter(|n| parse_version(&n.kubelet_version).is_some_and(|v| v <= STALE_DEVICE_PLUGIN_STATE_LAST))
+        .map(|n| format!("{} ({})", n.name, n.kubelet_version))
+        .collect();
+    if !stale.is_empty() {
+        warnings.push(format!(
+            "kubelets at v1.37.2 or older on {}: kubernetes/kubernetes#141426: a kubelet keeps the device-plugin GPUs of the pods the drain evicted, and once the device plugin has been gone 5 minutes a new pod asking for its resource through DRA fails to start (CreateContainerConfigError: endpoint not found in cache for a registered resource). Upgrade those kubelets to a release with the fix, or after each node moves restart its kubelet with /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint removed (docs/operations.md, KubeletKeepsDevicePluginGpus)",
+            list_names(&stale)
+        ));
+    }
     Ok(())
 }
+
+/// The newest kubelet known to keep a departed device plugin's allocations in a way that breaks
+/// DRA-backed extended resources (kubernetes/kubernetes#141426, fixed upstream in August 2026:
+/// `GetDeviceRunContainerOptions` treats a resource it once allocated as a device-plugin resource
+/// even where the pod's claim serves it, and fails once that plugin's endpoint has expired). The
+/// fix is in no release this project can test, so every kubelet up to this one is warned of.
+const STALE_DEVICE_PLUGIN_STATE_LAST: (u32, u32, u32) = (1, 37, 2);
 
 /// Both DaemonSets the spec names exist; the device plugin's only while the migration needs it.
 fn daemon_sets(f: &ClusterFacts, _warnings: &mut Vec<String>) -> Result<(), Blocked> {
@@ -563,7 +582,8 @@ mod tests {
                 resource_claims: true,
                 device_taint_rules: true,
             },
-            nodes: vec![node("gpu-1", "v1.37.2", "containerd://2.1.4")],
+            // Newer than the kubelets kubernetes/kubernetes#141426 is warned of on.
+            nodes: vec![node("gpu-1", "v1.38.0", "containerd://2.1.4")],
             probe: ExtendedResourceProbe::NotRun,
             rollback_possible: false,
             driver_daemonset: Some("switchyard/driver".into()),
@@ -956,13 +976,39 @@ mod tests {
     #[test]
     fn warnings_are_collected() {
         let mut f = good();
-        f.nodes.push(node("gpu-3", "v1.37.0", "containerd://1.7.2"));
-        f.nodes.push(node("gpu-4", "v1.37.0", "docker://24.0.7"));
+        f.nodes =
+            vec![node("gpu-3", "v1.38.0", "containerd://1.7.2"), node("gpu-4", "v1.38.0", "docker://24.0.7")];
         let v = check(&f);
         assert!(v.met);
         assert_eq!(v.warnings.len(), 2);
         assert!(v.warnings[0].contains("gpu-3") && v.warnings[0].contains("enable_cdi"));
         assert!(v.warnings[1].contains("unknown container runtime"));
+    }
+
+    /// kubernetes/kubernetes#141426: kubelets up to v1.37.2 (provider suffixes included) are
+    /// warned of by name, with the symptom and the remedy; a newer one is not; nothing blocks.
+    #[test]
+    fn kubelets_that_keep_a_departed_device_plugins_gpus_are_warned_of() {
+        let mut f = good();
+        f.nodes = vec![
+            node("a", "v1.37.2", "containerd://2.1.4"),
+            node("b", "v1.37.1-eks-1a2b3c", "containerd://2.1.4"),
+            node("c", "v1.37.3", "containerd://2.1.4"),
+            node("d", "v1.38.0", "containerd://2.1.4"),
+        ];
+        let v = check(&f);
+        assert!(v.met, "{}", v.message);
+        let w: Vec<&String> = v.warnings.iter().filter(|w| w.contains("#141426")).collect();
+        assert_eq!(w.len(), 1, "{:?}", v.warnings);
+        assert!(w[0].contains("on a (v1.37.2), b (v1.37.1-eks-1a2b3c): "), "{}", w[0]);
+        assert!(!w[0].contains("v1.37.3") && !w[0].contains("v1.38.0"), "{}", w[0]);
+        assert!(
+            w[0].contains("endpoint not found in cache") && w[0].contains("kubelet_internal_checkpoint"),
+            "{}",
+            w[0]
+        );
+        f.nodes = vec![node("d", "v1.38.0", "containerd://2.1.4")];
+        assert!(check(&f).warnings.iter().all(|w| !w.contains("#141426")));
     }
 
     #[test]
