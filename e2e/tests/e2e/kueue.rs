@@ -99,6 +99,21 @@ fn usage(id: &str) -> anyhow::Result<BTreeMap<String, i64>> {
     Ok(out)
 }
 
+/// Kueue's usage once its ClusterQueue's status has caught up: Kueue writes it after an admission
+/// or a finished Job, asynchronously. `QUOTA` GPUs under `nvidia.com/gpu` as soon as it reads so,
+/// else what it reads after 30 s, for the caller's assertion to show.
+async fn usage_when(id: &str, gpus: i64) -> anyhow::Result<BTreeMap<String, i64>> {
+    let want = BTreeMap::from([(GPU.to_owned(), gpus)]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = usage(id)?;
+        if now == want || std::time::Instant::now() >= deadline {
+            return Ok(now);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The Jobs Kueue let run (not suspended), by name.
 async fn admitted(client: &Client, ns: &str) -> anyhow::Result<Vec<String>> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
@@ -192,7 +207,11 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         .map(|j| j.name_any())
         .collect();
     assert_eq!(waiting.len(), JOBS - QUOTA as usize, "the quota holds {QUOTA} GPUs: {waiting:?}");
-    assert_eq!(usage(id)?, BTreeMap::from([(GPU.to_owned(), QUOTA)]), "Kueue's usage before the move");
+    assert_eq!(
+        usage_when(id, QUOTA).await?,
+        BTreeMap::from([(GPU.to_owned(), QUOTA)]),
+        "Kueue's usage before the move"
+    );
 
     // Half migrated: a first migration moves one node and completes; the pool's other two stay
     // on the device plugin until the second.
@@ -215,7 +234,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         half.len()
     );
     assert_eq!(
-        usage(id)?,
+        usage_when(id, QUOTA).await?,
         BTreeMap::from([(GPU.to_owned(), QUOTA)]),
         "half migrated, Kueue counts each admitted GPU once, under {GPU}"
     );
@@ -230,7 +249,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     .await?;
     wait_admitted_running(client, id, QUOTA as usize).await?;
     assert_eq!(
-        usage(id)?,
+        usage_when(id, QUOTA).await?,
         BTreeMap::from([(GPU.to_owned(), QUOTA)]),
         "after a Job swapped in, half migrated"
     );
@@ -242,7 +261,11 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     wait_completed(&migrations, id, names.len() as i32).await?;
     let after = wait_admitted_running(client, id, QUOTA as usize).await?;
     assert!(after.iter().all(|(_, claim)| *claim), "after the move every admitted Job runs through DRA");
-    assert_eq!(usage(id)?, BTreeMap::from([(GPU.to_owned(), QUOTA)]), "Kueue's usage after the move");
+    assert_eq!(
+        usage_when(id, QUOTA).await?,
+        BTreeMap::from([(GPU.to_owned(), QUOTA)]),
+        "Kueue's usage after the move"
+    );
 
     // Switchyard's inventory says of the queue what Kueue did.
     let out = std::process::Command::new(cluster::cli_bin())

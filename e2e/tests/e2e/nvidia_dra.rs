@@ -131,6 +131,18 @@ async fn set_up(client: &Client, id: &str, names: &[String]) -> anyhow::Result<(
     real::install_nvidia_dra()?;
     let gpus_per_node = real::node_gpus().len() as i64;
     real::wait_allocatable(client, names, GPU, gpus_per_node, Duration::from_secs(120)).await?;
+    // The migration's class must be created in a later second than the chart's own (the
+    // scheduler takes the newest class for a name, and creation times have second resolution):
+    // one created in the same second reads as shadowed, as it would for a user.
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let chart_class = classes.get(DRIVER).await?.metadata.creation_timestamp;
+    let created =
+        chart_class.map(|t| t.0).ok_or_else(|| anyhow::anyhow!("the chart's class has no creation time"))?;
+    wait::until("a second after the chart's class was created", Duration::from_secs(5), || async move {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+        Ok((now > created.as_second()).then_some(()))
+    })
+    .await?;
     cluster::create_namespace(client, id).await
 }
 
