@@ -178,6 +178,27 @@ fn pool_migration(id: &str) -> anyhow::Result<GpuPoolMigration> {
     Ok(serde_json::from_value(real::pool_migration(id, DRIVER, CLASS, driver_ds, "GpuOperator"))?)
 }
 
+/// Waits until GpuPoolMigration `name` reads Completed (`what` names the wait), failing at once if
+/// it reads Failed; returns it.
+async fn completes(
+    client: &Client,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<GpuPoolMigration> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    wait::until(what, timeout, || {
+        let migrations = migrations.clone();
+        async move {
+            let g = migrations.get(name).await?;
+            let s = status(&g);
+            anyhow::ensure!(s.phase != Some(Phase::Failed), "{name} failed: {s:?}");
+            Ok((s.phase == Some(Phase::Completed)).then_some(g))
+        }
+    })
+    .await
+}
+
 fn status(g: &GpuPoolMigration) -> switchyard_operator::api::v1alpha1::GpuPoolMigrationStatus {
     g.status.clone().unwrap_or_default()
 }
@@ -719,15 +740,10 @@ async fn relabel_scenario(client: &Client, id: &str, names: &[String]) -> anyhow
     let stayer = pool.iter().find(|n| **n != leaver).cloned().unwrap_or_default();
     relabel_out_when(client, &leaver, "Switching", &["Verifying", "Migrated"]).await?;
     let_go_on(client, &leaver, "dra").await?;
-    let done = wait::until("the migration to complete with the other node", Duration::from_secs(240), || {
-        let migrations = migrations.clone();
-        async move {
-            let s = status(&migrations.get(id).await?);
-            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
-            Ok((s.phase == Some(Phase::Completed)).then_some(s))
-        }
-    })
-    .await?;
+    let done = status(
+        &completes(client, id, "the migration to complete with the other node", Duration::from_secs(240))
+            .await?,
+    );
     assert_eq!((done.nodes.total, done.nodes.migrated), (1, 1), "{:?}", done.nodes);
 
     migrations
@@ -782,15 +798,9 @@ async fn xid_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Re
     let sampler = sample(client, id);
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
     migrations.create(&PostParams::default(), &pool_migration(id)?).await?;
-    let done = wait::until("the node's move to NVIDIA's DRA driver", Duration::from_secs(300), || {
-        let migrations = migrations.clone();
-        async move {
-            let s = status(&migrations.get(id).await?);
-            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
-            Ok((s.phase == Some(Phase::Completed)).then_some(s))
-        }
-    })
-    .await?;
+    let done = status(
+        &completes(client, id, "the node's move to NVIDIA's DRA driver", Duration::from_secs(300)).await?,
+    );
     assert_eq!(done.nodes.migrated, 1, "{:?}", done.nodes);
     let events = real::kubectl(&[
         "get",
@@ -1086,15 +1096,7 @@ async fn mig_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Re
         .ok_or_else(|| anyhow::anyhow!("a migration without resources"))?
         .push(json!({"extendedResourceName": MIG, "deviceClassName": MIG_CLASS, "selector": MIG_SELECTOR}));
     migrations.create(&PostParams::default(), &serde_json::from_value(gpm)?).await?;
-    let completed = || {
-        let migrations = migrations.clone();
-        async move {
-            let s = status(&migrations.get(id).await?);
-            anyhow::ensure!(s.phase != Some(Phase::Failed), "migration failed: {s:?}");
-            Ok((s.phase == Some(Phase::Completed)).then_some(s))
-        }
-    };
-    wait::until("the node's move to NVIDIA's DRA driver", Duration::from_secs(300), completed).await?;
+    completes(client, id, "the node's move to NVIDIA's DRA driver", Duration::from_secs(300)).await?;
 
     // GPU 1 repartitioned; NVIDIA's kubelet plugin restarted to read it, as the MIG manager
     // restarts the GPU clients of the node.
@@ -1231,7 +1233,7 @@ async fn mig_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Re
             .collect();
         assert_eq!(caps, want, "{name}: the capability device nodes of {device}'s instances\n{logs}");
     }
-    wait::until("the migration to read Completed still", Duration::from_secs(10), completed).await?;
+    completes(client, id, "the migration to read Completed still", Duration::from_secs(10)).await?;
     stop_safe(sampler);
     Ok(())
 }
