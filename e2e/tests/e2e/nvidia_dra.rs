@@ -700,13 +700,18 @@ async fn let_go_on(client: &Client, node: &str, backend: &str) -> anyhow::Result
         }
     })
     .await?;
-    let events =
-        real::kubectl(&["get", "events", "-A", "--field-selector", "reason=NodeLeftPool", "-o", "json"])?;
-    let events: serde_json::Value = serde_json::from_str(&events)?;
-    let named = events["items"].as_array().into_iter().flatten().any(|e| {
-        e["type"] == "Warning" && e["message"].as_str().is_some_and(|m| m.contains(&format!("node {node} ")))
-    });
-    assert!(named, "no NodeLeftPool Warning event names {node}: {events}");
+    // The event is published after the node's patch lands: looked for until it is there.
+    wait::until(&format!("a NodeLeftPool Warning event naming {node}"), Duration::from_secs(30), || async {
+        let events =
+            real::kubectl(&["get", "events", "-A", "--field-selector", "reason=NodeLeftPool", "-o", "json"])?;
+        let events: serde_json::Value = serde_json::from_str(&events)?;
+        let named = events["items"].as_array().into_iter().flatten().any(|e| {
+            e["type"] == "Warning"
+                && e["message"].as_str().is_some_and(|m| m.contains(&format!("node {node} ")))
+        });
+        Ok(named.then_some(()))
+    })
+    .await?;
     Ok(())
 }
 
