@@ -695,7 +695,8 @@ pub struct UnverifiedPod {
     pub name: String,
     /// `HoldsDevicePluginGpu` (it runs without a claim for a GPU resource: the device plugin
     /// serves it, an overlap), `ClaimMissing`, `ClaimNotAllocated`, `RequestNotAllocated`,
-    /// `OtherDevices` (allocated from another driver, or another node's devices) or, under
+    /// `OtherDevices` (allocated from another driver, or another node's devices), `CannotStart`
+    /// (bound there and never started: the message quotes the kubelet) or, under
     /// `strategy.type: Replace`, `OnReplacedNode` (it runs on an old node left for removal).
     pub reason: String,
     /// What was found, naming the resource, claim and devices.

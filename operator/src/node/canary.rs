@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::api::v1alpha1::CanarySpec;
 use crate::node::state::Canary;
+use crate::node::verify;
 use crate::well_known::{
     LABEL_CANARY_ATTEMPT, LABEL_CANARY_NODE, LABEL_MANAGED_BY, LABEL_MIGRATION, OPERATOR_FIELD_MANAGER,
 };
@@ -142,7 +143,7 @@ pub fn outcome(p: Option<&Pod>, attempt: &str) -> Canary {
             "the canary pod failed: {}",
             status.and_then(|s| s.message.clone()).unwrap_or_else(|| "see its logs".into())
         )),
-        _ => Canary::Running,
+        _ => verify::cannot_start(p).map_or(Canary::Running, |m| Canary::CannotStart(format!("the canary's {m}"))),
     }
 }
 
@@ -244,6 +245,26 @@ mod tests {
             assert_eq!(kind, want, "{pod:?}");
         }
         assert_eq!(outcome(None, "7"), Canary::Absent);
+        // Pulling or creating is on its way; a configuration error is not.
+        let waiting = |reason: &str, message: &str| {
+            p(json!({"phase": "Pending", "containerStatuses": [{
+                "name": "canary", "image": "pause", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }]}))
+        };
+        assert_eq!(outcome(Some(&waiting("ContainerCreating", "")), "7"), Canary::Running);
+        let Canary::CannotStart(m) = outcome(Some(&waiting("ErrImageNeverPull", "not present")), "7") else {
+            panic!("an image the node lacks is reported")
+        };
+        assert_eq!(m, "the canary's container canary cannot start: ErrImageNeverPull: not present");
+        let stale = "endpoint not found in cache for a registered resource: nvidia.com/gpu";
+        let Canary::CannotStart(m) = outcome(Some(&waiting("CreateContainerConfigError", stale)), "7") else {
+            panic!("the kubelet's stale device-plugin state is reported")
+        };
+        assert!(
+            m.contains(stale) && m.contains("#141426") && m.contains("kubelet_internal_checkpoint"),
+            "{m}"
+        );
         // A leftover of an earlier attempt neither fails nor passes this one.
         for phase in ["Succeeded", "Failed"] {
             let old = p(json!({"phase": phase, "extendedResourceClaimStatus": claim}));

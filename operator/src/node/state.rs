@@ -55,6 +55,9 @@ pub enum Canary {
     Absent,
     /// Created, not finished.
     Running,
+    /// Created, and the kubelet reports that its container cannot start (what it says): an error
+    /// it retries without resolving by itself, such as `CreateContainerConfigError`.
+    CannotStart(String),
     /// Bound through a generated ResourceClaim and succeeded.
     Succeeded,
     /// Failed, with what went wrong.
@@ -90,6 +93,8 @@ pub enum WaitReason {
     WaitingForResourceSlices,
     /// The canary pod has not finished.
     CanaryRunning,
+    /// The kubelet reports that the canary's container cannot start.
+    CanaryCannotStart,
     /// The node failed and waits for a person.
     NeedsHuman,
     /// The DeviceTaintRule is evicting DRA claim holders.
@@ -128,6 +133,7 @@ impl WaitReason {
             WaitReason::DevicePluginStillAdvertising => "DevicePluginStillAdvertising",
             WaitReason::WaitingForResourceSlices => "WaitingForResourceSlices",
             WaitReason::CanaryRunning => "CanaryRunning",
+            WaitReason::CanaryCannotStart => "CanaryCannotStart",
             WaitReason::NeedsHuman => "NeedsHuman",
             WaitReason::EvictingClaimHolders => "EvictingClaimHolders",
             WaitReason::WaitingForDevicePlugin => "WaitingForDevicePlugin",
@@ -748,9 +754,13 @@ fn verifying(o: &Observed) -> Action {
     // (A node Verifying without a canary is one that entered it before Switching could
     // complete directly; it completes above.)
     if timed_out(o) {
+        let why = match &o.canary {
+            Canary::CannotStart(m) => format!(": {m}"),
+            _ => String::new(),
+        };
         return Action::Fail {
             reason: FailReason::VerifyTimeout,
-            message: format!("the canary did not succeed within {}s", o.verify_timeout_seconds),
+            message: format!("the canary did not succeed within {}s{why}", o.verify_timeout_seconds),
         };
     }
     match &o.canary {
@@ -758,6 +768,7 @@ fn verifying(o: &Observed) -> Action {
         Canary::Absent => Action::CreateCanary,
         Canary::Stale => Action::DeleteCanary,
         Canary::Running => wait(WaitReason::CanaryRunning, "waiting for the canary pod"),
+        Canary::CannotStart(m) => wait(WaitReason::CanaryCannotStart, m.clone()),
         Canary::Failed(m) => Action::Fail { reason: FailReason::CanaryFailed, message: m.clone() },
     }
 }
@@ -992,6 +1003,16 @@ pub fn next_step(o: &Observed) -> Action {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verify_timeout_says_why_the_canary_could_not_start() {
+        let mut o = base(NodeState::Verifying);
+        o.canary = Canary::CannotStart("CreateContainerConfigError: endpoint not found".into());
+        o.now = Timestamp::from_second(1_301).unwrap();
+        let Action::Fail { reason, message } = next_step(&o) else { panic!("{:?}", next_step(&o)) };
+        assert_eq!(reason, FailReason::VerifyTimeout);
+        assert!(message.ends_with(": CreateContainerConfigError: endpoint not found"), "{message}");
+    }
 
     fn base(state: NodeState) -> Observed {
         Observed {
@@ -1621,6 +1642,12 @@ mod tests {
             ("verify canary absent", Verifying, |o| o.canary = Canary::Absent, "CreateCanary"),
             ("verify with a stale canary", Verifying, |o| o.canary = Canary::Stale, "DeleteCanary"),
             ("verify canary running", Verifying, |o| o.canary = Canary::Running, "Wait:CanaryRunning"),
+            (
+                "verify canary that cannot start",
+                Verifying,
+                |o| o.canary = Canary::CannotStart("CreateContainerConfigError".into()),
+                "Wait:CanaryCannotStart",
+            ),
             ("verify canary ok", Verifying, |o| o.canary = Canary::Succeeded, "Complete"),
             (
                 "verify canary failed",

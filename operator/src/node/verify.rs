@@ -32,6 +32,9 @@ pub enum Fault {
     /// `strategy.type: Replace`: the pod runs on an old node left for removal, where the device
     /// plugin serves it: it landed back on the old pool (an uncordon, a stale scheduler).
     OnReplacedNode,
+    /// Bound to a migrated node and never started: the kubelet reports that a container cannot
+    /// start ([`cannot_start`]).
+    CannotStart,
 }
 
 impl Fault {
@@ -43,6 +46,7 @@ impl Fault {
             Fault::RequestNotAllocated => "RequestNotAllocated",
             Fault::OtherDevices => "OtherDevices",
             Fault::OnReplacedNode => "OnReplacedNode",
+            Fault::CannotStart => "CannotStart",
         }
     }
 }
@@ -66,6 +70,41 @@ pub fn is_arriving(pod: &Pod, resources: &[&str]) -> bool {
         && pod.metadata.deletion_timestamp.is_none()
         && drain::consumes_any(pod, resources)
 }
+
+/// Why the kubelet says a container cannot start, when it retries that without resolving it by
+/// itself (an image, the container's configuration, the runtime). Not `ContainerCreating` or
+/// `PodInitializing`: those are on their way.
+const CANNOT_START: [&str; 7] = [
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+];
+
+/// What the kubelet says of the first of `p`'s containers it cannot start (`container <name>
+/// cannot start: <reason>: <message>`); kubernetes/kubernetes#141426's error is named with its
+/// remedy. The pod itself says nothing of it: it stays Pending.
+pub fn cannot_start(p: &Pod) -> Option<String> {
+    let (container, waiting) = p.status.as_ref()?.container_statuses.iter().flatten().find_map(|c| {
+        let w = c.state.as_ref()?.waiting.as_ref()?;
+        CANNOT_START.contains(&w.reason.as_deref()?).then_some((c.name.as_str(), w))
+    })?;
+    let reason = waiting.reason.as_deref().unwrap_or_default();
+    let said = waiting.message.as_deref().unwrap_or_default();
+    let known = if said.contains(STALE_DEVICE_PLUGIN_ENDPOINT) {
+        "; the node's kubelet still holds the departed device plugin's GPUs (kubernetes/kubernetes#141426, kubelets up to v1.37.2): restart it with /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint removed and it starts (docs/operations.md, KubeletKeepsDevicePluginGpus)"
+    } else {
+        ""
+    };
+    Some(format!("container {container} cannot start: {reason}: {said}{known}"))
+}
+
+/// The kubelet's error for a resource whose device-plugin endpoint it has dropped while it still
+/// remembers that plugin's GPUs (`pkg/kubelet/cm/devicemanager`).
+const STALE_DEVICE_PLUGIN_ENDPOINT: &str = "endpoint not found in cache for a registered resource";
 
 /// The `namespace/name` of the claim the scheduler generated for `pod`, if its status names one.
 pub fn generated_claim(pod: &Pod) -> Option<String> {
@@ -228,6 +267,41 @@ mod tests {
 
     const DRIVER: &str = "gpu.switchyard.dev";
     const RES: &[&str] = &["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"];
+
+    /// A pod as the GPU-pod cache holds it (read into `PodFields`, as the watch reads it), bound
+    /// and Pending with its container waiting for `reason`.
+    fn waiting(reason: &str, message: &str) -> Pod {
+        let fields: crate::reads::pod_list::PodFields = serde_json::from_value(json!({
+            "metadata": {"name": "train", "namespace": "ml"},
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending", "containerStatuses": [{
+                "name": "cuda", "image": "cuda", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }]},
+        }))
+        .unwrap();
+        fields.into_pod()
+    }
+
+    #[test]
+    fn a_pod_whose_container_cannot_start_says_why_through_the_pod_cache() {
+        assert!(is_arriving(&waiting("ContainerCreating", ""), RES));
+        assert_eq!(cannot_start(&waiting("ContainerCreating", "")), None, "on its way");
+        assert_eq!(
+            cannot_start(&waiting("CreateContainerError", "no such file")).as_deref(),
+            Some("container cuda cannot start: CreateContainerError: no such file")
+        );
+        let stale = "endpoint not found in cache for a registered resource: nvidia.com/gpu";
+        let m = cannot_start(&waiting("CreateContainerConfigError", stale)).unwrap();
+        assert!(
+            m.starts_with(&format!("container cuda cannot start: CreateContainerConfigError: {stale}; ")),
+            "{m}"
+        );
+        assert!(
+            m.contains("kubernetes/kubernetes#141426") && m.contains("kubelet_internal_checkpoint"),
+            "{m}"
+        );
+    }
 
     fn pod(limits: Value, mappings: Option<Value>) -> Pod {
         let mut status = json!({"phase": "Running"});

@@ -9,7 +9,7 @@
 //! deletion timestamp; its node, termination grace period, its containers' and init containers'
 //! names and resources, its volumes' names and emptyDir, its resource claims, its nodeSelector,
 //! required node affinity and tolerations (where a Replace migration may move it); its phase and
-//! extended-resource claim status. A pod made by [`PodFields::into_pod`] has nothing else set.
+//! extended-resource claim status, and why each of its containers that waits to start waits. A pod made by [`PodFields::into_pod`] has nothing else set.
 //! The drain's own per-node LIST ([`list_node`]) and the GPU-pod watch (`cache::pods`) read pods
 //! the same way. Pages are asked for in the API server's protobuf encoding and read into the same
 //! fields (`pod_list::proto`); the watch reads JSON.
@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EmptyDirVolumeSource, NodeAffinity, NodeSelector, Pod,
-    PodExtendedResourceClaimStatus, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements, Toleration,
-    Volume,
+    Affinity, Container, ContainerState, ContainerStateWaiting, ContainerStatus, EmptyDirVolumeSource,
+    NodeAffinity, NodeSelector, Pod, PodExtendedResourceClaimStatus, PodResourceClaim, PodSpec, PodStatus,
+    ResourceRequirements, Toleration, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, OwnerReference, Time};
 use kube::Client;
@@ -129,6 +129,38 @@ struct VolumeFields {
 struct Status {
     phase: Option<String>,
     extended_resource_claim_status: Option<PodExtendedResourceClaimStatus>,
+    /// Only the containers that wait, and only why: what [`crate::node::verify::cannot_start`]
+    /// reads of a pod bound to a migrated node that never starts.
+    #[serde(default, deserialize_with = "waiting_containers")]
+    container_statuses: Option<Vec<ContainerWaiting>>,
+}
+
+/// A container that waits to start, and why (its `state.waiting`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+struct ContainerWaiting {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    state: Option<WaitingState>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+struct WaitingState {
+    waiting: Option<ContainerStateWaiting>,
+}
+
+/// A pod's container statuses, only those that wait; `None` when none does.
+fn waiting_containers<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<ContainerWaiting>>, D::Error> {
+    let all: Option<Vec<ContainerWaiting>> = Deserialize::deserialize(d)?;
+    Ok(only_waiting(all.unwrap_or_default()))
+}
+
+/// `containers` less those that do not wait; `None` when none is left.
+fn only_waiting(mut containers: Vec<ContainerWaiting>) -> Option<Vec<ContainerWaiting>> {
+    containers.retain(|c| c.state.as_ref().is_some_and(|s| s.waiting.is_some()));
+    (!containers.is_empty()).then_some(containers)
 }
 
 impl PodFields {
@@ -231,6 +263,18 @@ impl PodFields {
             status: self.status.map(|s| PodStatus {
                 phase: s.phase,
                 extended_resource_claim_status: s.extended_resource_claim_status,
+                container_statuses: s.container_statuses.map(|cs| {
+                    cs.into_iter()
+                        .map(|c| ContainerStatus {
+                            name: c.name,
+                            state: Some(ContainerState {
+                                waiting: c.state.and_then(|s| s.waiting),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
                 ..Default::default()
             }),
         }

@@ -582,6 +582,16 @@ async fn pods_verified(
             checked.push((node.to_owned(), pod.namespace().unwrap_or_default(), pod.name_any(), verdict));
         }
     }
+    // A GPU pod bound here that never starts stays Pending; the kubelet says why in its container
+    // status (kubernetes/kubernetes#141426's stale device-plugin state among the causes).
+    for node in migrated.iter().filter(|n| !replaced.contains(**n)) {
+        for pod in gpu_pods.on(node).filter(|p| verify::is_arriving(p, &res)) {
+            if let Some(why) = verify::cannot_start(&pod) {
+                let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+                checked.push(((*node).to_owned(), namespace, name, Err((verify::Fault::CannotStart, why))));
+            }
+        }
+    }
     let result = verify::summarize(checked);
     let settling = settling(previous.as_ref().map(|(r, _)| r), &result, arriving);
     if let Ok(mut g) = ctx.pod_checks.lock() {

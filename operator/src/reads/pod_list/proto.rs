@@ -16,16 +16,17 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerExtendedResourceRequest, EmptyDirVolumeSource, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, PodExtendedResourceClaimStatus, PodResourceClaim, ResourceClaim, ResourceRequirements,
-    Toleration,
+    ContainerExtendedResourceRequest, ContainerStateWaiting, EmptyDirVolumeSource, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PodExtendedResourceClaimStatus, PodResourceClaim,
+    ResourceClaim, ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, OwnerReference, Time};
 use prost::Message;
 
 use super::{
-    AffinityFields, ContainerFields, Meta, NodeAffinityFields, PodFields, PodPage, Spec, Status, VolumeFields,
+    AffinityFields, ContainerFields, ContainerWaiting, Meta, NodeAffinityFields, PodFields, PodPage, Spec,
+    Status, VolumeFields, WaitingState,
 };
 
 /// The media type of the API server's protobuf encoding.
@@ -313,6 +314,33 @@ struct PodStatus {
     phase: Option<String>,
     #[prost(message, optional, tag = "18")]
     extended_resource_claim_status: Option<ExtendedResourceClaimStatusMessage>,
+    #[prost(message, repeated, tag = "8")]
+    container_statuses: Vec<ContainerStatusMessage>,
+}
+
+/// Of a `ContainerStatus`, its name and why it waits (k8s.io/api core/v1 `generated.proto`:
+/// `ContainerStatus.name = 1`, `.state = 2`; `ContainerState.waiting = 1`;
+/// `ContainerStateWaiting.reason = 1`, `.message = 2`).
+#[derive(Clone, PartialEq, Message)]
+struct ContainerStatusMessage {
+    #[prost(string, optional, tag = "1")]
+    name: Option<String>,
+    #[prost(message, optional, tag = "2")]
+    state: Option<ContainerStateMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ContainerStateMessage {
+    #[prost(message, optional, tag = "1")]
+    waiting: Option<WaitingMessage>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct WaitingMessage {
+    #[prost(string, optional, tag = "1")]
+    reason: Option<String>,
+    #[prost(string, optional, tag = "2")]
+    message: Option<String>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -372,6 +400,21 @@ impl From<PodMessage> for PodFields {
             },
             spec: p.spec.map(spec),
             status: p.status.map(|s| Status {
+                container_statuses: super::only_waiting(
+                    s.container_statuses
+                        .into_iter()
+                        .map(|c| ContainerWaiting {
+                            name: c.name.unwrap_or_default(),
+                            state: c.state.map(|st| WaitingState {
+                                waiting: st.waiting.map(|w| ContainerStateWaiting {
+                                    // Protobuf sends an empty string where JSON omits the field.
+                                    reason: w.reason.filter(|r| !r.is_empty()),
+                                    message: w.message.filter(|m| !m.is_empty()),
+                                }),
+                            }),
+                        })
+                        .collect(),
+                ),
                 phase: s.phase,
                 extended_resource_claim_status: s.extended_resource_claim_status.map(|e| {
                     PodExtendedResourceClaimStatus {
@@ -507,6 +550,61 @@ mod tests {
         );
         let mirror = from_pb.items.iter().find(|p| p.metadata.name.as_deref() != Some("trainer-0")).unwrap();
         assert!(crate::node::drain::is_mirror_pod(&mirror.clone().into_pod()));
+    }
+
+    #[test]
+    fn a_waiting_container_reads_alike_from_protobuf_and_json() {
+        let waiting = |reason: &str, message: &str| ContainerStatusMessage {
+            name: Some("cuda".into()),
+            state: Some(ContainerStateMessage {
+                waiting: Some(WaitingMessage { reason: Some(reason.into()), message: Some(message.into()) }),
+            }),
+        };
+        let running = ContainerStatusMessage {
+            name: Some("sidecar".into()),
+            state: Some(ContainerStateMessage { waiting: None }),
+        };
+        let list = PodList {
+            metadata: None,
+            items: vec![PodMessage {
+                metadata: None,
+                spec: None,
+                status: Some(PodStatus {
+                    phase: Some("Pending".into()),
+                    extended_resource_claim_status: None,
+                    container_statuses: vec![
+                        running,
+                        waiting("CreateContainerConfigError", "endpoint not found"),
+                    ],
+                }),
+            }],
+        };
+        let mut body = MAGIC.to_vec();
+        body.extend(
+            Unknown {
+                type_meta: Some(TypeMeta { kind: Some("PodList".into()) }),
+                raw: Some(list.encode_to_vec()),
+            }
+            .encode_to_vec(),
+        );
+        let from_pb = page(&body).unwrap();
+        let from_json: PodPage = serde_json::from_value(serde_json::json!({"items": [{"status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "sidecar", "state": {"running": {"startedAt": "2026-12-08T00:00:00Z"}}},
+                {"name": "cuda", "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "endpoint not found"}}},
+            ],
+        }}]}))
+        .unwrap();
+        assert_eq!(from_pb.items, from_json.items);
+        let pod = from_pb.items[0].clone().into_pod();
+        let statuses = pod.status.and_then(|s| s.container_statuses).unwrap();
+        assert_eq!(statuses.len(), 1, "only the waiting container is kept");
+        let w = statuses[0].state.as_ref().and_then(|s| s.waiting.as_ref()).unwrap();
+        assert_eq!(
+            (statuses[0].name.as_str(), w.reason.as_deref()),
+            ("cuda", Some("CreateContainerConfigError"))
+        );
     }
 
     #[test]
