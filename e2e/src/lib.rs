@@ -5,6 +5,7 @@
 //! The scenarios are the modules of one test binary, `e2e/tests/e2e/main.rs`.
 
 pub mod cluster;
+pub mod containers;
 pub mod locks;
 pub mod measure;
 pub mod pool;

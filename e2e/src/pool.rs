@@ -26,6 +26,7 @@ use switchyard_operator::well_known::{
 use tokio::task::JoinHandle;
 
 use crate::cluster::{self, unique};
+use crate::containers::{Containers, Shared};
 use crate::sim::{
     AgentSettings, DaemonSetKey, GpuLayout, SimConfig, SimNode, Simulator, placeholder_daemon_set,
 };
@@ -736,6 +737,12 @@ pub struct Samples {
     /// Per node, every `switchyard.dev/gpu-backend` value it took, in order (absent reads as
     /// `device-plugin`); consecutive repeats are folded.
     pub backend_history: BTreeMap<String, Vec<String>>,
+    /// With [`Sampler::watch_containers`]: the workload containers whose GPUs were read, every
+    /// instant a GPU was inside two running containers of one node, and the running containers
+    /// whose GPUs could not be read.
+    pub containers_read: usize,
+    pub shared_gpus: Vec<Shared>,
+    pub unread_containers: Vec<String>,
 }
 
 #[derive(Default)]
@@ -835,6 +842,33 @@ impl Sampler {
         apps_ns: String,
         resource: String,
     ) -> Self {
+        Self::spawn(client, pool, driver, driver_ds, apps_ns, resource, false)
+    }
+
+    /// [`Sampler::watch_driver`] on the real nodes, where the pods in `apps_ns` are the workload
+    /// image's real containers: it also reads each running container's GPUs and checks at every
+    /// event that no GPU is inside two of them on one node ([`Samples::shared_gpus`]). Not for
+    /// GPUs shared on purpose (time-slicing), where that is the point.
+    pub fn watch_containers(
+        client: Client,
+        pool: String,
+        driver: String,
+        driver_ds: String,
+        apps_ns: String,
+        resource: String,
+    ) -> Self {
+        Self::spawn(client, pool, driver, driver_ds, apps_ns, resource, true)
+    }
+
+    fn spawn(
+        client: Client,
+        pool: String,
+        driver: String,
+        driver_ds: String,
+        apps_ns: String,
+        resource: String,
+        read_containers: bool,
+    ) -> Self {
         let samples = Arc::new(Mutex::new(Samples::default()));
         let out = samples.clone();
         let task = tokio::spawn(async move {
@@ -859,15 +893,32 @@ impl Sampler {
             let mut all =
                 futures::stream::select_all([nodes.boxed(), slices.boxed(), pods.boxed(), rules.boxed()]);
             let mut view = View { driver_ds, ..View::default() };
+            let mut containers = read_containers.then(|| Containers::new(client.clone(), &apps_ns));
             let mut listed = 0;
             while let Some(update) = all.next().await {
                 match update {
                     None => continue,
                     Some(Update::Listed) => listed += 1,
-                    Some(update) => view.apply(update, &apps_ns, &out),
+                    Some(update) => {
+                        if let (Some(c), Update::Pod(p, live)) = (containers.as_mut(), &update)
+                            && let Err(e) = c.observe(p, *live).await
+                        {
+                            out.lock().unwrap().unread_containers.push(e);
+                        }
+                        view.apply(update, &apps_ns, &out)
+                    }
                 }
                 if listed >= SAMPLED_WATCHES {
                     view.check(&pool, &resource, &out);
+                    if let Some(c) = &containers {
+                        let mut samples = out.lock().unwrap();
+                        samples.containers_read = c.read_count;
+                        for s in c.shared() {
+                            if !samples.shared_gpus.contains(&s) {
+                                samples.shared_gpus.push(s);
+                            }
+                        }
+                    }
                 }
             }
         });

@@ -26,6 +26,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::pool::Samples;
 use crate::{cluster, wait};
 
 /// Label nodes-up.sh gives every real node.
@@ -705,6 +706,15 @@ pub fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
         .map(str::to_owned)
         .collect();
     (visible, gpus)
+}
+
+/// Asserts what [`crate::pool::Sampler::watch_containers`] saw of the workload's containers: no GPU
+/// inside two running containers of one node at any pod event, every running container's GPUs
+/// read, and at least one container read (a check that read none would prove nothing).
+pub fn assert_gpus_held_once(samples: &Samples) {
+    assert!(samples.shared_gpus.is_empty(), "a GPU was inside two containers: {:?}", samples.shared_gpus);
+    assert!(samples.unread_containers.is_empty(), "containers' GPUs unread: {:?}", samples.unread_containers);
+    assert!(samples.containers_read > 0, "the sampler read no workload container's GPUs");
 }
 
 /// The identity of a device node from the workload's `ls -l` line: `195:1 /dev/nvidia1`. The

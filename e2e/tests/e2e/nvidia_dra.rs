@@ -29,6 +29,9 @@
 //!   re-created as a Helm re-install does becomes newer than Switchyard's and takes the extended
 //!   resource: the migration says so (`DeviceClassesReady=False`, `Shadowed`, naming the class and
 //!   what to change), and recovers once the admin does what the message says;
+//! - the runbook's last step: once every node moved, the GPU Operator's device-plugin DaemonSet
+//!   runs on no node, `DevicePluginRemovable` says it may go and that NVIDIA's chart keeps
+//!   `gpuResourcesEnabledOverride=true`, which the chart still requires without a device plugin;
 //! - a rollback (`direction: Rollback`) returns every node to NVIDIA's device plugin: the claim
 //!   holders are evicted while NVIDIA's kubelet plugin still runs, the plugin's GPUs come back as
 //!   allocatable, and the trainers run again without claims;
@@ -147,9 +150,9 @@ async fn set_up(client: &Client, id: &str, names: &[String]) -> anyhow::Result<(
 }
 
 /// The sampler of the pool `id` on NVIDIA's driver: every watch event of its nodes, slices, pods
-/// and claims.
+/// and claims, and the GPUs inside the workload's containers.
 fn sample(client: &Client, id: &str) -> Sampler {
-    Sampler::watch_driver(
+    Sampler::watch_containers(
         client.clone(),
         id.to_owned(),
         DRIVER.to_owned(),
@@ -160,11 +163,12 @@ fn sample(client: &Client, id: &str) -> Sampler {
 }
 
 /// Stops `sampler` and asserts what held at every event it saw: no node served by both backends,
-/// no claim outliving NVIDIA's kubelet plugin on its node.
+/// no GPU inside two running containers, no claim outliving NVIDIA's kubelet plugin on its node.
 fn stop_safe(sampler: Sampler) -> Samples {
     let samples = sampler.stop();
     assert!(samples.events > 0, "the sampler saw the migrations");
     assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
+    real::assert_gpus_held_once(&samples);
     assert!(
         samples.orphaned_claim_holders.is_empty(),
         "claims outlived NVIDIA's kubelet plugin: {:?}",
@@ -205,11 +209,36 @@ fn status(g: &GpuPoolMigration) -> switchyard_operator::api::v1alpha1::GpuPoolMi
 
 /// The DeviceClassesReady condition of a migration: (status, reason, message).
 fn classes_ready(g: &GpuPoolMigration) -> Option<(String, String, String)> {
-    status(g)
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "DeviceClassesReady")
-        .map(|c| (c.status, c.reason, c.message))
+    condition(g, "DeviceClassesReady")
+}
+
+/// The runbook's last step where NVIDIA's driver is the target: with every node moved, the GPU
+/// Operator's device-plugin DaemonSet runs on no node, and the migration says it may go and that
+/// NVIDIA's chart keeps `gpuResourcesEnabledOverride=true`; the chart, rendered without it now,
+/// still refuses GPUs, as the message says.
+async fn chart_override_kept(client: &Client, id: &str) -> anyhow::Result<()> {
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let (_, _, message) = wait::until("the device plugin to read removable", Duration::from_secs(60), || {
+        let migrations = migrations.clone();
+        async move {
+            Ok(condition(&migrations.get(id).await?, "DevicePluginRemovable")
+                .filter(|(s, r, _)| s == "True" && r == "DevicePluginUnused"))
+        }
+    })
+    .await?;
+    assert!(
+        message.contains("DaemonSet kube-system/nvidia-device-plugin-daemonset runs on no node")
+            && message
+                .contains("keep gpuResourcesEnabledOverride=true in NVIDIA's DRA driver chart's values"),
+        "{message}"
+    );
+    let dropped = real::render_nvidia_dra(&["--set", "gpuResourcesEnabledOverride=false"])?;
+    let why = String::from_utf8_lossy(&dropped.stderr);
+    assert!(!dropped.status.success(), "the chart renders GPUs without its override once the plugin is gone");
+    assert!(why.contains("cannot be deployed alongside the standard GPU device plugin"), "{why}");
+    let kept = real::render_nvidia_dra(&[])?;
+    assert!(kept.status.success(), "{}", String::from_utf8_lossy(&kept.stderr));
+    Ok(())
 }
 
 /// The pods of NVIDIA's GPU kubelet plugin, by node.
@@ -294,6 +323,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         assert_eq!(allocatable(&node, GPU), 0, "{n}: NVIDIA's device plugin left");
     }
     overlapped_once_completed(client, id, names).await?;
+    chart_override_kept(client, id).await?;
     let plugins = kubelet_plugin_pods(client).await?;
     assert_eq!(
         plugins.keys().cloned().collect::<BTreeSet<_>>(),

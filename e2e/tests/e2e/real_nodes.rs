@@ -45,7 +45,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use switchyard_e2e::pool::{Sampler, allocatable};
+use switchyard_e2e::pool::{DRIVER_DS, Sampler, allocatable};
 use switchyard_e2e::real::{self, LABEL_GPU_PRESENT, SYSTEM_NS};
 use switchyard_e2e::{cluster, wait};
 use switchyard_operator::api::v1alpha1::{GpuPoolMigration, Phase};
@@ -514,10 +514,11 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         );
     }
 
-    let sampler = Sampler::watch(
+    let sampler = Sampler::watch_containers(
         client.clone(),
         id.to_owned(),
         DRIVER.to_owned(),
+        DRIVER_DS.to_owned(),
         id.to_owned(),
         switchyard_operator::well_known::NVIDIA_GPU_RESOURCE.to_owned(),
     );
@@ -741,6 +742,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 
     let samples = sampler.stop();
     assert!(samples.events > 0, "the sampler saw the migration");
+    real::assert_gpus_held_once(&samples);
     assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
     assert!(
         samples.orphaned_claim_holders.is_empty(),

@@ -1228,11 +1228,16 @@ mod tests {
         let message = removable(&decide(&w)).2;
         assert!(message.contains("still runs on 3 node(s) outside this pool"), "{message}");
 
-        // NVIDIA's DRA driver: the chart's coexistence override is named.
+        // NVIDIA's DRA driver: its chart's override, which reads as a coexistence waiver, is to
+        // be kept (the chart refuses GPUs without it, device plugin or not).
         let mut w = world(json!({"driver": {"name": NVIDIA_DRA_DRIVER}}));
         w.nodes = vec![migrated("n1"), migrated("n2")];
         w.plugin_ds = Some(scheduled_on(0));
-        assert!(removable(&decide(&w)).2.contains("gpuResourcesEnabledOverride=true"));
+        let message = removable(&decide(&w)).2;
+        assert!(
+            message.contains("; keep gpuResourcesEnabledOverride=true in NVIDIA's DRA driver chart's values"),
+            "{message}"
+        );
 
         // A rollback returns nodes to the device plugin: no such condition.
         let d = decide(&world(json!({"direction": "Rollback"})));

@@ -360,8 +360,11 @@ fn device_plugin_pods<'a>(s: &'a Snapshot<'_>) -> Vec<&'a UnverifiedPod> {
     s.pods.iter().flat_map(|(p, _)| &p.unverified_pods).filter(|p| p.reason == reason).collect()
 }
 
-/// What NVIDIA's DRA driver chart no longer needs once the device plugin is gone.
-const NVIDIA_COEXISTENCE_OVERRIDE: &str = "; NVIDIA's DRA driver chart no longer needs gpuResourcesEnabledOverride=true, which lets it serve GPUs beside the device plugin: drop it from the release's values";
+/// What NVIDIA's DRA driver chart still needs once the device plugin is gone. Its override reads
+/// as a coexistence waiver, so a values clean-up after the runbook's last step would drop it; but
+/// the chart (`templates/validation.yaml`, v0.5.0) refuses `resources.gpus.enabled` without it
+/// whether or not a device plugin runs, so the release's next upgrade or sync would fail.
+const NVIDIA_CHART_OVERRIDE: &str = "; keep gpuResourcesEnabledOverride=true in NVIDIA's DRA driver chart's values: the chart refuses to enable GPUs without it even with no device plugin left, so a release upgraded or synced without it fails to render";
 
 /// The DevicePluginRemovable condition of a forward migration: whether the runbook's last step
 /// may delete the device plugin now. A rollback returns nodes to it, so it says nothing there.
@@ -372,7 +375,7 @@ fn device_plugin_removable(s: &Snapshot<'_>, gate: &Gate, p: &Plan) -> Option<De
     }
     let dp = &spec.device_plugin.daemon_set;
     let name = format!("{}/{}", dp.namespace, dp.name);
-    let nvidia = if spec.driver.name == NVIDIA_DRA_DRIVER { NVIDIA_COEXISTENCE_OVERRIDE } else { "" };
+    let nvidia = if spec.driver.name == NVIDIA_DRA_DRIVER { NVIDIA_CHART_OVERRIDE } else { "" };
     let to_move = p.counts.total.saturating_sub(p.counts.migrated);
     let still = |reason: &str, message: String| {
         Desired::new(ConditionType::DevicePluginRemovable, false, reason, message)
