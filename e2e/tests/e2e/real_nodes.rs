@@ -681,6 +681,8 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
     })
     .await?;
 
+    a_gpu_pod_that_cannot_start_is_reported(client, id).await?;
+
     // Rollback of one node: the admin hands the pool migration back (deleting it keeps the nodes
     // on DRA) and moves one node back to the device plugin with a migration of its own. Its
     // claim holders are evicted while its driver still runs; the device plugin serves it again.
@@ -755,6 +757,64 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
         samples.deleted_pods
     );
     operator_rbac_is_what_it_uses(client, &started).await
+}
+
+/// A GPU pod scheduled onto a migrated node whose container cannot start (it reads a ConfigMap
+/// that does not exist: the kubelet's `CreateContainerConfigError`, as for the kubelet's stale
+/// device-plugin state of kubernetes/kubernetes#141426) stays Pending; the migration reports it,
+/// quoting the kubelet, and the report clears once the pod is gone.
+async fn a_gpu_pod_that_cannot_start_is_reported(client: &Client, id: &str) -> anyhow::Result<()> {
+    const BROKEN: &str = "misconfigured";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": BROKEN, "labels": {"app": BROKEN}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "cuda", "image": real::WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                "resources": {"limits": {GPU: "1"}},
+                "env": [{"name": "SETTING", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}],
+            }],
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), id);
+    pods.create(&PostParams::default(), &pod).await?;
+    let migrations: Api<GpuPoolMigration> = Api::all(client.clone());
+    let reported = wait::until("the pod that cannot start to be reported", Duration::from_secs(120), || {
+        let migrations = migrations.clone();
+        async move {
+            let s = migrations.get(id).await?.status.unwrap_or_default();
+            let verified = s.conditions.iter().find(|c| c.type_ == "PodsVerified").cloned();
+            let pod = s.pods.and_then(|p| p.unverified_pods.into_iter().find(|u| u.name == BROKEN));
+            Ok(pod.zip(verified.filter(|c| c.status == "False")))
+        }
+    })
+    .await?;
+    let (unverified, condition) = reported;
+    let bound = pods.get(BROKEN).await?;
+    assert_eq!(
+        bound.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Pending"),
+        "{BROKEN} never starts"
+    );
+    assert_eq!(Some(&unverified.node), bound.spec.as_ref().and_then(|s| s.node_name.as_ref()));
+    assert_eq!(unverified.reason, "CannotStart", "{unverified:?}");
+    assert!(
+        unverified.message.starts_with("container cuda cannot start: CreateContainerConfigError: ")
+            && unverified.message.contains("absent"),
+        "the kubelet's words: {unverified:?}"
+    );
+    assert!(condition.message.contains(&format!("{id}/{BROKEN}")), "{condition:?}");
+    pods.delete(BROKEN, &DeleteParams::default()).await?;
+    wait::until("the report to clear once the pod is gone", Duration::from_secs(120), || {
+        let migrations = migrations.clone();
+        async move {
+            let s = migrations.get(id).await?.status.unwrap_or_default();
+            let cleared = s.pods.is_some_and(|p| p.unverified == 0)
+                && s.conditions.iter().any(|c| c.type_ == "PodsVerified" && c.status == "True");
+            Ok(cleared.then_some(()))
+        }
+    })
+    .await
 }
 
 /// `strategy.type: Replace` on the real nodes: the node on the device plugin (`back`) is drained

@@ -69,6 +69,11 @@ impl WatchedPod {
     pub fn node_name(&self) -> Option<&str> {
         self.fields.node_name()
     }
+
+    /// Whether the kubelet reports that a container of the pod cannot start.
+    pub fn cannot_start(&self) -> bool {
+        self.fields.cannot_start()
+    }
 }
 
 impl kube::Resource for WatchedPod {
@@ -126,7 +131,8 @@ pub fn kept(event: Event<WatchedPod>) -> Option<Event<WatchedPod>> {
 }
 
 /// The pod watch as the controller consumes it: each event through [`kept`], then applied to the
-/// GPU-pod store. Only a pod leaving the cache triggers a reconcile ([`deleted`]); the other steps
+/// GPU-pod store. Only a pod leaving the cache, or one that cannot start, triggers a reconcile
+/// ([`triggering`]); the other steps
 /// that wait on pods come back on their own (an eviction's grace period, a terminating pod's), as
 /// they did when they listed them.
 pub fn gpu_pod_reflector(
@@ -143,12 +149,17 @@ pub fn gpu_pod_reflector(
 /// its canary has finished, not at the recheck after a grace period (which stays, for the pods the
 /// cache does not hold: `podSelection: All`) or the next requeue. An update of a pod the cache
 /// never held comes through too; the mapper wakes only the migrations of nodes in those steps.
-pub fn deleted(
+///
+/// And a pod whose container the kubelet cannot start ([`WatchedPod::cannot_start`]): bound to a
+/// migrated node, it is one the migration reports (`CannotStart`), at once rather than at its next
+/// requeue. Such a pod's status changes only as the kubelet retries it.
+pub fn triggering(
     events: impl Stream<Item = watcher::Result<Event<WatchedPod>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<WatchedPod>> + Send + 'static {
     events.try_filter_map(|e| {
         futures::future::ready(Ok(match e {
             Event::Delete(pod) => Some(pod),
+            Event::Apply(pod) if pod.cannot_start() => Some(pod),
             _ => None,
         }))
     })
@@ -184,6 +195,12 @@ impl PodsByNode {
     /// The pods bound to `node`, in no particular order.
     pub fn on(&self, node: &str) -> impl Iterator<Item = Pod> + '_ {
         self.0.get(node).into_iter().flatten().map(|p| p.pod())
+    }
+
+    /// The cached pods bound to `node` whose container the kubelet cannot start, without building
+    /// each `Pod`.
+    pub fn cannot_start_on(&self, node: &str) -> impl Iterator<Item = &WatchedPod> + '_ {
+        self.0.get(node).into_iter().flatten().filter(|p| p.cannot_start()).map(|p| p.as_ref())
     }
 }
 

@@ -163,21 +163,34 @@ fn migrations_for_slice(
         .collect()
 }
 
-/// The migrations of the node a pod that left the GPU-pod cache (deleted, or finished:
-/// `cache::pods::deleted`) was bound to, while that node's step waits for a pod to go or to finish
-/// (Draining, RollingBack: the pods it drains; Verifying: its canary, which finishes): its going
-/// may end the wait, so the step goes on at once instead of at its recheck or requeue. A pod deleted on any other node triggers nothing, so the pods of a
-/// busy cluster do not reconcile every migration.
-fn migrations_for_deleted_pod(
+/// The migrations of the node a pod the pod watch triggers with (`cache::pods::triggering`) is
+/// bound to:
+/// - one that left the GPU-pod cache (deleted, or finished), while that node's step waits for a
+///   pod to go or to finish (Draining, RollingBack: the pods it drains; Verifying: its canary,
+///   which finishes): its going may end the wait, so the step goes on at once instead of at its
+///   recheck or requeue;
+/// - one whose container the kubelet cannot start, on a node that has migrated: the migration
+///   reports it (PodsVerified, `CannotStart`) at once, not at its idle requeue.
+///
+/// A pod on any other node triggers nothing, so the pods of a busy cluster do not reconcile every
+/// migration.
+fn migrations_for_pod(
     store: &Store<GpuPoolMigration>,
     nodes: &Store<SlimNode>,
     pod: &cache::pods::WatchedPod,
 ) -> Vec<ObjectRef<GpuPoolMigration>> {
     let Some(node) = pod.node_name().and_then(|n| nodes.get(&ObjectRef::new(n))) else { return Vec::new() };
-    if !waits_for_pods(&node) {
+    let wakes = waits_for_pods(&node) || (pod.cannot_start() && has_migrated(&node));
+    if !wakes {
         return Vec::new();
     }
     migrations_for_labels(store, node.labels())
+}
+
+/// Whether `node` has moved: where a pod that cannot start is one its migration reports.
+fn has_migrated(node: &SlimNode) -> bool {
+    let migrated = crate::node::record::state_str(crate::api::v1alpha1::NodeState::Migrated);
+    node.annotations().get(ANNOTATION_MIGRATION_STATE).is_some_and(|s| s == migrated)
 }
 
 /// Whether `node` is in a step that waits for a pod to leave it or to finish.
@@ -323,7 +336,7 @@ pub async fn run(
     let pod_stream = watch::errors_handled(
         "Pod",
         metrics.clone(),
-        cache::pods::deleted(cache::pods::gpu_pod_reflector(
+        cache::pods::triggering(cache::pods::gpu_pod_reflector(
             pod_writer,
             watch::backed_off(watcher(
                 Api::<cache::pods::WatchedPod>::all(client.clone()),
@@ -341,7 +354,7 @@ pub async fn run(
     let (s, nodes) = (store.clone(), node_reader.clone());
     let map_slice = move |rs: ResourceSlice| migrations_for_slice(&s, &nodes, &rs);
     let (s, nodes) = (store.clone(), node_reader.clone());
-    let map_pod = move |p: cache::pods::WatchedPod| migrations_for_deleted_pod(&s, &nodes, &p);
+    let map_pod = move |p: cache::pods::WatchedPod| migrations_for_pod(&s, &nodes, &p);
 
     metrics.set_cluster_source(cluster_gpus(
         ready.clone(),
@@ -372,7 +385,8 @@ pub async fn run(
         .watches_stream(ds_stream, map_ds)
         .watches_stream(dc_stream, map_dc)
         .watches_stream(slice_stream, map_slice)
-        // Feeds the GPU-pod cache; only a pod leaving it from a draining node triggers (`cache::pods`).
+        // Feeds the GPU-pod cache; only a pod leaving it from a draining node, or one that cannot
+        // start on a migrated node, triggers (`cache::pods`).
         .watches_stream(pod_stream, map_pod)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -476,7 +490,8 @@ mod tests {
 
     /// A pod leaving the cache on a draining, rolling-back or verifying node wakes the node's
     /// migration (by its label or its selector); one on a node at rest or switching, or on a node
-    /// the cache does not know, wakes nothing. Only what leaves the cache reaches the mapper.
+    /// the cache does not know, wakes nothing. A pod that cannot start wakes the migration of a
+    /// migrated node. Only what leaves the cache, or cannot start, reaches the mapper.
     #[tokio::test]
     async fn a_deleted_pod_wakes_the_migration_of_its_node_only_while_the_node_waits_for_pods() {
         use futures::TryStreamExt;
@@ -496,6 +511,7 @@ mod tests {
             node("switching", Some("Switching")),
             node("verifying", Some("Verifying")),
             node("rest", None),
+            node("migrated", Some("Migrated")),
         ] {
             w.apply_watcher_event(&watcher::Event::Apply(n));
         }
@@ -508,8 +524,23 @@ mod tests {
             .expect("a pod")
         };
         let woken = |on: &str| -> Vec<String> {
-            migrations_for_deleted_pod(&migrations, &nodes, &pod(on)).into_iter().map(|r| r.name).collect()
+            migrations_for_pod(&migrations, &nodes, &pod(on)).into_iter().map(|r| r.name).collect()
         };
+        let stuck = |on: &str| -> cache::pods::WatchedPod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("stuck-{on}"), "namespace": "ml"},
+                "spec": {"nodeName": on, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Pending", "containerStatuses": [{"name": "c", "image": "c", "imageID": "",
+                    "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]},
+            }))
+            .expect("a pod")
+        };
+        let woken_by_stuck = |on: &str| -> Vec<String> {
+            migrations_for_pod(&migrations, &nodes, &stuck(on)).into_iter().map(|r| r.name).collect()
+        };
+        assert_eq!(woken_by_stuck("migrated"), ["m"], "a pod that cannot start on a migrated node");
+        assert!(woken_by_stuck("rest").is_empty(), "not a node that has moved");
+        assert!(woken("migrated").is_empty(), "a pod leaving a migrated node");
         assert_eq!(woken("draining"), ["m"]);
         assert_eq!(woken("back"), ["m"]);
         assert_eq!(woken("verifying"), ["m"], "its canary finished");
@@ -521,9 +552,14 @@ mod tests {
             Ok(watcher::Event::Apply(pod("draining"))),
             Ok(watcher::Event::Delete(pod("back"))),
             Ok(watcher::Event::InitApply(pod("rest"))),
+            Ok(watcher::Event::Apply(stuck("migrated"))),
         ]);
-        let deleted: Vec<_> = cache::pods::deleted(events).try_collect().await.expect("no error");
-        assert_eq!(deleted, [pod("back")], "only the deletion");
+        let triggering: Vec<_> = cache::pods::triggering(events).try_collect().await.expect("no error");
+        assert_eq!(
+            triggering,
+            [pod("back"), stuck("migrated")],
+            "the deletion and the pod that cannot start"
+        );
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub fn is_arriving(pod: &Pod, resources: &[&str]) -> bool {
 /// Why the kubelet says a container cannot start, when it retries that without resolving it by
 /// itself (an image, the container's configuration, the runtime). Not `ContainerCreating` or
 /// `PodInitializing`: those are on their way.
-const CANNOT_START: [&str; 7] = [
+pub const CANNOT_START: [&str; 7] = [
     "CreateContainerConfigError",
     "CreateContainerError",
     "RunContainerError",

@@ -169,6 +169,21 @@ impl PodFields {
         self.spec.as_ref().and_then(|s| s.node_name.as_deref())
     }
 
+    /// Whether the kubelet reports that a container of this pod cannot start
+    /// ([`crate::node::verify::cannot_start`]'s reasons), read without building the `Pod`.
+    pub fn cannot_start(&self) -> bool {
+        self.metadata.deletion_timestamp.is_none()
+            && self.status.as_ref().is_some_and(|s| {
+                s.container_statuses.iter().flatten().any(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|st| st.waiting.as_ref())
+                        .and_then(|w| w.reason.as_deref())
+                        .is_some_and(|r| crate::node::verify::CANNOT_START.contains(&r))
+                })
+            })
+    }
+
     /// Drops what the operator's steps never read of a pod it caches: its labels (only
     /// `switchyard plan` matches PodDisruptionBudgets by them), its annotations other than the
     /// mirror-pod one, and its volumes other than emptyDir ones (each pod's service-account token

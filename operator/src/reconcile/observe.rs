@@ -532,7 +532,8 @@ async fn pods_verified(
     // at once, so a finished pool reports its pods without waiting out the TTL.
     let fresh = last.at.is_some_and(|at| at.elapsed() < POD_VERIFY_TTL);
     let all_arrived = arrivals == pool.len() && last.migrated != arrivals;
-    if fresh && last.generation == gpm.metadata.generation && !all_arrived {
+    let stuck = newly_stuck(gpu_pods, &migrated, &last.result);
+    if fresh && last.generation == gpm.metadata.generation && !all_arrived && !stuck {
         return Some((last.result, last.settling));
     }
     let previous = last.at.map(|_| (last.result.clone(), last.settling));
@@ -582,16 +583,7 @@ async fn pods_verified(
             checked.push((node.to_owned(), pod.namespace().unwrap_or_default(), pod.name_any(), verdict));
         }
     }
-    // A GPU pod bound here that never starts stays Pending; the kubelet says why in its container
-    // status (kubernetes/kubernetes#141426's stale device-plugin state among the causes).
-    for node in migrated.iter().filter(|n| !replaced.contains(**n)) {
-        for pod in gpu_pods.on(node).filter(|p| verify::is_arriving(p, &res)) {
-            if let Some(why) = verify::cannot_start(&pod) {
-                let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-                checked.push(((*node).to_owned(), namespace, name, Err((verify::Fault::CannotStart, why))));
-            }
-        }
-    }
+    checked.extend(cannot_start(gpu_pods, migrated.iter().filter(|n| !replaced.contains(**n)), &res));
     let result = verify::summarize(checked);
     let settling = settling(previous.as_ref().map(|(r, _)| r), &result, arriving);
     if let Ok(mut g) = ctx.pod_checks.lock() {
@@ -608,6 +600,39 @@ async fn pods_verified(
         );
     }
     Some((result, settling))
+}
+
+/// The GPU pods bound to `nodes` that never start (they stay Pending; the kubelet says why in
+/// their container status, kubernetes/kubernetes#141426's stale device-plugin state among the
+/// causes), each with its verdict.
+fn cannot_start<'a>(
+    gpu_pods: &PodsByNode,
+    nodes: impl Iterator<Item = &'a &'a str>,
+    res: &[&str],
+) -> Vec<verify::Checked> {
+    let mut out = Vec::new();
+    for node in nodes {
+        for pod in gpu_pods.on(node).filter(|p| verify::is_arriving(p, res)) {
+            if let Some(why) = verify::cannot_start(&pod) {
+                let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+                out.push(((*node).to_owned(), namespace, name, Err((verify::Fault::CannotStart, why))));
+            }
+        }
+    }
+    out
+}
+
+/// Whether a pod bound to `nodes` cannot start and `last` does not report it yet: checked at once,
+/// since the pod watch woke this reconcile for it (`controller::migrations_for_pod`).
+fn newly_stuck(gpu_pods: &PodsByNode, nodes: &HashSet<&str>, last: &PodVerification) -> bool {
+    let reported = |p: &crate::cache::pods::WatchedPod| {
+        last.unverified_pods.iter().any(|u| {
+            u.reason == verify::Fault::CannotStart.reason()
+                && Some(&u.namespace) == p.namespace().as_ref()
+                && u.name == p.name_any()
+        })
+    };
+    nodes.iter().any(|n| gpu_pods.cannot_start_on(n).any(|p| !reported(p)))
 }
 
 /// Whether a pod check is still settling: its result differs from the check before (or there was
