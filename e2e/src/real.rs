@@ -708,6 +708,26 @@ pub fn what_the_container_saw(logs: &str) -> (String, Vec<String>) {
     (visible, gpus)
 }
 
+/// `switchyard plan -o json -f <manifest>` of `migration` (not created): its exit code and report.
+pub fn plan_manifest(
+    id: &str,
+    migration: &impl serde::Serialize,
+) -> anyhow::Result<(i32, serde_json::Value)> {
+    let manifest = std::env::temp_dir().join(format!("{id}-plan.json"));
+    std::fs::write(&manifest, serde_json::to_vec(migration)?)?;
+    let out = Command::new(cluster::cli_bin())
+        .arg("--kubeconfig")
+        .arg(cluster::kubeconfig())
+        .args(["plan", "-o", "json", "-f"])
+        .arg(&manifest)
+        .output()?;
+    let _ = std::fs::remove_file(&manifest);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        anyhow::anyhow!("switchyard plan -o json: {e}\n{}", String::from_utf8_lossy(&out.stderr))
+    })?;
+    Ok((out.status.code().unwrap_or(-1), report))
+}
+
 /// Asserts what [`crate::pool::Sampler::watch_containers`] saw of the workload's containers: no GPU
 /// inside two running containers of one node at any pod event, every running container's GPUs
 /// read, and at least one container read (a check that read none would prove nothing).

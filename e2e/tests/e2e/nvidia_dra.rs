@@ -829,6 +829,15 @@ async fn xid_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Re
     );
     real::gpu_workload(client, id, APP, 2, Some(&node)).await?;
     real::wait_workload(client, id, APP, 1, Duration::from_secs(120)).await?;
+    // The plan says it before anything moves, as the switch's event will.
+    let (_, report) = real::plan_manifest(id, &pool_migration(id)?)?;
+    let planned =
+        report["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == node.as_str()).cloned();
+    let note = planned.as_ref().and_then(|n| n["note"].as_str()).unwrap_or_default();
+    assert!(
+        note.starts_with("the device plugin holds back 1 of its 2 nvidia.com/gpu as unhealthy"),
+        "{planned:?}"
+    );
 
     let sampler = sample(client, id);
     let migrations: Api<GpuPoolMigration> = Api::all(client.clone());

@@ -252,19 +252,8 @@ async fn a_device_plugin_without_nvml_is_named_by_the_plan(
     // scenario before this one), the kubelet reports the GPUs gone at its next status update.
     real::wait_allocatable(client, std::slice::from_ref(&node.to_string()), GPU, 0, Duration::from_secs(60))
         .await?;
-    let manifest = std::env::temp_dir().join(format!("{id}-plan.json"));
-    std::fs::write(&manifest, serde_json::to_vec(&pool_migration(id)?)?)?;
-    let out = std::process::Command::new(cluster::cli_bin())
-        .arg("--kubeconfig")
-        .arg(cluster::kubeconfig())
-        .args(["plan", "-o", "json", "-f"])
-        .arg(&manifest)
-        .output()?;
-    let _ = std::fs::remove_file(&manifest);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
-        anyhow::anyhow!("switchyard plan -o json: {e}\n{}", String::from_utf8_lossy(&out.stderr))
-    })?;
-    assert_eq!(out.status.code(), Some(2), "the plan finds a blocker (exit 2): {report}");
+    let (code, report) = real::plan_manifest(id, &pool_migration(id)?)?;
+    assert_eq!(code, 2, "the plan finds a blocker (exit 2): {report}");
     let blockers: Vec<&str> =
         report["blockers"].as_array().into_iter().flatten().filter_map(|b| b.as_str()).collect();
     // On a fresh node "advertises nothing (": the plugin never registered; on a node it served

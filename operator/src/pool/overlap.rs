@@ -59,6 +59,14 @@ pub fn held_back(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, (u64, 
         .collect()
 }
 
+/// [`held_back`] in words (`1 of its 2 nvidia.com/gpu, ...`), if the device plugin holds any GPU
+/// back: what the switch's `DevicePluginUnhealthyGpus` event and `switchyard plan` say.
+pub fn held_back_words(node: &SlimNode, resources: &[&str]) -> Option<String> {
+    let held_back = held_back(node, resources);
+    let what: Vec<String> = held_back.iter().map(|(r, (n, of))| format!("{n} of its {of} {r}")).collect();
+    (!what.is_empty()).then(|| what.join(", "))
+}
+
 /// Whether the device plugin stopped serving `resource` on `node` while it serves another GPU
 /// resource there (one of the defaults or of `gpu_resources`): nothing allocatable under it, and
 /// something allocatable under another. See [`device_plugin_gpus`].

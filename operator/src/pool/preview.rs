@@ -644,7 +644,9 @@ fn node_plans(inputs: &Inputs, p: &Plan) -> (Vec<NodePlan>, Summary, Named) {
             gpus: g,
             evict,
             stay,
-            note: moving_note(&pn, in_flight, advertises_nothing, serves_nothing),
+            note: moving_note(&pn, in_flight, advertises_nothing, serves_nothing)
+                .or_else(|| held_back_note(inputs, node))
+                .unwrap_or_default(),
         });
     }
     add_staying(inputs, p, &by_name, &mut nodes);
@@ -725,18 +727,35 @@ fn count_moving(summary: &mut Summary, named: &mut Named, wave: u32, gpus: u64, 
 
 /// The note on a moving node: what it waits for, that it is in flight, or what its device plugin
 /// lacks; empty when it simply moves.
-fn moving_note(pn: &PoolNode, in_flight: bool, advertises_nothing: bool, serves_nothing: bool) -> String {
+fn moving_note(
+    pn: &PoolNode,
+    in_flight: bool,
+    advertises_nothing: bool,
+    serves_nothing: bool,
+) -> Option<String> {
     if !pn.ready {
-        "NotReady: waits until its kubelet reports Ready".to_string()
+        Some("NotReady: waits until its kubelet reports Ready".to_string())
     } else if in_flight {
-        format!("in flight ({}); the operator continues it first", record::state_str(pn.state()))
+        Some(format!("in flight ({}); the operator continues it first", record::state_str(pn.state())))
     } else if advertises_nothing {
-        "the device plugin advertises nothing here: it would wait cordoned (GpuCountUnknown)".to_string()
+        Some(
+            "the device plugin advertises nothing here: it would wait cordoned (GpuCountUnknown)".to_string(),
+        )
     } else if serves_nothing {
-        "the device plugin advertises nothing allocatable here: its switch would wait for GPUs the agent may not find (SwitchTimeout)".to_string()
+        Some("the device plugin advertises nothing allocatable here: its switch would wait for GPUs the agent may not find (SwitchTimeout)".to_string())
     } else {
-        String::new()
+        None
     }
+}
+
+/// What the plan says of a node whose device plugin holds GPUs back as unhealthy (capacity above
+/// allocatable): the switch counts them and warns of them (`DevicePluginUnhealthyGpus`).
+fn held_back_note(inputs: &Inputs, node: &SlimNode) -> Option<String> {
+    let res = crate::pool::gate::resources(&inputs.spec);
+    let what = crate::pool::overlap::held_back_words(node, &res)?;
+    Some(format!(
+        "the device plugin holds back {what} as unhealthy: the switch counts them and warns (DevicePluginUnhealthyGpus); check those GPUs before it moves"
+    ))
 }
 
 /// Adds the nodes that stay after those that move: the failed with their failure, the refused
@@ -1222,6 +1241,31 @@ mod tests {
         let r = build(&i).expect("report");
         let order: Vec<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(order, ["n4", "n3", "n1", "n2"], "the operator's order");
+    }
+
+    #[test]
+    fn gpus_the_device_plugin_holds_back_as_unhealthy_are_named_as_the_switch_will() {
+        let mut i = inputs(spec(json!({})));
+        // n3's plugin took one GPU out after an XID: capacity 4, allocatable 3.
+        i.nodes[2] = from(json!({
+            "metadata": {"name": "n3", "labels": {"pool": "a100"}},
+            "status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "3"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0"}}
+        }));
+        let r = build(&i).expect("report");
+        let n3 = r.nodes.iter().find(|n| n.name == "n3").expect("n3");
+        assert!(
+            n3.note.starts_with("the device plugin holds back 1 of its 4 nvidia.com/gpu as unhealthy"),
+            "{}",
+            n3.note
+        );
+        assert!(r.blockers.is_empty(), "a warning, not a blocker: {:?}", r.blockers);
+        let others: Vec<&str> = r.nodes.iter().filter(|n| n.name != "n3").map(|n| n.note.as_str()).collect();
+        assert!(
+            others.iter().all(|n| !n.contains("holds back")),
+            "only n3's plugin holds GPUs back: {others:?}"
+        );
     }
 
     #[test]

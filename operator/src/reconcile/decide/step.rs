@@ -439,15 +439,10 @@ fn note_held_back(
     if state != NodeState::Draining || !matches!(action, Action::SwitchToDra | Action::StopDevicePlugin) {
         return;
     }
-    let held_back = overlap::held_back(node, resources);
-    if held_back.is_empty() {
-        return;
-    }
+    let Some(what) = overlap::held_back_words(node, resources) else { return };
     let name = node.name();
-    let what: Vec<String> = held_back.iter().map(|(r, (n, of))| format!("{n} of its {of} {r}")).collect();
     let note = format!(
-        "node {name}: the device plugin held back {} as unhealthy when the switch began; the switch counts them, and the driver publishes them as its own health checks find them: check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them",
-        what.join(", ")
+        "node {name}: the device plugin held back {what} as unhealthy when the switch began; the switch counts them, and the driver publishes them as its own health checks find them: check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them"
     );
     warn(step, "DevicePluginUnhealthyGpus", note);
 }
