@@ -856,11 +856,14 @@ async fn xid_scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Re
         "json",
     ])?;
     let events: serde_json::Value = serde_json::from_str(&events)?;
+    // This migration's, on the migration or on the node: an earlier scenario's migration may have
+    // warned of the same node.
     let notes: Vec<&str> = events["items"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|e| e["type"] == "Warning")
+        .filter(|e| e["involvedObject"]["name"] == id || e["related"]["name"] == id)
         .filter_map(|e| e["message"].as_str())
         .filter(|m| m.starts_with(&format!("node {node}: ")))
         .collect();

@@ -59,12 +59,20 @@ pub fn held_back(node: &SlimNode, resources: &[&str]) -> BTreeMap<String, (u64, 
         .collect()
 }
 
-/// [`held_back`] in words (`1 of its 2 nvidia.com/gpu, ...`), if the device plugin holds any GPU
-/// back: what the switch's `DevicePluginUnhealthyGpus` event and `switchyard plan` say.
-pub fn held_back_words(node: &SlimNode, resources: &[&str]) -> Option<String> {
+/// [`held_back`] in words, if the device plugin holds any GPU back, and whether it holds back
+/// every one: `2 of its 8 nvidia.com/gpu` (false), or `its 8 nvidia.com/gpu` (true) where it
+/// serves none. What the switch's `DevicePluginUnhealthyGpus` event and `switchyard plan` say.
+/// None allocatable is also how a device plugin that is restarting reads (the kubelet marks its
+/// devices unhealthy when its connection ends, until it registers again, as when its DaemonSet
+/// rolls), so it need not mean unhealthy GPUs; some of them held back does.
+pub fn held_back_words(node: &SlimNode, resources: &[&str]) -> Option<(String, bool)> {
     let held_back = held_back(node, resources);
-    let what: Vec<String> = held_back.iter().map(|(r, (n, of))| format!("{n} of its {of} {r}")).collect();
-    (!what.is_empty()).then(|| what.join(", "))
+    let all = held_back.values().all(|(n, of)| n == of);
+    let what: Vec<String> = held_back
+        .iter()
+        .map(|(r, (n, of))| if all { format!("its {of} {r}") } else { format!("{n} of its {of} {r}") })
+        .collect();
+    (!what.is_empty()).then(|| (what.join(", "), all))
 }
 
 /// Whether the device plugin stopped serving `resource` on `node` while it serves another GPU

@@ -752,10 +752,16 @@ fn moving_note(
 /// allocatable): the switch counts them and warns of them (`DevicePluginUnhealthyGpus`).
 fn held_back_note(inputs: &Inputs, node: &SlimNode) -> Option<String> {
     let res = crate::pool::gate::resources(&inputs.spec);
-    let what = crate::pool::overlap::held_back_words(node, &res)?;
-    Some(format!(
-        "the device plugin holds back {what} as unhealthy: the switch counts them and warns (DevicePluginUnhealthyGpus); check those GPUs before it moves"
-    ))
+    let (what, all) = crate::pool::overlap::held_back_words(node, &res)?;
+    Some(if all {
+        format!(
+            "the device plugin serves none of {what} now: its pod is restarting, or it holds every GPU back as unhealthy; the switch counts them and warns (DevicePluginUnhealthyGpus)"
+        )
+    } else {
+        format!(
+            "the device plugin holds back {what} as unhealthy: the switch counts them and warns (DevicePluginUnhealthyGpus); check those GPUs before it moves"
+        )
+    })
 }
 
 /// Adds the nodes that stay after those that move: the failed with their failure, the refused

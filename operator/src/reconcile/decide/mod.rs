@@ -752,6 +752,19 @@ mod tests {
 
         let step = drained("6", "Cordoned");
         assert!(step.events.iter().all(|e| e.reason != "DevicePluginUnhealthyGpus"), "{:?}", step.events);
+
+        // None allocatable is also how a restarting plugin reads (its DaemonSet rolling): said so,
+        // not called unhealthy.
+        let step = drained("0", "Draining");
+        let held: Vec<_> = step.events.iter().filter(|e| e.reason == "DevicePluginUnhealthyGpus").collect();
+        assert_eq!(held.len(), 1, "{:?}", step.events);
+        assert!(
+            held[0].note.contains(
+                "served none of its 8 nvidia.com/gpu when the switch began: its pod was restarting"
+            ),
+            "{}",
+            held[0].note
+        );
     }
 
     #[test]

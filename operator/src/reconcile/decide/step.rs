@@ -439,11 +439,17 @@ fn note_held_back(
     if state != NodeState::Draining || !matches!(action, Action::SwitchToDra | Action::StopDevicePlugin) {
         return;
     }
-    let Some(what) = overlap::held_back_words(node, resources) else { return };
+    let Some((what, all)) = overlap::held_back_words(node, resources) else { return };
     let name = node.name();
-    let note = format!(
-        "node {name}: the device plugin held back {what} as unhealthy when the switch began; the switch counts them, and the driver publishes them as its own health checks find them: check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them"
-    );
+    let note = if all {
+        format!(
+            "node {name}: the device plugin served none of {what} when the switch began: its pod was restarting (its DaemonSet rolling, say), or it held every GPU back as unhealthy; the switch counts them, and the driver publishes them as its own health checks find them: unless it was a restart, check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them"
+        )
+    } else {
+        format!(
+            "node {name}: the device plugin held back {what} as unhealthy when the switch began; the switch counts them, and the driver publishes them as its own health checks find them: check those GPUs (an XID in the node's kernel log, nvidia-smi) before workloads land on them"
+        )
+    };
     warn(step, "DevicePluginUnhealthyGpus", note);
 }
 
