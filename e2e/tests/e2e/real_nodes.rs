@@ -733,7 +733,7 @@ async fn scenario(client: &Client, id: &str, names: &[String]) -> anyhow::Result
 
     let samples = sampler.stop();
     assert!(samples.events > 0, "the sampler saw the migration");
-    real::assert_gpus_held_once(&samples);
+    real::assert_gpus_held_once(&samples, true);
     assert!(samples.overlaps.is_empty(), "a node was served by both backends: {:?}", samples.overlaps);
     assert!(
         samples.orphaned_claim_holders.is_empty(),
